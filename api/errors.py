@@ -1,0 +1,34 @@
+"""Error responses: every 4xx carries a ``detail`` sentence that says what to fix."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from gpuq.errors import RequestError
+
+
+def _describe(error: dict) -> str:  # type: ignore[type-arg]
+    location = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{location}: {message}" if location else message
+
+
+async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        ctx = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {})
+        return JSONResponse(
+            {"detail": f"the request body is not valid JSON ({ctx.get('error', 'parse error')})"}, status_code=400
+        )
+    return JSONResponse({"detail": "; ".join(_describe(e) for e in errors)}, status_code=422)
+
+
+async def _request_error(_request: Request, exc: RequestError) -> JSONResponse:
+    return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]

@@ -1,0 +1,38 @@
+"""The FastAPI application: routers assembled here, state opened and closed with the app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from redis import Redis
+
+from api.body_limit import BodyLimitMiddleware
+from api.deps import AppState
+from api.errors import install_error_handlers
+from api.routers import health, jobs, models
+from gpuq.db import async_engine, async_sessions
+from gpuq.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = async_engine(settings.database_url)
+        redis = Redis.from_url(settings.require_redis_url(), socket_timeout=10, socket_connect_timeout=5)
+        app.state.gpuq = AppState(settings, engine, async_sessions(engine), redis)
+        try:
+            yield
+        finally:
+            redis.close()
+            await engine.dispose()
+
+    app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    for router in (health.router, jobs.router, models.router):
+        app.include_router(router)
+    return app

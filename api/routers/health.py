@@ -1,0 +1,34 @@
+"""Liveness and readiness, for load balancers and `docker compose` health checks."""
+
+from __future__ import annotations
+
+from anyio import to_thread
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from api.deps import SessionDep, StateDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(db: SessionDep, state: StateDep) -> JSONResponse:
+    checks: dict[str, str] = {}
+    try:
+        await db.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"unreachable: {exc}"
+    try:
+        await to_thread.run_sync(state.redis.ping)
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"unreachable: {exc}"
+    ready = all(v == "ok" for v in checks.values())
+    return JSONResponse({"status": "ok" if ready else "unavailable", **checks}, status_code=200 if ready else 503)

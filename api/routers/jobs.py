@@ -1,0 +1,103 @@
+"""/v1/jobs: submit, read, list and cancel jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from api.deps import SessionDep, StateDep
+from api.schemas import JobCreate, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
+from gpuq import store
+from gpuq.cancel import cancel_job
+from gpuq.errors import RequestError
+from gpuq.models import JobKind, JobStatus
+from gpuq.queues import Priority
+from gpuq.submit import submit_jobs
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+async def create_job(
+    body: JobCreate,
+    db: SessionDep,
+    state: StateDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> JobPublic:
+    """Queue one job. An `Idempotency-Key` header (or `idempotency_key` field) makes retries safe:
+    the same key and body return the first job (200) instead of queueing another."""
+    if idempotency_key and body.idempotency_key is None:
+        body = body.model_copy(update={"idempotency_key": idempotency_key})
+    [accepted] = await submit_jobs(db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s)
+    if not accepted.created:
+        response.status_code = status.HTTP_200_OK
+    return JobPublic.of(accepted.job)
+
+
+@router.post("/bulk", status_code=status.HTTP_202_ACCEPTED, response_model=JobsAccepted)
+async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep) -> JobsAccepted:
+    """Queue many jobs in one request: all are accepted, or none (the error names the index)."""
+    limit = state.settings.max_jobs_per_request
+    if len(body.jobs) > limit:
+        raise RequestError(422, f"{len(body.jobs)} jobs in one request; at most {limit}")
+    accepted = await submit_jobs(
+        db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s
+    )
+    return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+async def read_job(job_id: str, db: SessionDep) -> JobPublic:
+    job = await db.run_sync(store.get_job, job_id)
+    if job is None:
+        raise RequestError(404, f"job {job_id!r} does not exist")
+    return JobPublic.of(job)
+
+
+@router.get("", response_model=JobsPublic)
+async def list_jobs(
+    db: SessionDep,
+    status_: Annotated[list[JobStatus] | None, Query(alias="status")] = None,
+    model: str | None = None,
+    kind: JobKind | None = None,
+    priority: str | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    after: str | None = None,
+) -> JobsPublic:
+    """Newest first. Filters combine; `status` may repeat. Page with `after` = `next_after`."""
+    try:
+        prio = Priority.parse(priority).value if priority is not None else None
+    except ValueError as exc:
+        raise RequestError(422, str(exc)) from None
+    for bound in (created_after, created_before):
+        if bound is not None and bound.tzinfo is None:
+            raise RequestError(422, "created_after/created_before need a time zone, e.g. 2026-01-31T12:00:00Z")
+    flt = store.JobFilter(
+        statuses=tuple(s.value for s in status_ or ()),
+        model=model,
+        kind=kind.value if kind else None,
+        priority=prio,
+        created_after=created_after,
+        created_before=created_before,
+    )
+    try:
+        jobs, has_more = await db.run_sync(lambda s: store.list_jobs(s, flt, limit=limit, after=after))
+    except LookupError:
+        raise RequestError(422, f"`after` names job {after!r}, which does not exist") from None
+    return JobsPublic(
+        data=[JobSummary.of(j) for j in jobs], has_more=has_more, next_after=jobs[-1].id if has_more else None
+    )
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+async def cancel(job_id: str, db: SessionDep, state: StateDep, response: Response) -> JobPublic:
+    """A queued job is cancelled at once (200); a running one stops at its next token (202)."""
+    job = await cancel_job(db, state.redis, job_id)
+    if job.status == JobStatus.RUNNING:
+        response.status_code = status.HTTP_202_ACCEPTED
+    return JobPublic.of(job)

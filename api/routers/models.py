@@ -1,0 +1,42 @@
+"""/v1/models: the model registry (list is OpenAI-compatible)."""
+
+from __future__ import annotations
+
+from anyio import to_thread
+from fastapi import APIRouter, status
+
+from api.deps import SessionDep, StateDep
+from api.schemas import ModelCreate, ModelPublic, ModelsPublic
+from gpuq import store
+from gpuq.errors import RequestError
+from gpuq.registry import InvalidModel, build_model, resolve_model_path
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+@router.get("", response_model=ModelsPublic)
+async def list_models(db: SessionDep) -> ModelsPublic:
+    return ModelsPublic(data=[ModelPublic.of(m) for m in await db.run_sync(store.list_models)])
+
+
+@router.get("/{name}", response_model=ModelPublic)
+async def read_model(name: str, db: SessionDep) -> ModelPublic:
+    model = await db.run_sync(store.get_model, name)
+    if model is None:
+        raise RequestError(404, f"model {name!r} is not registered")
+    return ModelPublic.of(model)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic)
+async def register_model(body: ModelCreate, db: SessionDep, state: StateDep) -> ModelPublic:
+    """Register (or re-register) a GGUF file under the models directory by name."""
+
+    def build():  # type: ignore[no-untyped-def]
+        path = resolve_model_path(state.settings.models_dir, body.path)
+        return build_model(name=body.name, path=path, kinds=set(body.kinds), context_length=body.context_length)
+
+    try:
+        model = await to_thread.run_sync(build)
+    except InvalidModel as exc:
+        raise RequestError(422, str(exc)) from None
+    return ModelPublic.of(await db.run_sync(store.save_model, model))

@@ -1,0 +1,41 @@
+"""Cancelling a job: a queued one at once, a running one at its next token.
+
+SQL decides the race with a worker: the queued-to-cancelled UPDATE and the worker's
+queued-to-running claim are both conditional, so exactly one of them wins.
+"""
+
+from __future__ import annotations
+
+from anyio import to_thread
+from redis import Redis
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuq import store
+from gpuq.enqueue import QueueEntry, remove_queued
+from gpuq.errors import RequestError
+from gpuq.models import Job, JobStatus
+from gpuq.queues import CANCEL_FLAG_TTL_S, cancel_flag_key
+
+
+async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
+    """Returns the job after the request: ``cancelled``, or ``running`` with cancel requested."""
+    job = await _get(db, job_id)
+    if job.status == JobStatus.QUEUED and await db.run_sync(store.cancel_queued_job, job_id):
+        entry = QueueEntry(job.id, job.model, job.priority)
+        await to_thread.run_sync(lambda: remove_queued(redis, [entry]))
+        return await _get(db, job_id)
+    job = await _get(db, job_id)  # a worker may have claimed it meanwhile
+    if job.status == JobStatus.RUNNING:
+        # Flag first, then SQL: the worker's monitor reads the flag, the API reads SQL.
+        await to_thread.run_sync(lambda: redis.set(cancel_flag_key(job_id), 1, ex=CANCEL_FLAG_TTL_S))
+        await db.run_sync(store.mark_cancel_requested, job_id)
+        return await _get(db, job_id)
+    raise RequestError(409, f"job {job_id} has already {job.status}; only queued or running jobs can be cancelled")
+
+
+async def _get(db: AsyncSession, job_id: str) -> Job:
+    db.expire_all()
+    job = await db.run_sync(store.get_job, job_id)
+    if job is None:
+        raise RequestError(404, f"job {job_id!r} does not exist")
+    return job

@@ -1,0 +1,266 @@
+"""The ``gpuq`` command. Heavy imports (llama.cpp, FastAPI) happen inside the commands that
+need them, so ``gpuq worker --gpus`` can set ``CUDA_VISIBLE_DEVICES`` before CUDA loads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from typing import Any
+
+import click
+
+from gpuq.client import DEFAULT_URL, ApiError, GpuqClient
+from gpuq.settings import get_settings
+
+url_option = click.option(
+    "--url", envvar="GPUQ_API_URL", default=DEFAULT_URL, show_default=True, help="gpuq API address"
+)
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="debug logging")
+def main(verbose: bool) -> None:
+    """gpuq: durable priority queues for LLM generation and embedding jobs on GPUs."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+
+# ---------------------------------------------------------------- processes
+
+
+@main.command()
+@click.option("--workers", default=1, show_default=True, help="CPU workers to start")
+@click.option("--host", default=None, help="API host (default GPUQ_API_HOST)")
+@click.option("--port", default=None, type=int, help="API port (default GPUQ_API_PORT)")
+def up(workers: int, host: str | None, port: int | None) -> None:
+    """Run everything on this machine: private Redis (unless GPUQ_REDIS_URL), migrations,
+    workers, the reconciler and the API. Ctrl-C stops it all."""
+    import uvicorn
+
+    from api.main import create_app
+    from gpuq.embedded import embedded_system
+
+    settings = get_settings()
+    with embedded_system(settings, workers=workers) as system:
+        app = create_app(system.settings)
+        uvicorn.run(app, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+
+
+@main.command()
+@click.option("--host", default=None)
+@click.option("--port", default=None, type=int)
+def api(host: str | None, port: int | None) -> None:
+    """Serve the HTTP API (needs GPUQ_REDIS_URL and a migrated database)."""
+    import uvicorn
+
+    from api.main import create_app
+
+    settings = get_settings()
+    settings.require_redis_url()
+    uvicorn.run(create_app(settings), host=host or settings.api_host, port=port or settings.api_port)
+
+
+@main.command()
+@click.option("--slot", default="cpu", show_default=True, help="name of this worker's slot (part of its name)")
+@click.option("--gpus", default=None, help="comma-separated GPU UUIDs to pin to (sets CUDA_VISIBLE_DEVICES)")
+@click.option("--model", "models", multiple=True, help="serve only these models (default: all registered)")
+@click.option("--burst", is_flag=True, help="exit when the queues are empty")
+def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) -> None:
+    """Run one worker: pulls jobs from Redis, runs them with llama.cpp, writes results to SQL."""
+    from worker.device import pin_to_gpus
+
+    if gpus:
+        pin_to_gpus([g.strip() for g in gpus.split(",") if g.strip()])
+    from worker.main import run_worker  # imports llama.cpp, after pinning
+
+    run_worker(get_settings(), slot=slot, models=list(models) or None, burst=burst)
+
+
+@main.command()
+def scheduler() -> None:
+    """Run the reconciler loop (SQL to Redis repair). Safe to run more than one."""
+    from gpuq.embedded import run_reconciler
+
+    run_reconciler(get_settings(), threading.Event())
+
+
+@main.group()
+def db() -> None:
+    """Database schema (Alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Apply migrations and register the bundled model."""
+    from gpuq import migrate
+    from gpuq.embedded import prepare_database
+
+    settings = get_settings()
+    if revision == "head":
+        prepare_database(settings)
+    else:
+        migrate.upgrade(settings.database_url, revision)
+    click.echo(f"database at {revision}: {settings.database_url}")
+
+
+# ---------------------------------------------------------------- client commands
+
+
+def _fail(exc: ApiError) -> None:
+    click.echo(f"error: {exc.detail} (HTTP {exc.status})", err=True)
+    sys.exit(1)
+
+
+@main.command()
+@url_option
+@click.argument("model")
+@click.argument("text", nargs=-1, required=True)
+@click.option("--kind", type=click.Choice(["generate", "embed"]), default="generate", show_default=True)
+@click.option("--chat", is_flag=True, help="send TEXT as a user chat message (uses the model's chat template)")
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--temperature", type=float, default=0.8, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--priority", default="normal", show_default=True, help="high, normal or low")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="wait for the result and print it")
+def submit(
+    url: str,
+    model: str,
+    text: tuple[str, ...],
+    kind: str,
+    chat: bool,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    priority: str,
+    wait: bool,
+) -> None:
+    """Submit one job. For `--kind embed`, each TEXT argument is one input."""
+    job: dict[str, Any] = {"kind": kind, "model": model, "priority": priority}
+    if kind == "embed":
+        job["input"] = list(text)
+    else:
+        prompt = " ".join(text)
+        job |= {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+        job |= {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    with GpuqClient(url) as client:
+        try:
+            created = client.submit(job)
+            if not wait:
+                click.echo(created["id"])
+                return
+            done = client.wait(created["id"])
+        except ApiError as exc:
+            _fail(exc)
+            return
+    _print_result(done)
+
+
+def _print_result(job: dict[str, Any]) -> None:
+    if job["status"] != "succeeded":
+        click.echo(f"{job['id']} {job['status']}: {job.get('error') or ''}".rstrip(), err=True)
+        sys.exit(1)
+    result = job["result"] or {}
+    if "text" in result:
+        click.echo(result["text"])
+    elif "embeddings" in result:
+        for vector in result["embeddings"]:
+            head = ", ".join(f"{x:.4f}" for x in vector[:4])
+            click.echo(f"[{head}, ...] ({len(vector)} dims)")
+    else:
+        click.echo(json.dumps(result))
+
+
+@main.command()
+@url_option
+@click.option("--status", "statuses", multiple=True, help="filter by status (repeatable)")
+@click.option("--model", default=None)
+@click.option("--kind", default=None)
+@click.option("--limit", default=20, show_default=True)
+def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | None, limit: int) -> None:
+    """List recent jobs as a table."""
+    with GpuqClient(url) as client:
+        try:
+            page = client.jobs(status=list(statuses) or None, model=model, kind=kind, limit=limit)
+        except ApiError as exc:
+            _fail(exc)
+            return
+    rows = [
+        (
+            j["id"],
+            j["kind"],
+            j["model"],
+            j["priority"],
+            j["status"],
+            _ms(j["queue_wait_ms"]),
+            _ms(j["run_ms"]),
+            str(j["completion_tokens"] or ""),
+            j["device"] or "",
+        )
+        for j in page["data"]
+    ]
+    _table(("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE"), rows)
+
+
+@main.group(invoke_without_command=True)
+@url_option
+@click.pass_context
+def models(ctx: click.Context, url: str) -> None:
+    """List registered models (or `models register`)."""
+    ctx.obj = url
+    if ctx.invoked_subcommand is not None:
+        return
+    with GpuqClient(url) as client:
+        data = client.models()
+    _table(
+        ("NAME", "KINDS", "CONTEXT", "SIZE", "PATH"),
+        [
+            (m["id"], ",".join(m["kinds"]), str(m["context_length"]), f"{m['size_bytes'] / 2**20:.0f} MiB", m["path"])
+            for m in data
+        ],
+    )
+
+
+@models.command("register")
+@click.argument("name")
+@click.argument("path")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(["generate", "embed"]), default=["generate"])
+@click.option("--context-length", type=int, default=None)
+@click.pass_obj
+def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], context_length: int | None) -> None:
+    """Register NAME for the GGUF file PATH (relative to the models directory)."""
+    with GpuqClient(url) as client:
+        try:
+            model = client.register_model(
+                {"name": name, "path": path, "kinds": list(kinds), "context_length": context_length}
+            )
+        except ApiError as exc:
+            _fail(exc)
+            return
+    click.echo(f"registered {model['id']} ({', '.join(model['kinds'])}, context {model['context_length']})")
+
+
+@main.command()
+@click.option("--workers", default=1, show_default=True)
+def demo(workers: int) -> None:
+    """Start gpuq on embedded defaults, run sample generation and embedding jobs, print them, stop."""
+    from gpuq.demo import run_demo
+
+    sys.exit(run_demo(get_settings(), workers=workers))
+
+
+def _ms(value: int | None) -> str:
+    return "" if value is None else f"{value} ms"
+
+
+def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    for row in (headers, *rows):
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""A small synchronous client for gpuq's HTTP API, used by the CLI, the demo and benchmarks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+FINAL = {"succeeded", "failed", "cancelled"}
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class GpuqClient:
+    def __init__(self, base_url: str = DEFAULT_URL, *, timeout_s: float = 60.0) -> None:
+        self._http = httpx.Client(base_url=base_url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GpuqClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiError(response.status_code, str(detail))
+        return response.json()
+
+    def submit(self, job: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/jobs", json=job)  # type: ignore[no-any-return]
+
+    def submit_many(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self._call("POST", "/v1/jobs/bulk", json={"jobs": jobs})["data"]  # type: ignore[no-any-return]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]
+
+    def jobs(self, **filters: Any) -> dict[str, Any]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self._call("GET", "/v1/jobs", params=params)  # type: ignore[no-any-return]
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
+
+    def models(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/models")["data"]  # type: ignore[no-any-return]
+
+    def register_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/models", json=body)  # type: ignore[no-any-return]
+
+    def wait(self, job_id: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Poll until the job is final; back off from 50 ms to 1 s between polls."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            job = self.job(job_id)
+            if job["status"] in FINAL:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {job['status']} after {timeout_s:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    def wait_ready(self, *, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self._http.get("/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gpuq API at {self._http.base_url} not ready after {timeout_s:.0f} s")
+            time.sleep(0.1)

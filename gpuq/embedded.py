@@ -1,0 +1,110 @@
+"""gpuq on one machine with embedded defaults: SQLite, a private Redis, the bundled model,
+one CPU worker, the reconciler and the API, started and stopped together by ``gpuq up``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+from redis import Redis
+
+from gpuq import migrate
+from gpuq.db import sync_engine, sync_sessions
+from gpuq.reconciler import reconcile_once
+from gpuq.redis_server import PrivateRedis
+from gpuq.registry import register_bundled_model
+from gpuq.settings import ENV_PREFIX, Settings
+
+log = logging.getLogger(__name__)
+
+WORKER_STOP_TIMEOUT_S = 30
+
+
+def prepare_database(settings: Settings) -> None:
+    """Bring the schema to the latest migration and register the bundled model."""
+    migrate.upgrade(settings.database_url)
+    if settings.register_bundled_model:
+        engine = sync_engine(settings.database_url)
+        with sync_sessions(engine)() as session:
+            register_bundled_model(session)
+        engine.dispose()
+
+
+def spawn_worker(settings: Settings, *, slot: str = "cpu", gpus: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """A worker in its own process, with the settings this process resolved passed down."""
+    env = {**os.environ, **settings_env(settings)}
+    args = [sys.executable, "-m", "gpuq.cli", "worker", "--slot", slot]
+    if gpus:
+        args += ["--gpus", ",".join(gpus)]
+    return subprocess.Popen(args, env=env)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    return {
+        f"{ENV_PREFIX}DATABASE_URL": settings.database_url,
+        f"{ENV_PREFIX}REDIS_URL": settings.redis_url,
+        f"{ENV_PREFIX}DATA_DIR": str(settings.data_dir),
+    }
+
+
+def run_reconciler(settings: Settings, stop: threading.Event) -> None:
+    engine = sync_engine(settings.database_url)
+    sessions = sync_sessions(engine)
+    redis = Redis.from_url(settings.require_redis_url())
+    while not stop.wait(settings.reconcile_interval_s):
+        try:
+            with sessions() as session:
+                reconcile_once(
+                    session,
+                    redis,
+                    grace_s=settings.reconcile_grace_s,
+                    max_attempts=settings.job_max_attempts,
+                    timeout_s=settings.job_timeout_s,
+                )
+        except Exception:
+            log.exception("reconciler pass failed; will retry")
+    redis.close()
+    engine.dispose()
+
+
+@dataclass
+class EmbeddedSystem:
+    settings: Settings
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+
+@contextmanager
+def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[EmbeddedSystem]:
+    """Everything but the API: Redis (private unless GPUQ_REDIS_URL is set), schema, workers,
+    reconciler. Stops them in reverse order on exit."""
+    private = PrivateRedis(settings.data_dir / "redis") if settings.uses_embedded_redis else None
+    if private is not None:
+        settings = settings.model_copy(update={"redis_url": private.start()})
+        log.info("private Redis at %s", settings.redis_url)
+    stop = threading.Event()
+    system = EmbeddedSystem(settings)
+    reconciler = threading.Thread(target=run_reconciler, args=(settings, stop), name="reconciler", daemon=True)
+    try:
+        prepare_database(settings)
+        system.workers = [spawn_worker(settings, slot=f"cpu{i}") for i in range(workers)]
+        reconciler.start()
+        yield system
+    finally:
+        stop.set()
+        for proc in system.workers:
+            proc.terminate()
+        for proc in system.workers:
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=WORKER_STOP_TIMEOUT_S)
+            if proc.poll() is None:
+                proc.kill()
+        if reconciler.is_alive():
+            reconciler.join(timeout=5)
+        if private is not None:
+            private.stop()

@@ -1,0 +1,67 @@
+"""What gpuq needs to know about a GGUF file, read from its header with the ``gguf`` package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GGUF_MAGIC = b"GGUF"
+
+
+class NotAGgufFile(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class GgufMetadata:
+    architecture: str
+    name: str
+    context_length: int
+    embedding_length: int
+    block_count: int
+    head_count: int
+    head_count_kv: int
+    chat_template: str | None
+    size_bytes: int
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _field_value(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    return field.contents()
+
+
+def read_metadata(path: Path) -> GgufMetadata:
+    from gguf import GGUFReader  # imported late: it pulls numpy, which the CLI rarely needs
+
+    if not is_gguf(path):
+        raise NotAGgufFile(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    reader = GGUFReader(path)
+    arch = _field_value(reader, "general.architecture") or "unknown"
+
+    def arch_int(key: str, default: int = 0) -> int:
+        value = _field_value(reader, f"{arch}.{key}")
+        return int(value) if value is not None else default
+
+    heads = arch_int("attention.head_count")
+    return GgufMetadata(
+        architecture=arch,
+        name=_field_value(reader, "general.name") or path.stem,
+        context_length=arch_int("context_length", 2048),
+        embedding_length=arch_int("embedding_length"),
+        block_count=arch_int("block_count"),
+        head_count=heads,
+        head_count_kv=arch_int("attention.head_count_kv", heads),
+        chat_template=_field_value(reader, "tokenizer.chat_template"),
+        size_bytes=path.stat().st_size,
+    )

@@ -1,0 +1,30 @@
+"""Schema changes go through Alembic only; this wraps it for the CLI, the API start and tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import make_url
+
+import migrations
+
+
+def alembic_config(database_url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    # ConfigParser treats % as interpolation; URLs may carry %-escapes in passwords.
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database:
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str) -> None:
+    command.downgrade(alembic_config(database_url), revision)

@@ -1,0 +1,123 @@
+"""SQL tables: the system of record. API request/response shapes live in ``api/schemas.py``."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on the way out, on SQLite (which drops the zone) as on PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSON}
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class JobKind(enum.StrEnum):
+    GENERATE = "generate"
+    EMBED = "embed"
+    NOOP = "noop"  # the whole dispatch path without a model call: health probes and benchmarks
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(128))
+    priority: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    load_ms: Mapped[int | None] = mapped_column(Integer)
+    run_ms: Mapped[int | None] = mapped_column(Integer)
+
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    cancel_requested_at: Mapped[datetime | None]
+
+    worker: Mapped[str | None] = mapped_column(String(255))
+    device: Mapped[str | None] = mapped_column(String(255))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (
+        Index("ix_jobs_status_priority_created", "status", "priority", "created_at"),
+        Index("ix_jobs_model_created", "model", "created_at"),
+        Index("ix_jobs_created", "created_at"),
+    )
+
+    @property
+    def queue_wait_ms(self) -> int | None:
+        if self.started_at is None:
+            return None
+        return int((self.started_at - self.created_at).total_seconds() * 1000)
+
+
+class ModelKind(enum.StrEnum):
+    GENERATE = "generate"
+    EMBED = "embed"
+
+
+class Model(Base):
+    """A registered GGUF file, named as users refer to it in jobs."""
+
+    __tablename__ = "models"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    path: Mapped[str] = mapped_column(Text)
+    can_generate: Mapped[bool]
+    can_embed: Mapped[bool]
+    context_length: Mapped[int] = mapped_column(Integer)
+    context_length_trained: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    architecture: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    def supports(self, kind: str) -> bool:
+        if kind == JobKind.NOOP:
+            return True
+        return self.can_generate if kind == JobKind.GENERATE else self.can_embed

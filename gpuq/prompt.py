@@ -1,0 +1,78 @@
+"""Turning a generation request into the exact tokens the model will see.
+
+The API counts a prompt's tokens to refuse one that cannot fit the model's context, and
+the worker runs those same tokens: both call :func:`prompt_text` and a tokenizer that
+wraps llama.cpp's own ``llama_tokenize``, so the count the user is told is the count
+that runs. The API loads only the vocabulary (``vocab_only``), which takes milliseconds
+and no weights.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any, Protocol
+
+# Same tokenizer call llama-cpp-python's chat handlers make for a rendered chat prompt.
+Tokenize = Callable[[bytes, bool, bool], list[int]]
+
+
+class ChatFormatter(Protocol):
+    def __call__(self, *, messages: list[dict[str, Any]]) -> Any: ...
+
+
+def prompt_text(request: dict[str, Any], formatter: ChatFormatter | None) -> str:
+    """The prompt string for a generation request: ``prompt`` as given, or ``messages``
+    rendered with the model's own chat template."""
+    if request.get("messages") is not None:
+        if formatter is None:
+            raise ValueError("this model has no chat template; send a plain `prompt` instead")
+        return str(formatter(messages=request["messages"]).prompt)
+    return str(request["prompt"])
+
+
+def tokenize_prompt(tokenize: Tokenize, text: str) -> list[int]:
+    # add_bos follows the vocabulary's own setting inside llama.cpp; special=True lets
+    # chat-template markers such as <|im_start|> become their single special tokens.
+    return tokenize(text.encode("utf-8"), True, True)
+
+
+class VocabTokenizer:
+    """A GGUF file's vocabulary and chat template, without its weights."""
+
+    def __init__(self, path: str) -> None:
+        import llama_cpp
+        from llama_cpp._internals import LlamaModel
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self._model = LlamaModel(path_model=path, params=params, verbose=False)
+        self._lock = threading.Lock()
+        metadata = self._model.metadata()
+        template = metadata.get("tokenizer.chat_template")
+        self.formatter: ChatFormatter | None = None
+        if template:
+            eos, bos = self._model.token_eos(), self._model.token_bos()
+            self.formatter = Jinja2ChatFormatter(
+                template=template,
+                eos_token=self._model.token_get_text(eos) if eos != -1 else "",
+                bos_token=self._model.token_get_text(bos) if bos != -1 else "",
+            )
+
+    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        with self._lock:
+            return self._model.tokenize(text, add_bos, special)
+
+    def count_request_tokens(self, request: dict[str, Any]) -> int:
+        return len(tokenize_prompt(self.tokenize, prompt_text(request, self.formatter)))
+
+    def count_text_tokens(self, text: str) -> int:
+        return len(self.tokenize(text.encode("utf-8"), True, False))
+
+
+@lru_cache(maxsize=32)
+def vocab_tokenizer(path: str) -> VocabTokenizer:
+    """One tokenizer per model file per process; they are small and reused for every request."""
+    return VocabTokenizer(path)

@@ -1,0 +1,72 @@
+"""One place for every setting, read from the environment (prefix ``GPUQ_``) or ``.env``.
+
+Names carry their units. Unknown ``GPUQ_*`` variables are refused, so a misspelled
+setting fails loudly at start instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "GPUQ_"
+DEFAULT_DATA_DIR = Path("./data")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="forbid")
+
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="SQLite file, private Redis and logs live here")
+    database_url: str = Field("", description="SQLAlchemy URL; empty means the SQLite file <data_dir>/gpuq.db")
+    redis_url: str = Field("", description="Redis URL; empty means a private redis-server started by `gpuq up`")
+    models_dir: Path = Field(Path("./models"), description="Model files registered by path must lie under this folder")
+    register_bundled_model: bool = Field(True, description="Register SmolLM2-135M-Instruct at start")
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    max_body_bytes: int = Field(1_048_576, description="Larger request bodies get 413")
+    max_jobs_per_request: int = Field(1000, description="Bulk submission limit")
+
+    worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
+    worker_max_loaded_models: int = Field(2, ge=1)
+    worker_heartbeat_interval_s: float = Field(5.0, gt=0)
+    worker_cancel_poll_interval_s: float = Field(0.2, gt=0)
+    worker_sql_flush_interval_s: float = Field(0.05, gt=0, description="Batch window for result writes")
+    worker_ttl_s: int = Field(60, ge=5, description="A worker silent for this long is presumed dead")
+    job_timeout_s: int = Field(3600, ge=1)
+    job_max_attempts: int = Field(3, ge=1, description="Runs of a job before a dead worker fails it")
+
+    reconcile_interval_s: float = Field(10.0, gt=0)
+    reconcile_grace_s: float = Field(
+        30.0, ge=0, description="A queued row younger than this may still be on its way to Redis"
+    )
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{(self.data_dir / 'gpuq.db').resolve()}"
+        return self
+
+    @cached_property
+    def llama_threads(self) -> int:
+        return self.worker_threads if self.worker_threads > 0 else max(1, os.cpu_count() or 1)
+
+    @property
+    def uses_embedded_redis(self) -> bool:
+        return not self.redis_url
+
+    def require_redis_url(self) -> str:
+        if not self.redis_url:
+            raise RuntimeError(
+                "GPUQ_REDIS_URL is not set. Run `gpuq up` (which starts a private Redis) "
+                "or point GPUQ_REDIS_URL at a Redis server, e.g. redis://127.0.0.1:6379/0"
+            )
+        return self.redis_url
+
+
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,298 @@
+"""Every read and write of the SQL tables, as functions that say what they do.
+
+Functions take a sync ``Session``. The asyncio API calls them through
+``AsyncSession.run_sync`` so there is one implementation for every process.
+State changes that race (claim, cancel, finish) are conditional UPDATEs: the database,
+not timing, decides who wins.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from gpuq.models import Job, JobStatus, Model, utcnow
+
+
+def new_job_id() -> str:
+    """Time-ordered, so ids sort like creation times (handy in logs and cursors)."""
+    return f"job_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
+
+
+# ---------------------------------------------------------------- models
+
+
+def get_model(session: Session, name: str) -> Model | None:
+    return session.get(Model, name)
+
+
+def list_models(session: Session) -> Sequence[Model]:
+    return session.scalars(select(Model).order_by(Model.name)).all()
+
+
+def list_model_names(session: Session) -> list[str]:
+    return list(session.scalars(select(Model.name).order_by(Model.name)))
+
+
+def save_model(session: Session, model: Model) -> Model:
+    """Insert or replace a model's registration (re-registering updates path and kinds)."""
+    merged = session.merge(model)
+    session.commit()
+    return merged
+
+
+def delete_model(session: Session, name: str) -> bool:
+    deleted = session.execute(delete(Model).where(Model.name == name)).rowcount
+    session.commit()
+    return bool(deleted)
+
+
+# ---------------------------------------------------------------- submitting
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    id: str
+    kind: str
+    model: str
+    priority: int
+    request: dict[str, Any]
+    request_hash: str
+    idempotency_key: str | None = None
+    prompt_tokens: int | None = None
+
+
+def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[Job]:
+    """Insert queued rows in one statement and commit; returns them (detached)."""
+    now = utcnow()
+    rows = [
+        {
+            "id": j.id,
+            "kind": j.kind,
+            "model": j.model,
+            "priority": j.priority,
+            "status": JobStatus.QUEUED.value,
+            "idempotency_key": j.idempotency_key,
+            "request_hash": j.request_hash,
+            "request": j.request,
+            "prompt_tokens": j.prompt_tokens,
+            "created_at": now,
+            "attempts": 0,
+        }
+        for j in jobs
+    ]
+    session.execute(insert(Job), rows)
+    session.commit()
+    return [Job(**row) for row in rows]
+
+
+def delete_queued_jobs(session: Session, ids: Sequence[str]) -> None:
+    """Undo an insert whose enqueue failed, so no row claims to be queued without being so."""
+    session.execute(delete(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED))
+    session.commit()
+
+
+def jobs_by_idempotency_keys(session: Session, keys: Iterable[str]) -> dict[str, Job]:
+    keys = list(keys)
+    if not keys:
+        return {}
+    jobs = session.scalars(select(Job).where(Job.idempotency_key.in_(keys)))
+    return {j.idempotency_key: j for j in jobs if j.idempotency_key}
+
+
+# ---------------------------------------------------------------- reading
+
+
+def get_job(session: Session, job_id: str) -> Job | None:
+    return session.get(Job, job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    statuses: tuple[str, ...] = ()
+    model: str | None = None
+    kind: str | None = None
+    priority: int | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+def list_jobs(session: Session, flt: JobFilter, *, limit: int, after: str | None = None) -> tuple[list[Job], bool]:
+    """Newest first, keyset-paginated: ``after`` is the last id of the previous page.
+
+    Returns the page and whether more rows follow.
+    """
+    query = select(Job)
+    if flt.statuses:
+        query = query.where(Job.status.in_(flt.statuses))
+    if flt.model is not None:
+        query = query.where(Job.model == flt.model)
+    if flt.kind is not None:
+        query = query.where(Job.kind == flt.kind)
+    if flt.priority is not None:
+        query = query.where(Job.priority == flt.priority)
+    if flt.created_after is not None:
+        query = query.where(Job.created_at >= flt.created_after)
+    if flt.created_before is not None:
+        query = query.where(Job.created_at < flt.created_before)
+    if after is not None:
+        anchor = session.get(Job, after)
+        if anchor is None:
+            raise LookupError(after)
+        query = query.where(tuple_(Job.created_at, Job.id) < tuple_(anchor.created_at, anchor.id))
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    rows = list(session.scalars(query))
+    return rows[:limit], len(rows) > limit
+
+
+def count_jobs_by_status(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+    return {status: n for status, n in rows}
+
+
+# ---------------------------------------------------------------- cancelling
+
+
+def cancel_queued_job(session: Session, job_id: str) -> bool:
+    """Queued to cancelled, only if it is still queued. True if this call cancelled it."""
+    now = utcnow()
+    changed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.CANCELLED, cancel_requested_at=now, finished_at=now)
+    ).rowcount
+    session.commit()
+    return bool(changed)
+
+
+def mark_cancel_requested(session: Session, job_id: str) -> bool:
+    """Record that a running job should stop; the worker makes it final."""
+    changed = session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested_at=utcnow())
+    ).rowcount
+    session.commit()
+    return bool(changed)
+
+
+# ---------------------------------------------------------------- running (worker side)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    id: str
+    kind: str
+    model: str
+    request: dict[str, Any]
+    attempts: int
+    started_at: datetime
+
+
+def claim_job(session: Session, job_id: str, *, worker: str, device: str) -> ClaimedJob | None:
+    """Queued to running for this worker. None if someone cancelled or ran it first."""
+    now = utcnow()
+    row = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(
+            status=JobStatus.RUNNING,
+            started_at=now,
+            worker=worker,
+            device=device,
+            attempts=Job.attempts + 1,
+            error=None,
+        )
+        .returning(Job.kind, Job.model, Job.request, Job.attempts)
+    ).one_or_none()
+    session.commit()
+    if row is None:
+        return None
+    return ClaimedJob(job_id, row.kind, row.model, row.request, row.attempts, now)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a worker learned by running a job; written in batches by ``record_outcomes``."""
+
+    job_id: str
+    worker: str
+    status: JobStatus
+    finished_at: datetime
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    load_ms: int | None = None
+    run_ms: int | None = None
+
+    def as_values(self) -> dict[str, Any]:
+        values = {
+            "status": self.status.value,
+            "finished_at": self.finished_at,
+            "result": self.result,
+            "error": self.error,
+            "completion_tokens": self.completion_tokens,
+            "load_ms": self.load_ms,
+            "run_ms": self.run_ms,
+        }
+        if self.prompt_tokens is not None:
+            values["prompt_tokens"] = self.prompt_tokens
+        return values
+
+
+def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
+    """Write final states in one transaction. Only rows still running on that worker change,
+    so a job the reconciler has meanwhile handed to another worker is not overwritten."""
+    written = 0
+    for outcome in outcomes:
+        written += session.execute(
+            update(Job)
+            .where(Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker)
+            .values(**outcome.as_values())
+        ).rowcount
+    session.commit()
+    return written
+
+
+# ---------------------------------------------------------------- reconciling
+
+
+def queued_job_ids_created_before(session: Session, cutoff: datetime) -> list[tuple[str, str, int]]:
+    rows = session.execute(
+        select(Job.id, Job.model, Job.priority).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
+    )
+    return [(r.id, r.model, r.priority) for r in rows]
+
+
+def running_jobs(session: Session) -> list[tuple[str, str, int, str | None, int]]:
+    rows = session.execute(
+        select(Job.id, Job.model, Job.priority, Job.worker, Job.attempts).where(Job.status == JobStatus.RUNNING)
+    )
+    return [(r.id, r.model, r.priority, r.worker, r.attempts) for r in rows]
+
+
+def return_to_queue(session: Session, job_id: str, *, worker: str | None) -> bool:
+    """A job whose worker died goes back to queued (its attempts stay counted)."""
+    changed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
+        .values(status=JobStatus.QUEUED, worker=None, device=None, started_at=None)
+    ).rowcount
+    session.commit()
+    return bool(changed)
+
+
+def fail_abandoned_job(session: Session, job_id: str, *, worker: str | None, error: str) -> bool:
+    changed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
+        .values(status=JobStatus.FAILED, error=error, finished_at=utcnow())
+    ).rowcount
+    session.commit()
+    return bool(changed)

@@ -1,0 +1,163 @@
+"""Accepting jobs: validate, write the SQL rows, enqueue, in that order.
+
+Order matters. The row is committed before the Redis entry exists, so a worker never
+dequeues a job it cannot find. If the enqueue then fails, the rows are deleted and the
+caller gets an error; if even that delete fails (the database went away between the
+two steps), the reconciler finds the queued rows with no Redis entry and enqueues them.
+Either way no row is left ``queued`` forever and no job is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from anyio import to_thread
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuq import store
+from gpuq.enqueue import QueueEntry, enqueue_jobs
+from gpuq.errors import RequestError
+from gpuq.models import Job, JobKind, Model
+from gpuq.prompt import vocab_tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job as the user asked for it, already checked for shape (types, ranges)."""
+
+    kind: JobKind
+    model: str
+    priority: int
+    request: dict[str, Any]
+    idempotency_key: str | None = None
+
+    @property
+    def request_hash(self) -> str:
+        canonical = json.dumps(
+            [self.kind.value, self.model, self.priority, self.request], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    job: Job
+    created: bool  # False when an idempotency key returned an earlier job
+
+
+def _where(index: int | None) -> str:
+    return "" if index is None else f"jobs[{index}]: "
+
+
+def check_against_model(spec: JobSpec, model: Model | None, index: int | None = None) -> int | None:
+    """Checks that need the model: it exists, it does this kind, the input fits its context.
+    Returns the prompt's token count for generation jobs."""
+    where = _where(index)
+    if model is None:
+        raise RequestError(404, f"{where}model {spec.model!r} is not registered (see GET /v1/models)")
+    if not model.supports(spec.kind):
+        kinds = [k for k, ok in (("generate", model.can_generate), ("embed", model.can_embed)) if ok]
+        raise RequestError(
+            422, f"{where}model {model.name!r} cannot run {spec.kind.value} jobs; it is for: {', '.join(kinds)}"
+        )
+    n_ctx = model.context_length
+    if spec.kind == JobKind.GENERATE:
+        max_tokens = spec.request["max_tokens"]
+        if max_tokens > n_ctx:
+            raise RequestError(
+                422, f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens"
+            )
+        try:
+            prompt_tokens = vocab_tokenizer(model.path).count_request_tokens(spec.request)
+        except ValueError as exc:
+            raise RequestError(422, f"{where}{exc}") from None
+        if prompt_tokens + max_tokens > n_ctx:
+            raise RequestError(
+                422,
+                f"{where}the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
+                f"{prompt_tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
+                "shorten the prompt or lower max_tokens",
+            )
+        return prompt_tokens
+    if spec.kind == JobKind.EMBED:
+        tokenizer = vocab_tokenizer(model.path)
+        for i, text in enumerate(spec.request["input"]):
+            n = tokenizer.count_text_tokens(text)
+            if n > n_ctx:
+                raise RequestError(
+                    422,
+                    f"{where}input[{i}] is {n} tokens but {model.name!r} embeds at most {n_ctx}: split the text",
+                )
+    return None
+
+
+async def submit_jobs(db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int) -> list[Accepted]:
+    """Validate and accept jobs, all or none."""
+    models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
+    prompt_tokens = await to_thread.run_sync(
+        lambda: [check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)]
+    )
+    earlier = await _earlier_jobs(db, specs)
+    new = [
+        store.NewJob(
+            id=store.new_job_id(),
+            kind=s.kind.value,
+            model=s.model,
+            priority=s.priority,
+            request=s.request,
+            request_hash=s.request_hash,
+            idempotency_key=s.idempotency_key,
+            prompt_tokens=n,
+        )
+        for s, n in zip(specs, prompt_tokens, strict=True)
+        if s.idempotency_key is None or s.idempotency_key not in earlier
+    ]
+    created = iter(await _insert_then_enqueue(db, redis, new, timeout_s=timeout_s) if new else [])
+    return [
+        Accepted(earlier[s.idempotency_key], created=False)
+        if s.idempotency_key is not None and s.idempotency_key in earlier
+        else Accepted(next(created), created=True)
+        for s in specs
+    ]
+
+
+async def _earlier_jobs(db: AsyncSession, specs: Sequence[JobSpec]) -> dict[str, Job]:
+    """Jobs already submitted under the same idempotency keys; a key reused for a different
+    request is an error, not a silent replay."""
+    keys = [s.idempotency_key for s in specs if s.idempotency_key is not None]
+    if len(keys) != len(set(keys)):
+        raise RequestError(422, "the same idempotency_key is used twice in one request")
+    earlier = await db.run_sync(store.jobs_by_idempotency_keys, keys)
+    for spec in specs:
+        job = earlier.get(spec.idempotency_key or "")
+        if job is not None and job.request_hash != spec.request_hash:
+            raise RequestError(
+                409,
+                f"idempotency_key {spec.idempotency_key!r} was already used for a different request "
+                f"(job {job.id}); use a new key for a new request",
+            )
+    return earlier
+
+
+async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.NewJob], *, timeout_s: int) -> list[Job]:
+    try:
+        jobs = await db.run_sync(store.insert_jobs, new)
+    except IntegrityError:
+        await db.rollback()
+        raise RequestError(
+            409, "an idempotency_key in this request was used by a concurrent request; retry to get its job"
+        ) from None
+    entries = [QueueEntry(n.id, n.model, n.priority) for n in new]
+    try:
+        await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
+    except RedisError as exc:
+        await db.run_sync(store.delete_queued_jobs, [n.id for n in new])
+        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+    return jobs

@@ -1,0 +1,67 @@
+"""Wiring a worker process together from settings, and running it until it is told to stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+
+from redis import Redis
+
+from gpuq import store
+from gpuq.db import sync_engine, sync_sessions
+from gpuq.settings import Settings
+from worker.device import detect_device
+from worker.engine import LoadedModel
+from worker.model_cache import ModelCache, ModelSpec
+from worker.outcome_writer import OutcomeWriter
+from worker.runner import JobRunner
+from worker.worker import GpuqWorker
+
+log = logging.getLogger(__name__)
+
+
+def worker_name(slot: str) -> str:
+    return f"{socket.gethostname()}.{slot}.{os.getpid()}.{secrets.token_hex(2)}"
+
+
+def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | None = None, burst: bool = False) -> None:
+    device = detect_device()
+    redis = Redis.from_url(settings.require_redis_url())
+    sessions = sync_sessions(sync_engine(settings.database_url))
+
+    def load(spec: ModelSpec) -> LoadedModel:
+        return LoadedModel(
+            spec.path,
+            n_ctx=spec.n_ctx,
+            embedding=spec.embedding,
+            threads=settings.llama_threads,
+            gpu_layers=device.gpu_layers,
+        )
+
+    def list_models() -> list[str]:
+        with sessions() as session:
+            names = store.list_model_names(session)
+        return [n for n in names if models is None or n in models]
+
+    cache = ModelCache(load, max_loaded=settings.worker_max_loaded_models)
+    writer = OutcomeWriter(sessions, flush_interval_s=settings.worker_sql_flush_interval_s)
+    runner = JobRunner(
+        sessions=sessions, cache=cache, writer=writer, worker_name=worker_name(slot), device=device.label
+    )
+    worker = GpuqWorker(
+        runner=runner,
+        list_models=list_models,
+        worker_ttl_s=settings.worker_ttl_s,
+        heartbeat_interval_s=settings.worker_heartbeat_interval_s,
+        cancel_poll_interval_s=settings.worker_cancel_poll_interval_s,
+        connection=redis,
+    )
+    log.info("worker %s on %s, %d llama.cpp threads", runner.worker_name, device.label, settings.llama_threads)
+    writer.start()
+    try:
+        worker.work(burst=burst, logging_level="INFO")
+    finally:
+        writer.stop()
+        cache.clear()

@@ -1,0 +1,68 @@
+"""Models a worker keeps loaded between jobs, least recently used evicted first.
+
+Keyed by (model name, mode). The bound is a count for now; the fleet issue replaces it
+with the GPU's VRAM budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from worker.engine import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    path: str
+    n_ctx: int
+    embedding: bool
+
+    @property
+    def key(self) -> tuple[str, bool]:
+        return (self.name, self.embedding)
+
+
+Loader = Callable[[ModelSpec], LoadedModel]
+
+
+class ModelCache:
+    def __init__(self, loader: Loader, *, max_loaded: int) -> None:
+        self._loader = loader
+        self._max_loaded = max_loaded
+        self._loaded: OrderedDict[tuple[str, bool], tuple[ModelSpec, LoadedModel]] = OrderedDict()
+
+    def get(self, spec: ModelSpec) -> tuple[LoadedModel, int]:
+        """The loaded model and how long loading it took now (0 when it was already resident)."""
+        entry = self._loaded.get(spec.key)
+        if entry is not None and entry[0] == spec:
+            self._loaded.move_to_end(spec.key)
+            return entry[1], 0
+        if entry is not None:  # re-registered with another file or context: reload
+            self._unload(spec.key)
+        while len(self._loaded) >= self._max_loaded:
+            self._unload(next(iter(self._loaded)))
+        started = time.perf_counter()
+        model = self._loader(spec)
+        load_ms = int((time.perf_counter() - started) * 1000)
+        self._loaded[spec.key] = (spec, model)
+        log.info("loaded %s (%s) in %d ms", spec.name, "embed" if spec.embedding else "generate", load_ms)
+        return model, max(load_ms, 1)
+
+    def loaded_names(self) -> list[str]:
+        return sorted({name for name, _ in self._loaded})
+
+    def clear(self) -> None:
+        for key in list(self._loaded):
+            self._unload(key)
+
+    def _unload(self, key: tuple[str, bool]) -> None:
+        _spec, model = self._loaded.pop(key)
+        model.close()
+        log.info("unloaded %s", key[0])

@@ -1,0 +1,85 @@
+"""Writes job outcomes to SQL in batches, off the job loop.
+
+A worker finishing many short jobs would otherwise spend most of its time committing one
+row at a time. Outcomes wait here at most ``flush_interval_s``. If the process dies
+before a flush, those rows stay ``running`` on a dead worker and the reconciler runs
+them again: at-least-once, never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuq import store
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 500
+RETRY_DELAY_S = 1.0
+
+
+class OutcomeWriter:
+    def __init__(self, sessions: sessionmaker[Session], *, flush_interval_s: float) -> None:
+        self._sessions = sessions
+        self._flush_interval_s = flush_interval_s
+        self._pending: queue.SimpleQueue[store.Outcome | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
+        self._progress = threading.Condition()
+        self._submitted = 0
+        self._written = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, outcome: store.Outcome) -> None:
+        with self._progress:
+            self._submitted += 1
+        self._pending.put(outcome)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything submitted so far is written."""
+        with self._progress:
+            target = self._submitted
+            return self._progress.wait_for(lambda: self._written >= target, timeout_s)
+
+    def stop(self) -> None:
+        self._pending.put(None)
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._pending.get()
+            if first is None:
+                break
+            batch = [first]
+            deadline = time.monotonic() + self._flush_interval_s
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._pending.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._write(batch)
+            with self._progress:
+                self._written += len(batch)
+                self._progress.notify_all()
+
+    def _write(self, batch: list[store.Outcome]) -> None:
+        while True:
+            try:
+                with self._sessions() as session:
+                    store.record_outcomes(session, batch)
+                return
+            except SQLAlchemyError:
+                log.exception("writing %d job outcomes failed; retrying", len(batch))
+                time.sleep(RETRY_DELAY_S)

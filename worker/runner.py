@@ -1,0 +1,86 @@
+"""Running one gpuq job: claim it in SQL, run it on llama.cpp, hand the outcome to the writer.
+
+Everything a job can get wrong (a model file that will not load, a prompt llama.cpp
+refuses) ends as a ``failed`` row with the error, never as a crashed worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuq import store
+from gpuq.models import JobKind, JobStatus, utcnow
+from worker.engine import JobCancelled
+from worker.model_cache import ModelCache, ModelSpec
+from worker.outcome_writer import OutcomeWriter
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner:
+    def __init__(
+        self,
+        *,
+        sessions: sessionmaker[Session],
+        cache: ModelCache,
+        writer: OutcomeWriter,
+        worker_name: str,
+        device: str,
+    ) -> None:
+        self._sessions = sessions
+        self._cache = cache
+        self._writer = writer
+        self.worker_name = worker_name
+        self.device = device
+
+    def run(self, job_id: str, cancel: threading.Event) -> None:
+        with self._sessions() as session:
+            claimed = store.claim_job(session, job_id, worker=self.worker_name, device=self.device)
+            if claimed is None:
+                log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
+                return
+            model = store.get_model(session, claimed.model) if claimed.kind != JobKind.NOOP else None
+
+        outcome = store.Outcome(
+            job_id=job_id, worker=self.worker_name, status=JobStatus.SUCCEEDED, finished_at=utcnow()
+        )
+        started = time.perf_counter()
+        try:
+            if claimed.kind == JobKind.NOOP:
+                outcome.result = {}
+            elif model is None:
+                raise LookupError(f"model {claimed.model!r} is no longer registered")
+            else:
+                self._run_model_job(claimed, model, cancel, outcome)
+        except JobCancelled:
+            outcome.status = JobStatus.CANCELLED
+        except Exception as exc:  # a job's failure is recorded, never raised into the worker loop
+            log.exception("job %s failed", job_id)
+            outcome.status = JobStatus.FAILED
+            outcome.error = f"{type(exc).__name__}: {exc}"
+        outcome.finished_at = utcnow()
+        outcome.run_ms = int((time.perf_counter() - started) * 1000) - (outcome.load_ms or 0)
+        self._writer.submit(outcome)
+
+    def _run_model_job(
+        self, claimed: store.ClaimedJob, model: Any, cancel: threading.Event, outcome: store.Outcome
+    ) -> None:
+        embedding = claimed.kind == JobKind.EMBED
+        spec = ModelSpec(model.name, model.path, model.context_length, embedding)
+        loaded, outcome.load_ms = self._cache.get(spec)
+        if embedding:
+            vectors, tokens = loaded.embed(claimed.request["input"], cancel)
+            outcome.result = {"embeddings": vectors, "dimensions": len(vectors[0]) if vectors else 0}
+            outcome.prompt_tokens = tokens
+            return
+        generation = loaded.generate(claimed.request, cancel)
+        outcome.result = {"text": generation.text, "finish_reason": generation.finish_reason}
+        outcome.prompt_tokens = generation.prompt_tokens
+        outcome.completion_tokens = generation.completion_tokens
+        if generation.finish_reason == "cancelled":
+            outcome.status = JobStatus.CANCELLED

@@ -1,0 +1,158 @@
+"""The per-GPU worker: an RQ ``SimpleWorker`` that keeps models loaded between jobs.
+
+It keeps RQ's worker registration, queues, job hashes, executions and registries, so
+``rq info`` shows it, and overrides only the hooks where a job system whose record
+lives in SQL can do less than plain RQ:
+
+* ``execute_job``: one Redis pipeline to start a job and one to end it (plain RQ spends
+  a dozen round trips), no result copy in Redis (SQL holds it), and a monitor thread
+  for heartbeats and cancellation while the job runs.
+* ``heartbeat`` and ``set_state``: skip writes that change nothing.
+* the queue list is refreshed from the model registry, so a model registered after
+  the worker started is served without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+
+from redis.client import Pipeline
+from rq import Queue, SimpleWorker
+from rq.executions import Execution
+from rq.job import Job
+from rq.worker import WorkerStatus
+
+from gpuq.queues import worker_queue_names
+from worker.monitor import JobMonitor
+from worker.runner import JobRunner
+
+log = logging.getLogger(__name__)
+
+MIN_HEARTBEAT_GAP_S = 1.0
+
+
+class GpuqWorker(SimpleWorker):
+    def __init__(
+        self,
+        *,
+        runner: JobRunner,
+        list_models: Callable[[], list[str]],
+        worker_ttl_s: int,
+        heartbeat_interval_s: float,
+        cancel_poll_interval_s: float,
+        queue_refresh_interval_s: float = 5.0,
+        **kwargs: object,
+    ) -> None:
+        self._list_models = list_models
+        self._models = list_models()
+        super().__init__(
+            [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._models)],
+            name=runner.worker_name,
+            worker_ttl=worker_ttl_s,
+            **kwargs,  # type: ignore[arg-type]
+        )
+        self.runner = runner
+        self._queue_refresh_interval_s = queue_refresh_interval_s
+        self._queues_refreshed_at = time.monotonic()
+        self._last_heartbeat_mono = 0.0
+        self._running: tuple[Job, Execution] | None = None
+        self.monitor = JobMonitor(
+            self.connection,
+            heartbeat=self._heartbeat_running_job,
+            heartbeat_interval_s=heartbeat_interval_s,
+            cancel_poll_interval_s=cancel_poll_interval_s,
+        )
+
+    # ------------------------------------------------------------- queue list
+
+    @property
+    def dequeue_timeout(self) -> int:
+        # Wake up often enough to heartbeat while idle and to see newly registered models.
+        return max(1, min(int(self._queue_refresh_interval_s), self.worker_ttl // 3))
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        self._refresh_queues()
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+
+    def _refresh_queues(self) -> None:
+        if time.monotonic() - self._queues_refreshed_at < self._queue_refresh_interval_s:
+            return
+        self._queues_refreshed_at = time.monotonic()
+        models = self._list_models()
+        if models == self._models:
+            return
+        log.info("serving models %s", ", ".join(models) or "(none)")
+        self._models = models
+        self.queues = [Queue(n, connection=self.connection) for n in worker_queue_names(models)]
+        self._ordered_queues = self.queues[:]
+
+    # ------------------------------------------------------------- running a job
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        ttl = self.worker_ttl
+        with self.connection.pipeline() as pipe:
+            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self.heartbeat(ttl, pipeline=pipe)
+            pipe.execute()
+        self._running = (job, execution)
+        cancel = self.monitor.begin(job.id)
+        try:
+            self.runner.run(job.id, cancel)
+        except Exception:
+            # Only infrastructure errors get here (SQL unreachable while claiming, say). The
+            # row is still queued in SQL; RQ's failed registry keeps the trace and the
+            # reconciler enqueues the job again.
+            log.exception("job %s could not be run", job.id)
+            self.monitor.end()
+            self._running = None
+            self.handle_job_failure(job, queue, exc_string=traceback.format_exc(), execution=execution)
+            self.set_state(WorkerStatus.IDLE)
+            return
+        self.monitor.end()
+        self._running = None
+        with self.connection.pipeline() as pipe:
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            pipe.delete(job.key)  # result_ttl=0: the result lives in SQL
+            self.increment_successful_job_count(pipeline=pipe)
+            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            pipe.execute()
+
+    def _heartbeat_running_job(self) -> None:
+        running = self._running
+        with self.connection.pipeline() as pipe:
+            self.heartbeat(self.worker_ttl, pipeline=pipe)
+            if running is not None:
+                job, execution = running
+                execution.heartbeat(job.started_job_registry, self.worker_ttl, pipeline=pipe)
+            pipe.execute()
+
+    # ------------------------------------------------------------- fewer writes
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        now = time.monotonic()
+        if pipeline is None and timeout is None and now - self._last_heartbeat_mono < MIN_HEARTBEAT_GAP_S:
+            return
+        self._last_heartbeat_mono = now
+        super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
+
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
+        if pipeline is None and getattr(self, "_state", None) == state:
+            return
+        super().set_state(state, pipeline=pipeline)
+
+    # ------------------------------------------------------------- lifecycle
+
+    def bootstrap(self, *args: object, **kwargs: object) -> None:
+        super().bootstrap(*args, **kwargs)  # type: ignore[arg-type]
+        self.monitor.start()
+
+    def teardown(self) -> None:
+        self.monitor.stop()
+        super().teardown()
