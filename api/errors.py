@@ -7,10 +7,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from gpuq.errors import RequestError
+from gpuq.models import JobKind
+
+# Pydantic puts the union tag in an error's location (body.generate.prompt); users never wrote it.
+_HIDDEN_LOCATION_PARTS = {"body", *(kind.value for kind in JobKind)}
 
 
 def _describe(error: dict) -> str:  # type: ignore[type-arg]
-    location = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    location = ".".join(str(part) for part in error.get("loc", ()) if part not in _HIDDEN_LOCATION_PARTS)
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     return f"{location}: {message}" if location else message
 

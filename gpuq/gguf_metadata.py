@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,18 @@ def _field_value(reader: Any, key: str) -> Any:
 
 
 def read_metadata(path: Path) -> GgufMetadata:
-    from gguf import GGUFReader  # imported late: it pulls numpy, which the CLI rarely needs
-
     if not is_gguf(path):
         raise NotAGgufFile(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    stat = path.stat()
+    return _read_metadata(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _read_metadata(path_str: str, _size: int, _mtime_ns: int) -> GgufMetadata:
+    """Cached by file identity: GGUFReader maps every tensor, which takes seconds on a big file."""
+    from gguf import GGUFReader  # imported late: it pulls numpy, which the CLI rarely needs
+
+    path = Path(path_str)
     reader = GGUFReader(path)
     arch = _field_value(reader, "general.architecture") or "unknown"
 

@@ -48,6 +48,7 @@ class GpuqWorker(SimpleWorker):
     ) -> None:
         self._list_models = list_models
         self._models = list_models()
+        self._queue_refresh_interval_s = queue_refresh_interval_s
         super().__init__(
             [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._models)],
             name=runner.worker_name,
@@ -55,7 +56,6 @@ class GpuqWorker(SimpleWorker):
             **kwargs,  # type: ignore[arg-type]
         )
         self.runner = runner
-        self._queue_refresh_interval_s = queue_refresh_interval_s
         self._queues_refreshed_at = time.monotonic()
         self._last_heartbeat_mono = 0.0
         self._running: tuple[Job, Execution] | None = None

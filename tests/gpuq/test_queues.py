@@ -1,0 +1,39 @@
+import pytest
+
+from gpuq.queues import Priority, parse_queue_name, queue_name, worker_queue_names
+
+
+def test_priority_names_parse_case_insensitively_and_order_high_first():
+    assert Priority.parse("HIGH") is Priority.HIGH
+    assert sorted([Priority.LOW, Priority.HIGH, Priority.NORMAL]) == [Priority.HIGH, Priority.NORMAL, Priority.LOW]
+
+
+def test_unknown_priority_lists_the_choices():
+    with pytest.raises(ValueError, match="use one of: high, normal, low"):
+        Priority.parse("urgent")
+
+
+def test_queue_names_round_trip_and_refuse_foreign_names():
+    name = queue_name("smollm2-135m", Priority.LOW)
+    assert name == "gpuq:smollm2-135m:low"
+    assert parse_queue_name(name) == ("smollm2-135m", Priority.LOW)
+    for foreign in ("rq:queue:default", "gpuq:a:b:c", "gpuq:model:urgent", "gpuq:../x:low"):
+        with pytest.raises(ValueError):
+            parse_queue_name(foreign)
+
+
+def test_model_names_that_would_break_queue_names_are_refused():
+    for bad in ("", "a:b", "a b", "-leading-dash", "x" * 129):
+        with pytest.raises(ValueError):
+            queue_name(bad, Priority.NORMAL)
+
+
+def test_a_worker_listens_to_every_models_high_queue_before_any_normal_queue():
+    assert worker_queue_names(["a", "b"]) == [
+        "gpuq:a:high",
+        "gpuq:b:high",
+        "gpuq:a:normal",
+        "gpuq:b:normal",
+        "gpuq:a:low",
+        "gpuq:b:low",
+    ]
