@@ -5,6 +5,7 @@ Validation happens here so the API and the CLI refuse the same things with the s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -21,10 +22,12 @@ class InvalidModel(ValueError):
 
 
 def resolve_model_path(models_dir: Path, path: str) -> Path:
-    """A relative path is taken inside ``models_dir``; either way it must end up inside it."""
-    root = models_dir.resolve()
-    candidate = Path(path)
-    full = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    """A relative path is taken inside ``models_dir``; either way it must stay inside it.
+
+    Checked on the path as written (``..`` cannot climb out), not on where symlinks
+    lead: a symlink an admin placed in the models directory is a deliberate choice."""
+    root = Path(os.path.abspath(models_dir))
+    full = Path(os.path.normpath(root / path))
     if not full.is_relative_to(root):
         raise InvalidModel(f"model path {path!r} is outside the models directory {root}")
     if not full.is_file():

@@ -1,0 +1,56 @@
+"""The model registry over HTTP: the bundled model is there, files are checked before registering."""
+
+import pytest
+
+from tests.conftest import both_databases
+
+
+@both_databases
+def test_the_bundled_model_is_registered_out_of_the_box_in_openai_list_shape(client):
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    [model] = body["data"]
+    assert model["id"] == "smollm2-135m" and model["object"] == "model"
+    assert model["kinds"] == ["generate", "embed"]
+    assert model["context_length"] == 2048 and model["context_length_trained"] == 8192
+    assert model["architecture"] == "llama" and model["size_bytes"] == 98_362_432
+
+
+def test_registering_a_file_in_the_models_directory(client, settings, model_path):
+    (settings.models_dir / "family").mkdir()
+    (settings.models_dir / "family" / "small.gguf").symlink_to(model_path)
+    response = client.post(
+        "/v1/models",
+        json={"name": "small-embed", "path": "family/small.gguf", "kinds": ["embed"], "context_length": 512},
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["kinds"] == ["embed"] and response.json()["context_length"] == 512
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["small-embed", "smollm2-135m"]
+    again = client.post("/v1/models", json={"name": "small-embed", "path": "family/small.gguf", "kinds": ["generate"]})
+    assert again.status_code == 201 and client.get("/v1/models/small-embed").json()["kinds"] == ["generate"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"name": "x", "path": "../../etc/passwd"}, "is outside the models directory"),
+        ({"name": "x", "path": "/etc/hostname"}, "is outside the models directory"),
+        ({"name": "x", "path": "missing.gguf"}, "does not exist"),
+        ({"name": "x", "path": "notes.txt"}, "is not a GGUF file"),
+        ({"name": "bad name", "path": "real.gguf"}, "model name 'bad name' is invalid"),
+        ({"name": "x", "path": "real.gguf", "context_length": 9000}, "trained for at most 8192"),
+        ({"name": "x", "path": "real.gguf", "kinds": []}, "kinds: List should have at least 1 item"),
+        ({"name": "x", "path": "real.gguf", "kinds": ["chat"]}, "kinds.0: Input should be 'generate' or 'embed'"),
+    ],
+)
+def test_impossible_registrations_are_refused_and_change_nothing(client, settings, model_path, body, message):
+    (settings.models_dir / "notes.txt").write_text("not a model")
+    (settings.models_dir / "real.gguf").symlink_to(model_path)
+    response = client.post("/v1/models", json=body)
+    assert response.status_code == 422 and message in response.json()["detail"], response.text
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smollm2-135m"]
+
+
+def test_an_unknown_model_is_a_404(client):
+    response = client.get("/v1/models/nope")
+    assert response.status_code == 404 and response.json()["detail"] == "model 'nope' is not registered"
