@@ -25,7 +25,7 @@ from gpuq import store
 from gpuq.enqueue import QueueEntry, enqueue_jobs
 from gpuq.errors import RequestError
 from gpuq.models import Job, JobKind, Model
-from gpuq.prompt import vocab_tokenizer
+from gpuq.prompt import VocabTokenizer, vocab_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,7 @@ def check_against_model(spec: JobSpec, model: Model | None, index: int | None = 
                 422, f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens"
             )
         try:
-            prompt_tokens = vocab_tokenizer(model.path).count_request_tokens(spec.request)
+            prompt_tokens = _tokenizer(model).count_request_tokens(spec.request)
         except ValueError as exc:
             raise RequestError(422, f"{where}{exc}") from None
         if prompt_tokens + max_tokens > n_ctx:
@@ -87,7 +87,7 @@ def check_against_model(spec: JobSpec, model: Model | None, index: int | None = 
             )
         return prompt_tokens
     if spec.kind == JobKind.EMBED:
-        tokenizer = vocab_tokenizer(model.path)
+        tokenizer = _tokenizer(model)
         for i, text in enumerate(spec.request["input"]):
             n = tokenizer.count_text_tokens(text)
             if n > n_ctx:
@@ -96,6 +96,15 @@ def check_against_model(spec: JobSpec, model: Model | None, index: int | None = 
                     f"{where}input[{i}] is {n} tokens but {model.name!r} embeds at most {n_ctx}: split the text",
                 )
     return None
+
+
+def _tokenizer(model: Model) -> VocabTokenizer:
+    try:
+        return vocab_tokenizer(model.path)
+    except ValueError as exc:  # llama.cpp could not read the file
+        raise RequestError(
+            422, f"model {model.name!r} cannot be used: its file {model.path} cannot be read ({exc})"
+        ) from None
 
 
 async def submit_jobs(db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int) -> list[Accepted]:

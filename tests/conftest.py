@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -64,14 +65,21 @@ def redis_server_url() -> Iterator[str]:
     private.stop()
 
 
-@pytest.fixture
-def redis_url(redis_server_url: str) -> Iterator[str]:
-    url = f"{redis_server_url}/{REDIS_DB}"
+@contextmanager
+def redis_db(server_url: str, index: int) -> Iterator[str]:
+    """A Redis database index, empty before and after."""
+    url = f"{server_url}/{index}"
     client = Redis.from_url(url)
     client.flushdb()
     yield url
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str) -> Iterator[str]:
+    with redis_db(redis_server_url, REDIS_DB) as url:
+        yield url
 
 
 @pytest.fixture
@@ -93,27 +101,39 @@ def _drop_postgres_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextmanager
+def fresh_database(backend: str, directory: Path) -> Iterator[str]:
+    """An empty database: a new SQLite file, or a new PostgreSQL database dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{directory / 'gpuq.db'}"
+        return
+    name, url = _create_postgres_database()
+    try:
+        yield url
+    finally:
+        _drop_postgres_database(name)
+
+
+def migrate_and_register(url: str) -> str:
+    """Migrated, with the bundled model registered, as `gpuq db upgrade` leaves it."""
+    migrate.upgrade(url)
+    engine = sync_engine(url)
+    with sync_sessions(engine)() as session:
+        register_bundled_model(session)
+    engine.dispose()
+    return url
+
+
 @pytest.fixture
 def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database with no tables yet, on the backend named by the test's parameter."""
-    backend = getattr(request, "param", "sqlite")
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'gpuq.db'}"
-        return
-    name, url = _create_postgres_database()
-    yield url
-    _drop_postgres_database(name)
+    with fresh_database(getattr(request, "param", "sqlite"), tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
 def database_url(empty_database_url: str) -> str:
-    """A migrated database with the bundled model registered."""
-    migrate.upgrade(empty_database_url)
-    engine = sync_engine(empty_database_url)
-    with sync_sessions(engine)() as session:
-        register_bundled_model(session)
-    engine.dispose()
-    return empty_database_url
+    return migrate_and_register(empty_database_url)
 
 
 @pytest.fixture

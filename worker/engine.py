@@ -91,17 +91,22 @@ class LoadedModel:
         )
 
     def embed(self, texts: list[str], cancel: threading.Event) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised vectors, and the number of input tokens."""
-        vectors: list[list[float]] = []
+        """Mean-pooled, L2-normalised vectors, and the number of input tokens.
+
+        Repeated texts are embedded once: it saves work, and it makes identical texts get
+        identical vectors (llama.cpp's batched maths differs in the last bits by position)."""
+        unique = list(dict.fromkeys(texts))
+        by_text: dict[str, list[float]] = {}
         tokens = 0
-        for start in range(0, len(texts), EMBED_CHUNK):
+        for start in range(0, len(unique), EMBED_CHUNK):
             if cancel.is_set():
                 raise JobCancelled
-            chunk = texts[start : start + EMBED_CHUNK]
+            chunk = unique[start : start + EMBED_CHUNK]
             out = self.llm.create_embedding(chunk)
             tokens += out["usage"]["prompt_tokens"]
-            vectors.extend(_normalise(item["embedding"]) for item in out["data"])  # type: ignore[arg-type]
-        return vectors, tokens
+            for text, item in zip(chunk, out["data"], strict=True):
+                by_text[text] = _normalise(item["embedding"])  # type: ignore[arg-type]
+        return [by_text[text] for text in texts], tokens
 
 
 def _normalise(vector: list[float]) -> list[float]:

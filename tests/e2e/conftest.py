@@ -1,0 +1,49 @@
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuq.client import GpuqClient
+from tests.conftest import DATABASES, REDIS_DB, fresh_database, migrate_and_register, redis_db
+from tests.e2e.processes import GpuqProcesses
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass
+class RunningSystem:
+    processes: GpuqProcesses
+    client: GpuqClient
+    url: str
+    worker_name: str
+
+
+def _running_system(backend: str, workdir: Path, redis_server_url: str, db_index: int) -> Iterator[RunningSystem]:
+    (workdir / "models").mkdir(parents=True, exist_ok=True)
+    with fresh_database(backend, workdir) as database_url, redis_db(redis_server_url, db_index) as redis_url:
+        migrate_and_register(database_url)
+        processes = GpuqProcesses(database_url, redis_url, workdir)
+        try:
+            _api, url = processes.start_api()
+            _worker, worker_name = processes.start_worker()
+            with GpuqClient(url) as client:
+                yield RunningSystem(processes, client, url, worker_name)
+        finally:
+            processes.stop_all()
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def system(request, tmp_path_factory, redis_server_url) -> Iterator[RunningSystem]:
+    """The API and one worker as real processes, shared by a module's tests, on each database."""
+    workdir = tmp_path_factory.mktemp(f"system-{request.param}")
+    yield from _running_system(request.param, workdir, redis_server_url, REDIS_DB - 1)
+
+
+@pytest.fixture
+def processes(tmp_path, database_url, redis_url) -> Iterator[GpuqProcesses]:
+    """For tests that start, stop and kill processes themselves (SQLite unless parametrized)."""
+    (tmp_path / "models").mkdir()
+    procs = GpuqProcesses(database_url, redis_url, tmp_path)
+    yield procs
+    procs.stop_all()

@@ -1,0 +1,111 @@
+"""Real gpuq processes for end-to-end tests: the API under uvicorn and workers, each its own
+process started through the `gpuq` CLI, logging to files that failing tests print."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis import Redis
+from rq.worker import Worker
+
+from gpuq.client import GpuqClient
+from gpuq.redis_server import free_port
+
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def kill(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class GpuqProcesses:
+    """Starts and stops gpuq processes sharing one database and one Redis."""
+
+    database_url: str
+    redis_url: str
+    workdir: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    processes: list[Process] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        return {
+            **{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
+            "GPUQ_DATABASE_URL": self.database_url,
+            "GPUQ_REDIS_URL": self.redis_url,
+            "GPUQ_DATA_DIR": str(self.workdir),
+            "GPUQ_MODELS_DIR": str(self.workdir / "models"),
+            "GPUQ_WORKER_THREADS": "2",
+            **self.settings,
+        }
+
+    def _spawn(self, name: str, args: list[str]) -> Process:
+        log = self.workdir / f"{name}.log"
+        handle = log.open("ab")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "gpuq.cli", *args], env=self.env(), stdout=handle, stderr=subprocess.STDOUT
+        )
+        process = Process(name, popen, log)
+        self.processes.append(process)
+        return process
+
+    def start_api(self) -> tuple[Process, str]:
+        port = free_port()
+        process = self._spawn(f"api-{port}", ["api", "--host", "127.0.0.1", "--port", str(port)])
+        url = f"http://127.0.0.1:{port}"
+        with GpuqClient(url) as client:
+            try:
+                client.wait_ready(timeout_s=START_TIMEOUT_S)
+            except TimeoutError:
+                raise RuntimeError(f"API did not start:\n{process.tail()}") from None
+        return process, url
+
+    def start_worker(self, slot: str = "cpu") -> tuple[Process, str]:
+        """Starts a worker and waits until it has registered with RQ; returns its name."""
+        redis = Redis.from_url(self.redis_url)
+        before = {w.name for w in Worker.all(connection=redis)}
+        process = self._spawn(f"worker-{slot}-{len(self.processes)}", ["worker", "--slot", slot])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            new = {w.name for w in Worker.all(connection=redis)} - before
+            if new:
+                redis.close()
+                return process, new.pop()
+            if process.popen.poll() is not None:
+                break
+            time.sleep(0.1)
+        redis.close()
+        raise RuntimeError(f"worker did not start:\n{process.tail()}")
+
+    def stop_all(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+    def logs(self) -> str:
+        return "\n\n".join(f"== {p.name} ==\n{p.tail()}" for p in self.processes)

@@ -1,0 +1,113 @@
+"""llama.cpp through the worker's engine, on the real bundled model."""
+
+import math
+import threading
+
+import llama_cpp
+import pytest
+
+from worker.engine import EMBED_CHUNK, JobCancelled, LoadedModel
+from worker.model_cache import ModelCache, ModelSpec
+
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": 7, "stop": []}
+
+
+@pytest.fixture(scope="module")
+def generator(model_path):
+    model = LoadedModel(model_path, n_ctx=2048, embedding=False, threads=2, gpu_layers=0)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def embedder(model_path):
+    model = LoadedModel(model_path, n_ctx=2048, embedding=True, threads=2, gpu_layers=0)
+    yield model
+    model.close()
+
+
+def test_greedy_generation_is_what_llama_cpp_itself_produces(generator, model_path):
+    request = {"prompt": "The three primary colours are", "max_tokens": 24} | GREEDY
+    ours = generator.generate(request, threading.Event())
+    direct = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=2, verbose=False)
+    expected = direct.create_completion("The three primary colours are", max_tokens=24, temperature=0.0, seed=7)
+    direct.close()
+    assert ours.text == expected["choices"][0]["text"] and ours.text.strip()
+    assert (ours.prompt_tokens, ours.completion_tokens) == (
+        expected["usage"]["prompt_tokens"],
+        expected["usage"]["completion_tokens"],
+    )
+    assert ours.finish_reason == "length"
+
+
+def test_chat_messages_use_the_models_template(generator):
+    request = {"messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 16} | GREEDY
+    first = generator.generate(request, threading.Event())
+    second = generator.generate(request, threading.Event())
+    assert first == second  # deterministic at temperature 0
+    assert first.prompt_tokens > 20  # SmolLM2's template adds its default system prompt
+
+
+def test_a_stop_sequence_ends_the_text_before_it(generator):
+    free = generator.generate({"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY, threading.Event())
+    assert " 5" in free.text
+    stopped = generator.generate(
+        {"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY | {"stop": [" 5"]}, threading.Event()
+    )
+    assert stopped.finish_reason == "stop" and " 5" not in stopped.text
+    assert free.text.startswith(stopped.text)
+
+
+def test_a_cancel_during_generation_stops_at_the_next_token(generator):
+    cancel = threading.Event()
+    timer = threading.Timer(0.3, cancel.set)
+    timer.start()
+    result = generator.generate({"prompt": "Once upon a time", "max_tokens": 1500} | GREEDY, cancel)
+    timer.join()
+    assert result.finish_reason == "cancelled"
+    assert 0 < result.completion_tokens < 1500
+
+
+def test_embeddings_are_unit_vectors_that_tell_texts_apart(embedder):
+    texts = ["The cat sat on the mat.", "The cat sat on the mat.", "Interest rates rose in March."]
+    vectors, tokens = embedder.embed(texts, threading.Event())
+    assert len(vectors) == 3 and all(len(v) == 576 for v in vectors)
+    assert all(math.isclose(math.fsum(x * x for x in v), 1.0, rel_tol=1e-6) for v in vectors)
+    assert vectors[0] == vectors[1]
+    assert vectors[0] != vectors[2]
+    assert tokens > 0
+
+
+def test_many_texts_are_embedded_in_chunks_with_the_same_vectors(embedder):
+    texts = [f"sentence number {i}" for i in range(EMBED_CHUNK + 3)]
+    together, _ = embedder.embed(texts, threading.Event())
+    alone, _ = embedder.embed([texts[-1]], threading.Event())
+    assert len(together) == len(texts)
+    assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(together[-1], alone[0], strict=True))
+
+
+def test_a_cancelled_embedding_job_stops_between_chunks(embedder):
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(JobCancelled):
+        embedder.embed(["x"] * (EMBED_CHUNK * 2), cancel)
+
+
+def test_the_cache_keeps_models_loaded_and_evicts_the_least_recently_used(model_path):
+    loads = []
+
+    def loader(spec):
+        loads.append(spec.name)
+        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=1, gpu_layers=0)
+
+    cache = ModelCache(loader, max_loaded=2)
+    a, b, c = (ModelSpec(name, model_path, 512, False) for name in ("a", "b", "c"))
+    assert cache.get(a)[1] > 0 and cache.get(a)[1] == 0  # second use: already loaded, no load time
+    cache.get(b)
+    cache.get(a)  # a is now the most recently used
+    cache.get(c)  # evicts b
+    assert cache.loaded_names() == ["a", "c"]
+    cache.get(b)
+    assert loads == ["a", "b", "c", "b"]
+    cache.clear()
+    assert cache.loaded_names() == []
