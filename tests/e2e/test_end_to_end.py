@@ -11,6 +11,9 @@ from gpuq.client import ApiError
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# At temperature 0 SmolLM2 keeps counting until max_tokens: a job that runs for about 25 s.
+COUNTING = {"kind": "generate", "model": MODEL, "prompt": "Count from 1 to 1000: 1, 2, 3,", "max_tokens": 1500}
+COUNTING |= {"temperature": 0}
 
 
 def _direct_chat(model_path, messages, max_tokens):
@@ -70,8 +73,7 @@ def _wait_until_running(client, job_id, timeout_s=60.0):
 
 
 def test_cancelling_a_running_job_stops_it_at_the_next_token(system):
-    long = {"kind": "generate", "model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0.9}
-    job = system.client.submit(long)
+    job = system.client.submit(COUNTING)
     assert _wait_until_running(system.client, job["id"])["status"] == "running"
     time.sleep(0.3)
     requested = system.client.cancel(job["id"])
@@ -83,8 +85,7 @@ def test_cancelling_a_running_job_stops_it_at_the_next_token(system):
 
 
 def test_a_queued_job_cancelled_behind_a_running_one_never_runs(system):
-    long = {"kind": "generate", "model": MODEL, "prompt": "Tell a story.", "max_tokens": 1500, "temperature": 0.9}
-    running = system.client.submit(long)
+    running = system.client.submit(COUNTING)
     waiting = system.client.submit({"kind": "noop", "model": MODEL})
     _wait_until_running(system.client, running["id"])
     cancelled = system.client.cancel(waiting["id"])
