@@ -6,8 +6,11 @@ queued-to-running claim are both conditional, so exactly one of them wins.
 
 from __future__ import annotations
 
+import json
+
 from anyio import to_thread
 from redis import Redis
+from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuq import store
@@ -26,11 +29,20 @@ async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
         return await _get(db, job_id)
     job = await _get(db, job_id)  # a worker may have claimed it meanwhile
     if job.status == JobStatus.RUNNING:
-        # Flag first, then SQL: the worker's monitor reads the flag, the API reads SQL.
-        await to_thread.run_sync(lambda: redis.set(cancel_flag_key(job_id), 1, ex=CANCEL_FLAG_TTL_S))
+        await to_thread.run_sync(lambda: _signal_worker(redis, job_id, job.worker))
         await db.run_sync(store.mark_cancel_requested, job_id)
         return await _get(db, job_id)
     raise RequestError(409, f"job {job_id} has already {job.status}; only queued or running jobs can be cancelled")
+
+
+def _signal_worker(redis: Redis, job_id: str, worker: str | None) -> None:
+    """The flag is durable (the worker checks it with every heartbeat); the command on the
+    worker's RQ pub/sub channel is immediate but may be missed, so both are sent."""
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.set(cancel_flag_key(job_id), 1, ex=CANCEL_FLAG_TTL_S)
+        if worker:
+            pipe.publish(PUBSUB_CHANNEL_TEMPLATE % worker, json.dumps({"command": "stop-job", "job_id": job_id}))
+        pipe.execute()
 
 
 async def _get(db: AsyncSession, job_id: str) -> Job:

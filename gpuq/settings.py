@@ -34,8 +34,6 @@ class Settings(BaseSettings):
     worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
     worker_max_loaded_models: int = Field(2, ge=1)
     worker_heartbeat_interval_s: float = Field(5.0, gt=0)
-    worker_cancel_poll_interval_s: float = Field(0.2, gt=0)
-    worker_sql_flush_interval_s: float = Field(0.05, gt=0, description="Batch window for result writes")
     worker_ttl_s: int = Field(60, ge=2, description="A worker silent for this long is presumed dead")
     job_timeout_s: int = Field(3600, ge=1)
     job_max_attempts: int = Field(3, ge=1, description="Runs of a job before a dead worker fails it")

@@ -37,10 +37,6 @@ def list_models(session: Session) -> Sequence[Model]:
     return session.scalars(select(Model).order_by(Model.name)).all()
 
 
-def list_model_names(session: Session) -> list[str]:
-    return list(session.scalars(select(Model.name).order_by(Model.name)))
-
-
 def save_model(session: Session, model: Model) -> Model:
     """Insert or replace a model's registration (re-registering updates path and kinds)."""
     merged = session.merge(model)

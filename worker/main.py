@@ -9,9 +9,9 @@ import socket
 
 from redis import Redis
 
-from gpuq import store
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.settings import Settings
+from worker.catalog import ModelCatalog
 from worker.device import detect_device
 from worker.engine import LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
@@ -40,22 +40,22 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
             gpu_layers=device.gpu_layers,
         )
 
-    def list_models() -> list[str]:
-        with sessions() as session:
-            names = store.list_model_names(session)
-        return [n for n in names if models is None or n in models]
-
+    catalog = ModelCatalog(sessions, only=models)
     cache = ModelCache(load, max_loaded=settings.worker_max_loaded_models)
-    writer = OutcomeWriter(sessions, flush_interval_s=settings.worker_sql_flush_interval_s)
+    writer = OutcomeWriter(sessions)
     runner = JobRunner(
-        sessions=sessions, cache=cache, writer=writer, worker_name=worker_name(slot), device=device.label
+        sessions=sessions,
+        models=catalog.get,
+        cache=cache,
+        writer=writer,
+        worker_name=worker_name(slot),
+        device=device.label,
     )
     worker = GpuqWorker(
         runner=runner,
-        list_models=list_models,
+        list_models=catalog.refresh,
         worker_ttl_s=settings.worker_ttl_s,
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
-        cancel_poll_interval_s=settings.worker_cancel_poll_interval_s,
         connection=redis,
     )
     log.info("worker %s on %s, %d llama.cpp threads", runner.worker_name, device.label, settings.llama_threads)

@@ -1,9 +1,11 @@
-"""Writes job outcomes to SQL in batches, off the job loop.
+"""Writes job outcomes to SQL off the job loop, as a group commit.
 
 A worker finishing many short jobs would otherwise spend most of its time committing one
-row at a time. Outcomes wait here at most ``flush_interval_s``. If the process dies
-before a flush, those rows stay ``running`` on a dead worker and the reconciler runs
-them again: at-least-once, never lost.
+row at a time. The writer takes whatever outcomes are waiting, writes them in one
+transaction, and repeats: an outcome is never held back on purpose, yet under a flood
+of short jobs each commit carries many rows. If the process dies before a write, those
+rows stay ``running`` on a dead worker and the reconciler runs them again:
+at-least-once, never lost.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ RETRY_DELAY_S = 1.0
 
 
 class OutcomeWriter:
-    def __init__(self, sessions: sessionmaker[Session], *, flush_interval_s: float) -> None:
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
-        self._flush_interval_s = flush_interval_s
         self._pending: queue.SimpleQueue[store.Outcome | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
         self._progress = threading.Condition()
@@ -59,10 +60,9 @@ class OutcomeWriter:
             if first is None:
                 break
             batch = [first]
-            deadline = time.monotonic() + self._flush_interval_s
             while len(batch) < MAX_BATCH:
                 try:
-                    item = self._pending.get(timeout=max(0.0, deadline - time.monotonic()))
+                    item = self._pending.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:

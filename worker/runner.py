@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.models import JobKind, JobStatus, utcnow
+from worker.catalog import ModelInfo
 from worker.engine import JobCancelled
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
@@ -27,12 +28,14 @@ class JobRunner:
         self,
         *,
         sessions: sessionmaker[Session],
+        models: Callable[[str], ModelInfo | None],
         cache: ModelCache,
         writer: OutcomeWriter,
         worker_name: str,
         device: str,
     ) -> None:
         self._sessions = sessions
+        self._models = models
         self._cache = cache
         self._writer = writer
         self.worker_name = worker_name
@@ -41,10 +44,10 @@ class JobRunner:
     def run(self, job_id: str, cancel: threading.Event) -> None:
         with self._sessions() as session:
             claimed = store.claim_job(session, job_id, worker=self.worker_name, device=self.device)
-            if claimed is None:
-                log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
-                return
-            model = store.get_model(session, claimed.model) if claimed.kind != JobKind.NOOP else None
+        if claimed is None:
+            log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
+            return
+        model = self._models(claimed.model)
 
         outcome = store.Outcome(
             job_id=job_id, worker=self.worker_name, status=JobStatus.SUCCEEDED, finished_at=utcnow()
@@ -68,7 +71,7 @@ class JobRunner:
         self._writer.submit(outcome)
 
     def _run_model_job(
-        self, claimed: store.ClaimedJob, model: Any, cancel: threading.Event, outcome: store.Outcome
+        self, claimed: store.ClaimedJob, model: ModelInfo, cancel: threading.Event, outcome: store.Outcome
     ) -> None:
         embedding = claimed.kind == JobKind.EMBED
         spec = ModelSpec(model.name, model.path, model.context_length, embedding)

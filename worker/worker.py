@@ -6,7 +6,8 @@ lives in SQL can do less than plain RQ:
 
 * ``execute_job``: one Redis pipeline to start a job and one to end it (plain RQ spends
   a dozen round trips), no result copy in Redis (SQL holds it), and a monitor thread
-  for heartbeats and cancellation while the job runs.
+  for heartbeats while the job runs.
+* ``handle_payload``: RQ's ``stop-job`` command cancels the running job between tokens.
 * ``heartbeat`` and ``set_state``: skip writes that change nothing.
 * the queue list is refreshed from the model registry, so a model registered after
   the worker started is served without a restart.
@@ -18,9 +19,11 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from redis.client import Pipeline
 from rq import Queue, SimpleWorker
+from rq.command import parse_payload
 from rq.executions import Execution
 from rq.job import Job
 from rq.worker import WorkerStatus
@@ -42,7 +45,6 @@ class GpuqWorker(SimpleWorker):
         list_models: Callable[[], list[str]],
         worker_ttl_s: int,
         heartbeat_interval_s: float,
-        cancel_poll_interval_s: float,
         queue_refresh_interval_s: float = 5.0,
         **kwargs: object,
     ) -> None:
@@ -63,7 +65,6 @@ class GpuqWorker(SimpleWorker):
             self.connection,
             heartbeat=self._heartbeat_running_job,
             heartbeat_interval_s=heartbeat_interval_s,
-            cancel_poll_interval_s=cancel_poll_interval_s,
         )
 
     # ------------------------------------------------------------- queue list
@@ -132,6 +133,16 @@ class GpuqWorker(SimpleWorker):
                 job, execution = running
                 execution.heartbeat(job.started_job_registry, self.worker_ttl, pipeline=pipe)
             pipe.execute()
+
+    def handle_payload(self, message: dict[str, Any]) -> None:
+        """RQ's command channel. ``stop-job`` cancels gpuq's running job at its next token;
+        RQ's own handler would try to kill a work horse, which a SimpleWorker does not have."""
+        payload = parse_payload(message)
+        if payload.get("command") == "stop-job":
+            if not self.monitor.cancel(str(payload.get("job_id"))):
+                log.info("stop-job for %s, which is not running here", payload.get("job_id"))
+            return
+        super().handle_payload(message)
 
     # ------------------------------------------------------------- fewer writes
 

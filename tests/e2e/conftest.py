@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from gpuq.client import GpuqClient
+from gpuq.local_processes import GpuqProcesses
 from tests.conftest import DATABASES, REDIS_DB, fresh_database, migrate_and_register, redis_db
-from tests.e2e.processes import GpuqProcesses
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,5 @@
-"""Real gpuq processes for end-to-end tests: the API under uvicorn and workers, each its own
-process started through the `gpuq` CLI, logging to files that failing tests print."""
+"""gpuq's processes started on this machine through the `gpuq` CLI, each logging to a file:
+the API under uvicorn and workers. End-to-end tests and benchmarks use them."""
 
 from __future__ import annotations
 

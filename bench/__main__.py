@@ -1,0 +1,102 @@
+"""Benchmarks, each against its baseline in the same run. `python -m bench --help`."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from statistics import median
+
+from redis import Redis
+
+from bench import dispatch, generation
+from gpuq import migrate
+from gpuq.db import sync_engine, sync_sessions
+from gpuq.registry import register_bundled_model
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/11"
+
+
+@contextmanager
+def fresh_system_state(redis_url: str, database_url: str | None) -> Iterator[tuple[str, str, Path]]:
+    """An empty Redis db and a freshly migrated database (SQLite in a temp dir by default)."""
+    with tempfile.TemporaryDirectory(prefix="gpuq-bench-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "models").mkdir()
+        url = database_url or f"sqlite:///{workdir / 'gpuq.db'}"
+        migrate.upgrade(url)
+        engine = sync_engine(url)
+        with sync_sessions(engine)() as session:
+            register_bundled_model(session)
+        engine.dispose()
+        redis = Redis.from_url(redis_url)
+        redis.flushdb()
+        try:
+            yield redis_url, url, workdir
+        finally:
+            redis.flushdb()
+            redis.close()
+
+
+def bench_dispatch(args: argparse.Namespace) -> None:
+    rq_runs, gpuq_runs = [], []
+    for _ in range(args.rounds):
+        with fresh_system_state(args.redis_url, None) as (redis_url, _db, _dir):
+            rq_runs.append(dispatch.run_plain_rq(redis_url, args.jobs).jobs_per_s)
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            gpuq_runs.append(dispatch.run_gpuq(db, redis_url, workdir, args.jobs).jobs_per_s)
+    rq, ours = median(rq_runs), median(gpuq_runs)
+    print(f"\ndispatch overhead: {args.jobs} no-op jobs, one worker, median of {args.rounds} rounds")
+    print(f"  plain RQ SimpleWorker  {rq:8.0f} jobs/s   runs: {', '.join(f'{r:.0f}' for r in rq_runs)}")
+    print(f"  gpuq (HTTP+SQL+RQ)     {ours:8.0f} jobs/s   runs: {', '.join(f'{r:.0f}' for r in gpuq_runs)}")
+    print(f"  ratio gpuq / RQ        {ours / rq:8.2f}x   (target >= 1.0x)")
+
+
+def bench_generation(args: argparse.Namespace) -> None:
+    direct_runs, gpuq_runs = [], []
+    for _ in range(args.rounds):
+        direct_runs.append(generation.run_direct(threads=args.threads, max_tokens=args.max_tokens))
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            gpuq_runs.append(
+                generation.run_gpuq(db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens)
+            )
+    for d, g in zip(direct_runs, gpuq_runs, strict=True):
+        assert d.completion_tokens == g.completion_tokens, "both sides must generate the same tokens"
+    direct = median(r.tokens_per_s for r in direct_runs)
+    ours = median(r.tokens_per_s for r in gpuq_runs)
+    tokens = direct_runs[0].completion_tokens
+    print(
+        f"\ngeneration overhead: {len(generation.PROMPTS)} jobs, {tokens} tokens, {args.threads} threads, "
+        f"median of {args.rounds} rounds"
+    )
+    print(
+        f"  llama-cpp-python direct  {direct:7.1f} tokens/s   runs: "
+        f"{', '.join(f'{r.tokens_per_s:.1f}' for r in direct_runs)}"
+    )
+    print(
+        f"  gpuq (HTTP+queue+SQL)    {ours:7.1f} tokens/s   runs: "
+        f"{', '.join(f'{r.tokens_per_s:.1f}' for r in gpuq_runs)}"
+    )
+    print(f"  ratio gpuq / direct      {ours / direct:7.3f}x   (target >= 0.97x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("which", nargs="*", choices=["dispatch", "generation"], default=["dispatch", "generation"])
+    parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="a Redis db the benchmark may flush")
+    parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
+    args = parser.parse_args()
+    if "dispatch" in args.which:
+        bench_dispatch(args)
+    if "generation" in args.which:
+        bench_generation(args)
+
+
+if __name__ == "__main__":
+    main()

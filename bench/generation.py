@@ -1,0 +1,118 @@
+"""Generation overhead: tokens/s of 20 generation jobs through gpuq against the same prompts
+run directly with llama-cpp-python in one process, same model, same threads, same tokens.
+
+Both sides load the model before the clock starts (gpuq with one warm-up job), so the
+figure is the steady-state cost of going through HTTP, Redis, the worker and SQL.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import llama_cpp
+from sqlalchemy import func, select
+
+from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
+from gpuq.client import GpuqClient
+from gpuq.db import sync_engine, sync_sessions
+from gpuq.local_processes import GpuqProcesses
+from gpuq.models import Job, utcnow
+
+PROMPTS = [
+    f"Write a short paragraph about {topic}."
+    for topic in (
+        "the sea",
+        "mountains",
+        "a city at night",
+        "bread",
+        "rain",
+        "a library",
+        "trains",
+        "the moon",
+        "autumn",
+        "a garden",
+        "bicycles",
+        "the desert",
+        "music",
+        "a market",
+        "snow",
+        "bridges",
+        "coffee",
+        "the forest",
+        "a lighthouse",
+        "clocks",
+    )
+]
+SEED = 7
+
+
+@dataclass
+class GenerationResult:
+    completion_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds
+
+
+def run_direct(*, threads: int, max_tokens: int) -> GenerationResult:
+    llm = llama_cpp.Llama(
+        model_path=str(require_bundled_model_path()),
+        n_ctx=BUNDLED_CONTEXT_LENGTH,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    tokens = 0
+    started = time.perf_counter()
+    for prompt in PROMPTS:
+        out = llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=SEED)
+        tokens += out["usage"]["completion_tokens"]
+    elapsed = time.perf_counter() - started
+    llm.close()
+    return GenerationResult(tokens, elapsed)
+
+
+def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int) -> GenerationResult:
+    processes = GpuqProcesses(database_url, redis_url, workdir, settings={"GPUQ_WORKER_THREADS": str(threads)})
+    engine = sync_engine(database_url)
+    sessions = sync_sessions(engine)
+    jobs = [
+        {
+            "kind": "generate",
+            "model": BUNDLED_MODEL_NAME,
+            "prompt": p,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "seed": SEED,
+        }
+        for p in PROMPTS
+    ]
+    try:
+        _api, url = processes.start_api()
+        processes.start_worker()
+        with GpuqClient(url) as client:
+            client.wait(client.submit(jobs[0] | {"max_tokens": 1})["id"])  # loads the model
+            started = utcnow()
+            ids = [j["id"] for j in client.submit_many(jobs)]
+            while True:  # polled rarely: the poller must not steal CPU from llama.cpp's threads
+                with sessions() as session:
+                    pending = session.scalar(
+                        select(func.count()).select_from(Job).where(Job.id.in_(ids), Job.finished_at.is_(None))
+                    )
+                if pending == 0:
+                    break
+                time.sleep(1.0)
+            done = [client.job(i) for i in ids]
+            # The clock stops when the worker recorded the last job finished, not when we looked.
+            elapsed = (max(datetime.fromisoformat(j["finished_at"]) for j in done) - started).total_seconds()
+    finally:
+        processes.stop_all()
+        engine.dispose()
+    assert all(j["status"] == "succeeded" for j in done), [j["error"] for j in done]
+    return GenerationResult(sum(j["completion_tokens"] for j in done), elapsed)
