@@ -190,11 +190,17 @@ class ClaimedJob:
     started_at: datetime
 
 
+# Conditional UPDATEs touch rows the session has not loaded; skipping the ORM's session
+# synchronisation saves a large share of each call on the worker's hot path.
+NO_SYNC = {"synchronize_session": False}
+
+
 def claim_job(session: Session, job_id: str, *, worker: str, device: str) -> ClaimedJob | None:
     """Queued to running for this worker. None if someone cancelled or ran it first."""
     now = utcnow()
     row = session.execute(
         update(Job)
+        .execution_options(**NO_SYNC)
         .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
         .values(
             status=JobStatus.RUNNING,
@@ -249,6 +255,7 @@ def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
     for outcome in outcomes:
         written += session.execute(
             update(Job)
+            .execution_options(**NO_SYNC)
             .where(Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker)
             .values(**outcome.as_values())
         ).rowcount

@@ -8,7 +8,8 @@ lives in SQL can do less than plain RQ:
   a dozen round trips), no result copy in Redis (SQL holds it), and a monitor thread
   for heartbeats while the job runs.
 * ``handle_payload``: RQ's ``stop-job`` command cancels the running job between tokens.
-* ``heartbeat`` and ``set_state``: skip writes that change nothing.
+* ``heartbeat``, ``check_for_suspension`` and ``set_state``: at most once a second, or
+  only when something changed, instead of on every loop.
 * the queue list is refreshed from the model registry, so a model registered after
   the worker started is served without a restart.
 """
@@ -34,7 +35,7 @@ from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
 
-MIN_HEARTBEAT_GAP_S = 1.0
+IDLE_WRITE_GAP_S = 1.0
 
 
 class GpuqWorker(SimpleWorker):
@@ -60,6 +61,7 @@ class GpuqWorker(SimpleWorker):
         self.runner = runner
         self._queues_refreshed_at = time.monotonic()
         self._last_heartbeat_mono = 0.0
+        self._suspension_checked_at = 0.0
         self._running: tuple[Job, Execution] | None = None
         self.monitor = JobMonitor(
             self.connection,
@@ -95,12 +97,13 @@ class GpuqWorker(SimpleWorker):
     # ------------------------------------------------------------- running a job
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        ttl = self.worker_ttl
-        with self.connection.pipeline() as pipe:
-            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+        # Plain pipelines, not MULTI/EXEC: each write stands alone, and a half-applied one
+        # is repaired from SQL by the reconciler. The worker's own heartbeat is not repeated
+        # here; RQ's loop sends it (throttled) between jobs.
+        with self.connection.pipeline(transaction=False) as pipe:
+            execution = Execution.create(job, self.worker_ttl, pipeline=pipe, worker_name=self.name)
             job.prepare_for_execution(self.name, pipeline=pipe)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            self.heartbeat(ttl, pipeline=pipe)
             pipe.execute()
         self._running = (job, execution)
         cancel = self.monitor.begin(job.id)
@@ -118,7 +121,7 @@ class GpuqWorker(SimpleWorker):
             return
         self.monitor.end()
         self._running = None
-        with self.connection.pipeline() as pipe:
+        with self.connection.pipeline(transaction=False) as pipe:
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
             pipe.delete(job.key)  # result_ttl=0: the result lives in SQL
             self.increment_successful_job_count(pipeline=pipe)
@@ -127,7 +130,7 @@ class GpuqWorker(SimpleWorker):
 
     def _heartbeat_running_job(self) -> None:
         running = self._running
-        with self.connection.pipeline() as pipe:
+        with self.connection.pipeline(transaction=False) as pipe:
             self.heartbeat(self.worker_ttl, pipeline=pipe)
             if running is not None:
                 job, execution = running
@@ -148,10 +151,17 @@ class GpuqWorker(SimpleWorker):
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         now = time.monotonic()
-        if pipeline is None and timeout is None and now - self._last_heartbeat_mono < MIN_HEARTBEAT_GAP_S:
+        if pipeline is None and timeout is None and now - self._last_heartbeat_mono < IDLE_WRITE_GAP_S:
             return
         self._last_heartbeat_mono = now
         super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # RQ asks Redis on every loop; once a second is enough to honour `rq suspend`.
+        now = time.monotonic()
+        if now - self._suspension_checked_at >= IDLE_WRITE_GAP_S:
+            self._suspension_checked_at = now
+            super().check_for_suspension(burst)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is None and getattr(self, "_state", None) == state:
