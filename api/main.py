@@ -11,7 +11,7 @@ from redis import Redis
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
-from api.routers import health, jobs, models
+from api.routers import affinity, gpus, health, jobs, models
 from gpuq.db import async_engine, async_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -33,6 +33,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
-    for router in (health.router, jobs.router, models.router):
+    for router in (health.router, jobs.router, models.router, gpus.router, affinity.router):
         app.include_router(router)
     return app

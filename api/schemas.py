@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuq.models import Job, JobKind, Model, ModelKind
+from gpuq.affinity import glob_problem, model_pattern_problem
+from gpuq.models import AffinityRule, Job, JobKind, Model, ModelKind
 from gpuq.queues import Priority
 from gpuq.submit import JobSpec
 
@@ -191,6 +192,9 @@ class ModelCreate(Strict):
     path: str = Field(min_length=1, description="GGUF file, relative to (or inside) the models directory")
     kinds: list[ModelKind] = Field(default_factory=lambda: [ModelKind.GENERATE], min_length=1)
     context_length: int | None = Field(None, ge=1, le=MAX_CONTEXT_TOKENS)
+    vram_mib: int | None = Field(
+        None, ge=1, description="measured GPU memory the model needs; overrides gpuq's estimate for placement"
+    )
 
 
 class ModelPublic(BaseModel):
@@ -206,6 +210,9 @@ class ModelPublic(BaseModel):
     context_length_trained: int
     size_bytes: int
     architecture: str
+    vram_estimate_mib: int
+    vram_override_mib: int | None
+    vram_mib: int = Field(description="what placement uses: the override if set, else the estimate")
 
     @classmethod
     def of(cls, model: Model) -> ModelPublic:
@@ -219,6 +226,9 @@ class ModelPublic(BaseModel):
             context_length_trained=model.context_length_trained,
             size_bytes=model.size_bytes,
             architecture=model.architecture,
+            vram_estimate_mib=model.vram_estimate_mib,
+            vram_override_mib=model.vram_override_mib,
+            vram_mib=model.vram_mib,
         )
 
 
@@ -229,3 +239,82 @@ class ModelsPublic(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str
+
+
+class RuleCreate(Strict):
+    model_pattern: str = Field(min_length=1, max_length=128, description="glob over model names, e.g. llama-*")
+    kind: Literal["generate", "embed"] | None = None
+    effect: Literal["allow", "deny"]
+    precedence: int = Field(0, ge=-1000, le=1000, description="higher is considered first")
+    gpu_indices: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(None, min_length=1)
+    gpu_uuids: list[Annotated[str, Field(pattern=r"^GPU-[A-Za-z0-9-]+$")]] | None = Field(None, min_length=1)
+    gpu_name_pattern: str | None = Field(None, min_length=1, max_length=255)
+    host_pattern: str | None = Field(None, min_length=1, max_length=255)
+    min_memory_mib: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _valid_patterns(self) -> RuleCreate:
+        globs = [p for p in (self.gpu_name_pattern, self.host_pattern) if p is not None]
+        problems = [model_pattern_problem(self.model_pattern), *(glob_problem(p) for p in globs)]
+        problem = next((p for p in problems if p), None)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+class RulePublic(RuleCreate):
+    id: int
+    created_at: datetime
+
+    @classmethod
+    def of(cls, rule: AffinityRule) -> RulePublic:
+        return cls.model_validate(rule, from_attributes=True)
+
+
+class RuleSaved(BaseModel):
+    rule: RulePublic
+    warnings: list[str]
+
+
+class RulesPublic(BaseModel):
+    data: list[RulePublic]
+
+
+class GpuPublic(BaseModel):
+    uuid: str
+    host: str
+    index: int
+    name: str
+    simulated: bool
+    memory_total_mib: int
+    memory_free_mib: int | None
+    utilisation_pct: int | None
+    temperature_c: int | None
+    power_w: float | None
+    healthy: bool
+    unhealthy_reason: str | None
+    last_seen: datetime
+    live: bool = Field(description="a supervisor published telemetry for it in the last 30 s")
+
+
+class GpusPublic(BaseModel):
+    data: list[GpuPublic]
+
+
+class PreviewGpu(BaseModel):
+    uuid: str
+    host: str
+    index: int
+    name: str
+    allowed: bool
+    fits: bool
+    may_run: bool
+    reasons: list[str]
+
+
+class PlacementPreview(BaseModel):
+    model: str
+    kind: str
+    vram_mib: int
+    gpus: list[PreviewGpu]
+    summary: str

@@ -24,7 +24,7 @@ async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
     """Returns the job after the request: ``cancelled``, or ``running`` with cancel requested."""
     job = await _get(db, job_id)
     if job.status == JobStatus.QUEUED and await db.run_sync(store.cancel_queued_job, job_id):
-        entry = QueueEntry(job.id, job.model, job.priority)
+        entry = QueueEntry(job.id, job.model, job.kind, job.priority)
         await to_thread.run_sync(lambda: remove_queued(redis, [entry]))
         return await _get(db, job_id)
     job = await _get(db, job_id)  # a worker may have claimed it meanwhile

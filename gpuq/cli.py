@@ -81,6 +81,50 @@ def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) ->
 
 
 @main.command()
+@click.option("--cpu-workers", default=1, show_default=True, help="workers to run when this host has no GPU")
+@click.option("--slots-per-gpu", default=1, show_default=True, help="workers per GPU")
+def supervisor(cpu_workers: int, slots_per_gpu: int) -> None:
+    """Run this host's workers: one pinned worker per GPU slot, restarted if they die."""
+    from worker.supervisor import run_supervisor
+
+    run_supervisor(get_settings(), cpu_workers=cpu_workers, slots_per_gpu=slots_per_gpu)
+
+
+@main.command()
+def gpus() -> None:
+    """This host's GPUs as the supervisor sees them (NVML, or the simulated inventory)."""
+    from gpuq.gpus import discover_gpus
+
+    settings = get_settings()
+    inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
+    if not inventory.gpus:
+        click.echo(f"{inventory.host}: no GPU found (NVML unavailable); workers run on the CPU")
+        return
+    click.echo(f"{inventory.host}: {len(inventory.gpus)} GPU(s) from {inventory.source}")
+    _table(
+        ("INDEX", "UUID", "NAME", "MEMORY", "FREE", "UTIL", "TEMP", "POWER", "CC"),
+        [
+            (
+                str(g.index),
+                g.uuid,
+                g.name,
+                f"{g.memory_total_mib} MiB",
+                f"{g.memory_free_mib} MiB",
+                _maybe(g.utilisation_pct, "%"),
+                _maybe(g.temperature_c, " C"),
+                _maybe(g.power_w, " W"),
+                g.compute_capability or "",
+            )
+            for g in inventory.gpus
+        ],
+    )
+
+
+def _maybe(value: float | int | None, unit: str) -> str:
+    return "" if value is None else f"{value:g}{unit}"
+
+
+@main.command()
 def scheduler() -> None:
     """Run the reconciler loop (SQL to Redis repair). Safe to run more than one."""
     from gpuq.embedded import run_reconciler
@@ -242,6 +286,113 @@ def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], cont
             _fail(exc)
             return
     click.echo(f"registered {model['id']} ({', '.join(model['kinds'])}, context {model['context_length']})")
+
+
+@main.group()
+def rules() -> None:
+    """Affinity rules: which GPUs a model may run on."""
+
+
+@rules.command("list")
+@url_option
+def rules_list(url: str) -> None:
+    with GpuqClient(url) as client:
+        data = client.rules()
+    _table(
+        ("ID", "PREC", "EFFECT", "MODEL", "KIND", "SELECTOR"),
+        [
+            (str(r["id"]), str(r["precedence"]), r["effect"], r["model_pattern"], r["kind"] or "*", _selector(r))
+            for r in data
+        ],
+    )
+
+
+def _selector(rule: dict[str, Any]) -> str:
+    parts = [
+        f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}"
+        for key in ("gpu_indices", "gpu_uuids", "gpu_name_pattern", "host_pattern", "min_memory_mib")
+        if (value := rule.get(key)) is not None
+    ]
+    return " ".join(parts) or "all GPUs"
+
+
+@rules.command("add")
+@url_option
+@click.option("--model", "model_pattern", required=True, help="glob over model names")
+@click.option("--kind", type=click.Choice(["generate", "embed"]), default=None)
+@click.option("--deny", is_flag=True, help="deny instead of allow")
+@click.option("--gpus", "gpu_indices", default=None, help="GPU indices, e.g. 0,1")
+@click.option("--uuids", "gpu_uuids", default=None, help="GPU UUIDs, comma-separated")
+@click.option("--name", "gpu_name_pattern", default=None, help="glob over GPU names, e.g. '*H100*'")
+@click.option("--host", "host_pattern", default=None, help="glob over host names")
+@click.option("--min-memory-mib", type=int, default=None)
+@click.option("--precedence", type=int, default=0, show_default=True)
+def rules_add(
+    url: str,
+    model_pattern: str,
+    kind: str | None,
+    deny: bool,
+    gpu_indices: str | None,
+    gpu_uuids: str | None,
+    gpu_name_pattern: str | None,
+    host_pattern: str | None,
+    min_memory_mib: int | None,
+    precedence: int,
+) -> None:
+    """Add a rule, e.g. `gpuq rules add --model 'llama-*' --gpus 0,1`."""
+    body = {
+        "model_pattern": model_pattern,
+        "kind": kind,
+        "effect": "deny" if deny else "allow",
+        "precedence": precedence,
+        "gpu_name_pattern": gpu_name_pattern,
+        "host_pattern": host_pattern,
+        "min_memory_mib": min_memory_mib,
+        "gpu_indices": [int(i) for i in gpu_indices.split(",")] if gpu_indices else None,
+        "gpu_uuids": gpu_uuids.split(",") if gpu_uuids else None,
+    }
+    with GpuqClient(url) as client:
+        try:
+            saved = client.add_rule(body)
+        except ApiError as exc:
+            _fail(exc)
+            return
+    click.echo(f"rule {saved['rule']['id']} saved")
+    for warning in saved["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+
+
+@rules.command("delete")
+@url_option
+@click.argument("rule_id", type=int)
+def rules_delete(url: str, rule_id: int) -> None:
+    with GpuqClient(url) as client:
+        try:
+            client.delete_rule(rule_id)
+        except ApiError as exc:
+            _fail(exc)
+
+
+@rules.command("preview")
+@url_option
+@click.argument("model")
+@click.option("--kind", type=click.Choice(["generate", "embed"]), default="generate", show_default=True)
+def rules_preview(url: str, model: str, kind: str) -> None:
+    """Where may MODEL run, and why."""
+    with GpuqClient(url) as client:
+        try:
+            result = client.preview(model, kind)
+        except ApiError as exc:
+            _fail(exc)
+            return
+    click.echo(f"{result['summary']} (needs {result['vram_mib']} MiB)")
+    _table(
+        ("HOST", "GPU", "NAME", "MAY RUN", "WHY"),
+        [
+            (g["host"], str(g["index"]), g["name"], "yes" if g["may_run"] else "no", "; ".join(g["reasons"]))
+            for g in result["gpus"]
+        ],
+    )
 
 
 @main.command()

@@ -63,6 +63,23 @@ class GpuqClient:
     def register_model(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/models", json=body)  # type: ignore[no-any-return]
 
+    def gpus(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/gpus")["data"]  # type: ignore[no-any-return]
+
+    def rules(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/affinity-rules")["data"]  # type: ignore[no-any-return]
+
+    def add_rule(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/affinity-rules", json=body)  # type: ignore[no-any-return]
+
+    def delete_rule(self, rule_id: int) -> None:
+        response = self._http.delete(f"/v1/affinity-rules/{rule_id}")
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.json().get("detail", response.text))
+
+    def preview(self, model: str, kind: str = "generate") -> dict[str, Any]:
+        return self._call("GET", "/v1/affinity-rules/preview", params={"model": model, "kind": kind})  # type: ignore[no-any-return]
+
     def wait(self, job_id: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
         """Poll until the job is final; back off from 50 ms to 1 s between polls."""
         deadline = time.monotonic() + timeout_s

@@ -1,5 +1,6 @@
 """gpuq on one machine with embedded defaults: SQLite, a private Redis, the bundled model,
-one CPU worker, the reconciler and the API, started and stopped together by ``gpuq up``."""
+the supervisor (one worker per GPU, or CPU workers), the scheduler loop and the API,
+started and stopped together by ``gpuq up``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from redis import Redis
 
@@ -36,12 +37,10 @@ def prepare_database(settings: Settings) -> None:
         engine.dispose()
 
 
-def spawn_worker(settings: Settings, *, slot: str = "cpu", gpus: list[str] | None = None) -> subprocess.Popen[bytes]:
-    """A worker in its own process, with the settings this process resolved passed down."""
+def spawn_supervisor(settings: Settings, *, cpu_workers: int) -> subprocess.Popen[bytes]:
+    """The supervisor in its own process, with the settings this process resolved passed down."""
     env = {**os.environ, **settings_env(settings)}
-    args = [sys.executable, "-m", "gpuq.cli", "worker", "--slot", slot]
-    if gpus:
-        args += ["--gpus", ",".join(gpus)]
+    args = [sys.executable, "-m", "gpuq.cli", "supervisor", "--cpu-workers", str(cpu_workers)]
     return subprocess.Popen(args, env=env)
 
 
@@ -76,13 +75,14 @@ def run_reconciler(settings: Settings, stop: threading.Event) -> None:
 @dataclass
 class EmbeddedSystem:
     settings: Settings
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    supervisor: subprocess.Popen[bytes] | None = None
 
 
 @contextmanager
 def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[EmbeddedSystem]:
-    """Everything but the API: Redis (private unless GPUQ_REDIS_URL is set), schema, workers,
-    reconciler. Stops them in reverse order on exit."""
+    """Everything but the API: Redis (private unless GPUQ_REDIS_URL is set), schema, the
+    supervisor and its workers (``workers`` CPU workers on a host without GPUs), the
+    scheduler loop. Stops them in reverse order on exit."""
     private = PrivateRedis(settings.data_dir / "redis") if settings.uses_embedded_redis else None
     if private is not None:
         settings = settings.model_copy(update={"redis_url": private.start()})
@@ -92,18 +92,17 @@ def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[Embedde
     reconciler = threading.Thread(target=run_reconciler, args=(settings, stop), name="reconciler", daemon=True)
     try:
         prepare_database(settings)
-        system.workers = [spawn_worker(settings, slot=f"cpu{i}") for i in range(workers)]
+        system.supervisor = spawn_supervisor(settings, cpu_workers=workers)
         reconciler.start()
         yield system
     finally:
         stop.set()
-        for proc in system.workers:
-            proc.terminate()
-        for proc in system.workers:
+        if system.supervisor is not None:
+            system.supervisor.terminate()  # it drains its workers: running jobs finish first
             with suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=WORKER_STOP_TIMEOUT_S)
-            if proc.poll() is None:
-                proc.kill()
+                system.supervisor.wait(timeout=WORKER_STOP_TIMEOUT_S)
+            if system.supervisor.poll() is None:
+                system.supervisor.kill()
         if reconciler.is_alive():
             reconciler.join(timeout=5)
         if private is not None:

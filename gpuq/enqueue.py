@@ -23,14 +23,19 @@ FAILURE_TTL_S = 7 * 24 * 3600
 class QueueEntry:
     job_id: str
     model: str
+    kind: str
     priority: int
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.model, self.kind, Priority(self.priority))
 
 
 def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int) -> None:
     """Enqueue every entry in a single Redis round trip (MULTI/EXEC, all or nothing)."""
     by_queue: dict[str, list[QueueEntry]] = defaultdict(list)
     for entry in entries:
-        by_queue[queue_name(entry.model, Priority(entry.priority))].append(entry)
+        by_queue[entry.queue].append(entry)
     with redis.pipeline(transaction=True) as pipe:
         for name, queued in by_queue.items():
             queue = Queue(name, connection=redis)
@@ -56,7 +61,7 @@ def remove_queued(redis: Redis, entries: Iterable[QueueEntry]) -> None:
     """Take jobs out of their queues (cancelled before a worker took them)."""
     with redis.pipeline(transaction=True) as pipe:
         for e in entries:
-            queue = Queue(queue_name(e.model, Priority(e.priority)), connection=redis)
+            queue = Queue(e.queue, connection=redis)
             pipe.lrem(queue.key, 0, e.job_id)
             pipe.delete(f"{queue.job_class.redis_job_namespace_prefix}{e.job_id}")
         pipe.execute()

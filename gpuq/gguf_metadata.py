@@ -7,6 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from gpuq.vram import ModelShape
+
 GGUF_MAGIC = b"GGUF"
 
 
@@ -23,8 +25,25 @@ class GgufMetadata:
     block_count: int
     head_count: int
     head_count_kv: int
+    key_length: int
+    value_length: int
+    vocab_size: int
     chat_template: str | None
     size_bytes: int
+    weights_bytes: int
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(
+            weights_bytes=self.weights_bytes,
+            block_count=self.block_count,
+            embedding_length=self.embedding_length,
+            head_count=self.head_count,
+            head_count_kv=self.head_count_kv,
+            key_length=self.key_length,
+            value_length=self.value_length,
+            vocab_size=self.vocab_size,
+        )
 
 
 def is_gguf(path: Path) -> bool:
@@ -63,14 +82,21 @@ def _read_metadata(path_str: str, _size: int, _mtime_ns: int) -> GgufMetadata:
         return int(value) if value is not None else default
 
     heads = arch_int("attention.head_count")
+    embedding = arch_int("embedding_length")
+    head_size = embedding // heads if heads else 0
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
     return GgufMetadata(
         architecture=arch,
         name=_field_value(reader, "general.name") or path.stem,
         context_length=arch_int("context_length", 2048),
-        embedding_length=arch_int("embedding_length"),
+        embedding_length=embedding,
         block_count=arch_int("block_count"),
         head_count=heads,
         head_count_kv=arch_int("attention.head_count_kv", heads),
+        key_length=arch_int("attention.key_length", head_size),
+        value_length=arch_int("attention.value_length", head_size),
+        vocab_size=arch_int("vocab_size", len(tokens.data) if tokens is not None else 0),
         chat_template=_field_value(reader, "tokenizer.chat_template"),
         size_bytes=path.stat().st_size,
+        weights_bytes=sum(int(t.n_bytes) for t in reader.tensors),
     )

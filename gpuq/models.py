@@ -115,9 +115,56 @@ class Model(Base):
     context_length_trained: Mapped[int] = mapped_column(Integer)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     architecture: Mapped[str] = mapped_column(String(64))
+    vram_estimate_mib: Mapped[int] = mapped_column(Integer, default=0)
+    vram_override_mib: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @property
+    def vram_mib(self) -> int:
+        """What placement plans with: an admin's measured figure wins over the estimate."""
+        return self.vram_override_mib if self.vram_override_mib is not None else self.vram_estimate_mib
 
     def supports(self, kind: str) -> bool:
         if kind == JobKind.NOOP:
             return True
         return self.can_generate if kind == JobKind.GENERATE else self.can_embed
+
+
+class Gpu(Base):
+    """A GPU some supervisor has seen: the fleet inventory. Live telemetry lives in Redis."""
+
+    __tablename__ = "gpus"
+
+    uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(255))
+    memory_total_mib: Mapped[int] = mapped_column(Integer)
+    simulated: Mapped[bool]
+    healthy: Mapped[bool] = mapped_column(default=True)
+    unhealthy_reason: Mapped[str | None] = mapped_column(Text)
+    first_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RuleEffect(enum.StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+class AffinityRule(Base):
+    """Where a model may run. See ``gpuq/affinity.py`` for how rules combine."""
+
+    __tablename__ = "affinity_rules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_pattern: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str | None] = mapped_column(String(16))
+    effect: Mapped[str] = mapped_column(String(8))
+    precedence: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_indices: Mapped[list[int] | None] = mapped_column(JSON)
+    gpu_uuids: Mapped[list[str] | None] = mapped_column(JSON)
+    gpu_name_pattern: Mapped[str | None] = mapped_column(String(255))
+    host_pattern: Mapped[str | None] = mapped_column(String(255))
+    min_memory_mib: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,15 +1,18 @@
 """Every Redis name gpuq uses, in one module.
 
-Work waits in RQ queues named ``gpuq:<model>:<priority>``. A worker listens on the
-queues of the models it may run, highest priority first, so RQ's ordered ``BLPOP``
-gives priority order for free. gpuq's own keys (cancel flags) share the ``gpuq:``
-prefix; RQ's keys keep RQ's own ``rq:`` prefix so RQ's tools still work.
+Work waits in RQ queues named ``gpuq:<model>:<kind>:<priority>``. A worker listens on
+the queues of the models and kinds its GPU may run (affinity rules can name a kind),
+highest priority first, so RQ's ordered ``BLPOP`` gives priority order for free.
+gpuq's own keys (cancel flags, GPU telemetry) share the ``gpuq:`` prefix; RQ's keys keep
+RQ's own ``rq:`` prefix so RQ's tools still work.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+
+from gpuq.models import JobKind
 
 PREFIX = "gpuq"
 JOB_FUNC = "worker.tasks.run_job"  # named, not imported: the API never imports the worker
@@ -43,24 +46,38 @@ def is_valid_model_name(name: str) -> bool:
     return bool(_MODEL_NAME.match(name))
 
 
-def queue_name(model: str, priority: Priority) -> str:
+KINDS = frozenset(kind.value for kind in JobKind)
+
+
+def queue_name(model: str, kind: str, priority: Priority) -> str:
     if not is_valid_model_name(model):
         raise ValueError(f"invalid model name {model!r}")
-    return f"{PREFIX}:{model}:{priority.label}"
+    if kind not in KINDS:
+        raise ValueError(f"invalid job kind {kind!r}")
+    return f"{PREFIX}:{model}:{kind}:{priority.label}"
 
 
-def parse_queue_name(name: str) -> tuple[str, Priority]:
+def parse_queue_name(name: str) -> tuple[str, str, Priority]:
     """Inverse of :func:`queue_name`; refuses names gpuq did not make."""
     parts = name.split(":")
-    if len(parts) != 3 or parts[0] != PREFIX or not is_valid_model_name(parts[1]):
+    if len(parts) != 4 or parts[0] != PREFIX or not is_valid_model_name(parts[1]) or parts[2] not in KINDS:
         raise ValueError(f"{name!r} is not a gpuq queue name")
-    return parts[1], Priority.parse(parts[2])
+    return parts[1], parts[2], Priority.parse(parts[3])
 
 
-def worker_queue_names(models: list[str]) -> list[str]:
-    """The order a worker listens in: every model's HIGH queue, then NORMAL, then LOW."""
-    return [queue_name(m, p) for p in Priority for m in models]
+def worker_queue_names(servable: list[tuple[str, str]], *, loaded: frozenset[str] = frozenset()) -> list[str]:
+    """The order a worker listens in: the HIGH queue of every (model, kind) it serves, then
+    every NORMAL queue, then every LOW one; within a priority, models it has loaded first,
+    so it keeps serving what it has (sticky routing) and loads another model only when
+    nothing of its own is waiting at that priority."""
+    ordered = sorted(servable, key=lambda pair: pair[0] not in loaded)  # stable: keeps the given order otherwise
+    return [queue_name(model, kind, p) for p in Priority for model, kind in ordered]
 
 
 def cancel_flag_key(job_id: str) -> str:
     return f"{PREFIX}:cancel:{job_id}"
+
+
+def gpu_telemetry_key(uuid: str) -> str:
+    """Live readings a supervisor publishes for one GPU (a hash with a short TTL)."""
+    return f"{PREFIX}:gpu:{uuid}"

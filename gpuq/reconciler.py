@@ -56,11 +56,11 @@ def _requeue_lost_entries(
     session: Session, redis: Redis, *, grace_s: float, timeout_s: int, report: ReconcileReport
 ) -> None:
     # Young rows may be between the API's commit and its enqueue; leave them a moment.
-    queued = store.queued_job_ids_created_before(session, utcnow() - timedelta(seconds=grace_s))
+    queued = store.queued_jobs_created_before(session, utcnow() - timedelta(seconds=grace_s))
     if not queued:
         return
     with redis.pipeline(transaction=False) as pipe:
-        for job_id, _model, _priority in queued:
+        for job_id, *_ in queued:
             pipe.hget(RQJob.key_for(job_id), "status")
         statuses = pipe.execute()
     lost = [QueueEntry(*row) for row, status in zip(queued, statuses, strict=True) if status not in LIVE_RQ_STATUSES]
@@ -86,9 +86,9 @@ def _recover_from_dead_workers(
     running = store.running_jobs(session)
     if not running:
         return
-    alive = _live_workers(redis, {w for *_, w, _a in running if w})
+    alive = _live_workers(redis, {worker for *_, worker, _attempts in running if worker})
     back: list[QueueEntry] = []
-    for job_id, model, priority, worker, attempts in running:
+    for job_id, model, kind, priority, worker, attempts in running:
         if worker in alive:
             continue
         if attempts >= max_attempts:
@@ -96,7 +96,7 @@ def _recover_from_dead_workers(
             if store.fail_abandoned_job(session, job_id, worker=worker, error=error):
                 report.failed.append(job_id)
         elif store.return_to_queue(session, job_id, worker=worker):
-            back.append(QueueEntry(job_id, model, priority))
+            back.append(QueueEntry(job_id, model, kind, priority))
     if back:
         enqueue_jobs(redis, back, timeout_s=timeout_s)
         report.recovered.extend(e.job_id for e in back)

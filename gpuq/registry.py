@@ -5,6 +5,7 @@ Validation happens here so the API and the CLI refuse the same things with the s
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, bundled_mod
 from gpuq.gguf_metadata import NotAGgufFile, read_metadata
 from gpuq.models import Model, ModelKind
 from gpuq.queues import is_valid_model_name
+from gpuq.vram import estimate_vram
 
 
 class InvalidModel(ValueError):
@@ -35,7 +37,16 @@ def resolve_model_path(models_dir: Path, path: str) -> Path:
     return full
 
 
-def build_model(*, name: str, path: Path, kinds: set[ModelKind], context_length: int | None) -> Model:
+def build_model(
+    *,
+    name: str,
+    path: Path,
+    kinds: set[ModelKind],
+    context_length: int | None,
+    vram_override_mib: int | None = None,
+) -> Model:
+    """A model row with its VRAM estimate for the registered context (see ``gpuq/vram.py``);
+    ``vram_override_mib`` is an admin's measured figure, which placement then uses instead."""
     if not is_valid_model_name(name):
         raise InvalidModel(f"model name {name!r} is invalid: use letters, digits, '.', '_' or '-' (at most 128)")
     if not kinds:
@@ -58,6 +69,8 @@ def build_model(*, name: str, path: Path, kinds: set[ModelKind], context_length:
         context_length_trained=meta.context_length,
         size_bytes=meta.size_bytes,
         architecture=meta.architecture,
+        vram_estimate_mib=math.ceil(estimate_vram(meta.shape, n_ctx=n_ctx).total_mib),
+        vram_override_mib=vram_override_mib,
     )
 
 

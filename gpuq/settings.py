@@ -31,6 +31,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, description="Larger request bodies get 413")
     max_jobs_per_request: int = Field(1000, description="Bulk submission limit")
 
+    simulated_gpus: str = Field(
+        "", description="comma-separated GiB sizes, e.g. 24,24,48,80: a SIMULATED inventory instead of NVML"
+    )
+    host_label: str = Field("", description="this host's name in the fleet; empty means the hostname")
+    priority_aging_s: float = Field(
+        300.0, ge=0, description="a job waiting this long moves up one priority; 0 turns aging off"
+    )
+
     worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
     worker_max_loaded_models: int = Field(2, ge=1)
     worker_heartbeat_interval_s: float = Field(5.0, gt=0)

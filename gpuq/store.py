@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpuq.models import Job, JobStatus, Model, utcnow
+from gpuq.models import AffinityRule, Gpu, Job, JobStatus, Model, utcnow
 
 
 def new_job_id() -> str:
@@ -266,18 +266,22 @@ def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
 # ---------------------------------------------------------------- reconciling
 
 
-def queued_job_ids_created_before(session: Session, cutoff: datetime) -> list[tuple[str, str, int]]:
+def queued_jobs_created_before(session: Session, cutoff: datetime) -> list[tuple[str, str, str, int]]:
+    """(id, model, kind, priority) of queued rows older than ``cutoff``."""
     rows = session.execute(
-        select(Job.id, Job.model, Job.priority).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
+        select(Job.id, Job.model, Job.kind, Job.priority).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
     )
-    return [(r.id, r.model, r.priority) for r in rows]
+    return [(r.id, r.model, r.kind, r.priority) for r in rows]
 
 
-def running_jobs(session: Session) -> list[tuple[str, str, int, str | None, int]]:
+def running_jobs(session: Session) -> list[tuple[str, str, str, int, str | None, int]]:
+    """(id, model, kind, priority, worker, attempts) of running rows."""
     rows = session.execute(
-        select(Job.id, Job.model, Job.priority, Job.worker, Job.attempts).where(Job.status == JobStatus.RUNNING)
+        select(Job.id, Job.model, Job.kind, Job.priority, Job.worker, Job.attempts).where(
+            Job.status == JobStatus.RUNNING
+        )
     )
-    return [(r.id, r.model, r.priority, r.worker, r.attempts) for r in rows]
+    return [(r.id, r.model, r.kind, r.priority, r.worker, r.attempts) for r in rows]
 
 
 def return_to_queue(session: Session, job_id: str, *, worker: str | None) -> bool:
@@ -299,3 +303,58 @@ def fail_abandoned_job(session: Session, job_id: str, *, worker: str | None, err
     ).rowcount
     session.commit()
     return bool(changed)
+
+
+# ---------------------------------------------------------------- GPU inventory
+
+
+def upsert_gpus(session: Session, gpus: Sequence[Gpu]) -> None:
+    """Record what a supervisor discovered; keeps health flags admins or workers set."""
+    now = utcnow()
+    for gpu in gpus:
+        existing = session.get(Gpu, gpu.uuid)
+        if existing is None:
+            gpu.first_seen = gpu.last_seen = now
+            session.add(gpu)
+        else:
+            existing.host, existing.index, existing.name = gpu.host, gpu.index, gpu.name
+            existing.memory_total_mib, existing.simulated, existing.last_seen = gpu.memory_total_mib, gpu.simulated, now
+    session.commit()
+
+
+def list_gpus(session: Session) -> Sequence[Gpu]:
+    return session.scalars(select(Gpu).order_by(Gpu.host, Gpu.index)).all()
+
+
+def set_gpu_health(session: Session, uuid: str, *, healthy: bool, reason: str | None) -> bool:
+    changed = session.execute(
+        update(Gpu)
+        .execution_options(**NO_SYNC)
+        .where(Gpu.uuid == uuid)
+        .values(healthy=healthy, unhealthy_reason=reason)
+    ).rowcount
+    session.commit()
+    return bool(changed)
+
+
+# ---------------------------------------------------------------- affinity rules
+
+
+def list_rules(session: Session) -> Sequence[AffinityRule]:
+    return session.scalars(select(AffinityRule).order_by(AffinityRule.precedence.desc(), AffinityRule.id)).all()
+
+
+def get_rule(session: Session, rule_id: int) -> AffinityRule | None:
+    return session.get(AffinityRule, rule_id)
+
+
+def save_rule(session: Session, rule: AffinityRule) -> AffinityRule:
+    merged = session.merge(rule)
+    session.commit()
+    return merged
+
+
+def delete_rule(session: Session, rule_id: int) -> bool:
+    deleted = session.execute(delete(AffinityRule).where(AffinityRule.id == rule_id)).rowcount
+    session.commit()
+    return bool(deleted)

@@ -24,7 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuq import store
 from gpuq.enqueue import QueueEntry, enqueue_jobs
 from gpuq.errors import RequestError
+from gpuq.fleet import Fleet
 from gpuq.models import Job, JobKind, Model
+from gpuq.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable
 from gpuq.prompt import VocabTokenizer, vocab_tokenizer
 
 
@@ -98,6 +100,17 @@ def check_against_model(spec: JobSpec, model: Model | None, index: int | None = 
     return None
 
 
+def check_placeable(spec: JobSpec, model: Model | None, fleet: Fleet, index: int | None = None) -> None:
+    """Refuse a job no GPU may or can ever run, instead of letting it wait forever. A fleet
+    with no GPUs registered runs everything on CPU workers; noop jobs need no GPU."""
+    if not fleet.gpus or model is None or spec.kind == JobKind.NOOP:
+        return
+    request = PlacementRequest(model.name, spec.kind.value, model.vram_mib)
+    verdicts = evaluate(request, fleet.gpus, can_ever_run(fleet.rules))
+    if not any(v.ok for v in verdicts):
+        raise RequestError(422, _where(index) + explain_unplaceable(request, verdicts))
+
+
 def _tokenizer(model: Model) -> VocabTokenizer:
     try:
         return vocab_tokenizer(model.path)
@@ -163,7 +176,7 @@ async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.N
         raise RequestError(
             409, "an idempotency_key in this request was used by a concurrent request; retry to get its job"
         ) from None
-    entries = [QueueEntry(n.id, n.model, n.priority) for n in new]
+    entries = [QueueEntry(n.id, n.model, n.kind, n.priority) for n in new]
     try:
         await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
     except RedisError as exc:

@@ -1,17 +1,25 @@
-"""The worker's copy of the model registry, refreshed with its queue list.
+"""What this worker serves: the models and kinds its GPU may run (affinity rules) and can
+run (memory), read from SQL every few seconds.
 
-Looking a model up in SQL for every job costs a round trip per job; registrations change
-rarely, so the worker reads them every few seconds instead (when it refreshes the queues
-it listens on) and a re-registered model is picked up within that interval.
+Re-reading on the worker's queue refresh means a new model, a changed rule or a GPU an
+admin marked unhealthy takes effect within seconds, without a restart. Looking a model
+up per job from this copy also saves a SQL round trip on every job.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
+from gpuq.affinity import GpuTarget, Rule, decide
+from gpuq.fleet import rule_of, target_of
+from gpuq.models import JobKind, Model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,24 +27,60 @@ class ModelInfo:
     name: str
     path: str
     context_length: int
+    vram_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """The GPUs this worker is pinned to, as SQL's inventory describes them."""
+
+    targets: tuple[GpuTarget, ...]
+    healthy: bool
+
+    @property
+    def memory_total_mib(self) -> int:
+        return sum(t.memory_total_mib for t in self.targets)
 
 
 class ModelCatalog:
-    def __init__(self, sessions: sessionmaker[Session], *, only: list[str] | None = None) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], *, gpu_uuids: tuple[str, ...] = (), only: list[str] | None = None
+    ) -> None:
         self._sessions = sessions
+        self._gpu_uuids = gpu_uuids
         self._only = set(only) if only else None
         self._models: dict[str, ModelInfo] = {}
+        self.slot: Slot | None = None
 
-    def refresh(self) -> list[str]:
-        """Re-read the registry; returns the names this worker serves, sorted."""
+    def refresh(self) -> list[tuple[str, str]]:
+        """Re-read registry, rules and inventory; returns the (model, kind) pairs served."""
         with self._sessions() as session:
-            rows = store.list_models(session)
-        self._models = {
-            m.name: ModelInfo(m.name, m.path, m.context_length)
-            for m in rows
-            if self._only is None or m.name in self._only
-        }
-        return sorted(self._models)
+            models = [m for m in store.list_models(session) if self._only is None or m.name in self._only]
+            rules = [rule_of(r) for r in store.list_rules(session)]
+            self.slot = self._read_slot(session) if self._gpu_uuids else None
+        self._models = {m.name: ModelInfo(m.name, m.path, m.context_length, m.vram_mib) for m in models}
+        if self.slot is not None and not self.slot.healthy:
+            log.warning("this worker's GPU is marked unhealthy: taking no jobs until an admin clears it")
+            return []
+        return sorted(pair for m in models for pair in self._servable(m, rules))
 
     def get(self, name: str) -> ModelInfo | None:
         return self._models.get(name)
+
+    def _read_slot(self, session: Session) -> Slot:
+        rows = {g.uuid: g for g in store.list_gpus(session) if g.uuid in self._gpu_uuids}
+        targets = tuple(
+            target_of(rows[u]) if u in rows else GpuTarget(u, -1, "", socket.gethostname(), 0) for u in self._gpu_uuids
+        )
+        return Slot(targets, healthy=all(rows[u].healthy for u in rows))
+
+    def _servable(self, model: Model, rules: list[Rule]) -> list[tuple[str, str]]:
+        kinds = [k for k, ok in ((JobKind.GENERATE, model.can_generate), (JobKind.EMBED, model.can_embed)) if ok]
+        slot = self.slot
+        if slot is not None:
+            memory = slot.memory_total_mib
+            if memory and model.vram_mib > memory:
+                return []
+            kinds = [k for k in kinds if all(decide(rules, model.name, k, t).allowed for t in slot.targets)]
+        # A noop job exercises the dispatch path of a model; whoever serves the model serves it.
+        return [(model.name, k.value) for k in kinds] + ([(model.name, JobKind.NOOP.value)] if kinds else [])

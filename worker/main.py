@@ -40,8 +40,10 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
             gpu_layers=device.gpu_layers,
         )
 
-    catalog = ModelCatalog(sessions, only=models)
-    cache = ModelCache(load, max_loaded=settings.worker_max_loaded_models)
+    catalog = ModelCatalog(sessions, gpu_uuids=device.gpu_uuids, only=models)
+    catalog.refresh()
+    budget = catalog.slot.memory_total_mib if catalog.slot is not None and catalog.slot.memory_total_mib else None
+    cache = ModelCache(load, max_loaded=settings.worker_max_loaded_models, budget_mib=budget)
     writer = OutcomeWriter(sessions)
     runner = JobRunner(
         sessions=sessions,
@@ -50,15 +52,23 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         writer=writer,
         worker_name=worker_name(slot),
         device=device.label,
+        gpu_uuids=device.gpu_uuids,
     )
     worker = GpuqWorker(
         runner=runner,
-        list_models=catalog.refresh,
+        list_servable=catalog.refresh,
+        loaded_models=cache.loaded_names,
         worker_ttl_s=settings.worker_ttl_s,
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
         connection=redis,
     )
-    log.info("worker %s on %s, %d llama.cpp threads", runner.worker_name, device.label, settings.llama_threads)
+    log.info(
+        "worker %s on %s (VRAM budget %s MiB), %d llama.cpp threads",
+        runner.worker_name,
+        device.label,
+        budget,
+        settings.llama_threads,
+    )
     writer.start()
     try:
         worker.work(burst=burst, logging_level="INFO")

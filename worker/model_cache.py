@@ -1,7 +1,9 @@
 """Models a worker keeps loaded between jobs, least recently used evicted first.
 
-Keyed by (model name, mode). The bound is a count for now; the fleet issue replaces it
-with the GPU's VRAM budget.
+Keyed by (model name, mode): llama.cpp needs a separate context for embeddings, and on a
+GPU each instance holds its own weights, so each counts against the budget. Bounded by a
+count and, on a GPU, by the GPU's memory: a model is loaded only if its VRAM figure fits
+beside what is resident, else the least recently used models are unloaded first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class ModelSpec:
     path: str
     n_ctx: int
     embedding: bool
+    vram_mib: int = 0
 
     @property
     def key(self) -> tuple[str, bool]:
@@ -33,9 +36,11 @@ Loader = Callable[[ModelSpec], LoadedModel]
 
 
 class ModelCache:
-    def __init__(self, loader: Loader, *, max_loaded: int) -> None:
+    def __init__(self, loader: Loader, *, max_loaded: int, budget_mib: int | None = None) -> None:
         self._loader = loader
         self._max_loaded = max_loaded
+        self._budget_mib = budget_mib
+        self.loads = 0
         self._loaded: OrderedDict[tuple[str, bool], tuple[ModelSpec, LoadedModel]] = OrderedDict()
 
     def get(self, spec: ModelSpec) -> tuple[LoadedModel, int]:
@@ -46,14 +51,23 @@ class ModelCache:
             return entry[1], 0
         if entry is not None:  # re-registered with another file or context: reload
             self._unload(spec.key)
-        while len(self._loaded) >= self._max_loaded:
+        while self._loaded and not self._room_for(spec):
             self._unload(next(iter(self._loaded)))
         started = time.perf_counter()
         model = self._loader(spec)
         load_ms = int((time.perf_counter() - started) * 1000)
         self._loaded[spec.key] = (spec, model)
+        self.loads += 1
         log.info("loaded %s (%s) in %d ms", spec.name, "embed" if spec.embedding else "generate", load_ms)
         return model, max(load_ms, 1)
+
+    def _room_for(self, spec: ModelSpec) -> bool:
+        if len(self._loaded) >= self._max_loaded:
+            return False
+        return self._budget_mib is None or self.used_mib() + spec.vram_mib <= self._budget_mib
+
+    def used_mib(self) -> int:
+        return sum(spec.vram_mib for spec, _ in self._loaded.values())
 
     def loaded_names(self) -> list[str]:
         return sorted({name for name, _ in self._loaded})

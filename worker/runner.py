@@ -33,6 +33,7 @@ class JobRunner:
         writer: OutcomeWriter,
         worker_name: str,
         device: str,
+        gpu_uuids: tuple[str, ...] = (),
     ) -> None:
         self._sessions = sessions
         self._models = models
@@ -40,6 +41,7 @@ class JobRunner:
         self._writer = writer
         self.worker_name = worker_name
         self.device = device
+        self.gpu_uuids = gpu_uuids
 
     def run(self, job_id: str, cancel: threading.Event) -> None:
         with self._sessions() as session:
@@ -74,7 +76,7 @@ class JobRunner:
         self, claimed: store.ClaimedJob, model: ModelInfo, cancel: threading.Event, outcome: store.Outcome
     ) -> None:
         embedding = claimed.kind == JobKind.EMBED
-        spec = ModelSpec(model.name, model.path, model.context_length, embedding)
+        spec = ModelSpec(model.name, model.path, model.context_length, embedding, model.vram_mib)
         loaded, outcome.load_ms = self._cache.get(spec)
         if embedding:
             vectors, tokens = loaded.embed(claimed.request["input"], cancel)

@@ -10,8 +10,9 @@ lives in SQL can do less than plain RQ:
 * ``handle_payload``: RQ's ``stop-job`` command cancels the running job between tokens.
 * ``heartbeat``, ``check_for_suspension`` and ``set_state``: at most once a second, or
   only when something changed, instead of on every loop.
-* the queue list is refreshed from the model registry, so a model registered after
-  the worker started is served without a restart.
+* the queue list is refreshed from the registry and the affinity rules, so a new model
+  or a changed rule is served without a restart, and is ordered with the models this
+  worker has loaded first within each priority (sticky routing).
 """
 
 from __future__ import annotations
@@ -43,17 +44,20 @@ class GpuqWorker(SimpleWorker):
         self,
         *,
         runner: JobRunner,
-        list_models: Callable[[], list[str]],
+        list_servable: Callable[[], list[tuple[str, str]]],
+        loaded_models: Callable[[], list[str]],
         worker_ttl_s: int,
         heartbeat_interval_s: float,
         queue_refresh_interval_s: float = 5.0,
         **kwargs: object,
     ) -> None:
-        self._list_models = list_models
-        self._models = list_models()
+        self._list_servable = list_servable
+        self._loaded_models = loaded_models
+        self._servable = list_servable()
+        self._order_key: tuple[list[tuple[str, str]], frozenset[str]] = (self._servable, frozenset())
         self._queue_refresh_interval_s = queue_refresh_interval_s
         super().__init__(
-            [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._models)],
+            [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._servable)],
             name=runner.worker_name,
             worker_ttl=worker_ttl_s,
             **kwargs,  # type: ignore[arg-type]
@@ -62,6 +66,7 @@ class GpuqWorker(SimpleWorker):
         self._queues_refreshed_at = time.monotonic()
         self._last_heartbeat_mono = 0.0
         self._suspension_checked_at = 0.0
+        self._published_loaded: str | None = None
         self._running: tuple[Job, Execution] | None = None
         self.monitor = JobMonitor(
             self.connection,
@@ -83,15 +88,20 @@ class GpuqWorker(SimpleWorker):
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def _refresh_queues(self) -> None:
-        if time.monotonic() - self._queues_refreshed_at < self._queue_refresh_interval_s:
+        """Re-read what this worker serves every few seconds, and put the queues of models it
+        has loaded first within each priority (after every job: the loaded set changes)."""
+        if time.monotonic() - self._queues_refreshed_at >= self._queue_refresh_interval_s:
+            self._queues_refreshed_at = time.monotonic()
+            servable = self._list_servable()
+            if servable != self._servable:
+                log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
+                self._servable = servable
+        key = (self._servable, frozenset(self._loaded_models()))
+        if key == self._order_key:
             return
-        self._queues_refreshed_at = time.monotonic()
-        models = self._list_models()
-        if models == self._models:
-            return
-        log.info("serving models %s", ", ".join(models) or "(none)")
-        self._models = models
-        self.queues = [Queue(n, connection=self.connection) for n in worker_queue_names(models)]
+        self._order_key = key
+        names = worker_queue_names(key[0], loaded=key[1])
+        self.queues = [Queue(n, connection=self.connection) for n in names]
         self._ordered_queues = self.queues[:]
 
     # ------------------------------------------------------------- running a job
@@ -126,7 +136,15 @@ class GpuqWorker(SimpleWorker):
             pipe.delete(job.key)  # result_ttl=0: the result lives in SQL
             self.increment_successful_job_count(pipeline=pipe)
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            self._publish_loaded(pipe)
             pipe.execute()
+
+    def _publish_loaded(self, pipe: Pipeline) -> None:
+        """Which models this worker holds, on its RQ worker hash (for telemetry and dashboards)."""
+        loaded = ",".join(self._loaded_models())
+        if loaded != self._published_loaded:
+            self._published_loaded = loaded
+            pipe.hset(self.key, mapping={"gpuq_loaded": loaded, "gpuq_gpus": ",".join(self.runner.gpu_uuids)})
 
     def _heartbeat_running_job(self) -> None:
         running = self._running

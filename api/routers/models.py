@@ -33,7 +33,13 @@ async def register_model(body: ModelCreate, db: SessionDep, state: StateDep) -> 
 
     def build():  # type: ignore[no-untyped-def]
         path = resolve_model_path(state.settings.models_dir, body.path)
-        return build_model(name=body.name, path=path, kinds=set(body.kinds), context_length=body.context_length)
+        return build_model(
+            name=body.name,
+            path=path,
+            kinds=set(body.kinds),
+            context_length=body.context_length,
+            vram_override_mib=body.vram_mib,
+        )
 
     try:
         model = await to_thread.run_sync(build)

@@ -14,10 +14,10 @@ def test_unknown_priority_lists_the_choices():
 
 
 def test_queue_names_round_trip_and_refuse_foreign_names():
-    name = queue_name("smollm2-135m", Priority.LOW)
-    assert name == "gpuq:smollm2-135m:low"
-    assert parse_queue_name(name) == ("smollm2-135m", Priority.LOW)
-    for foreign in ("rq:queue:default", "gpuq:a:b:c", "gpuq:model:urgent", "gpuq:../x:low"):
+    name = queue_name("smollm2-135m", "embed", Priority.LOW)
+    assert name == "gpuq:smollm2-135m:embed:low"
+    assert parse_queue_name(name) == ("smollm2-135m", "embed", Priority.LOW)
+    for foreign in ("rq:queue:default", "gpuq:a:low", "gpuq:m:chat:low", "gpuq:m:embed:urgent", "gpuq:../x:embed:low"):
         with pytest.raises(ValueError):
             parse_queue_name(foreign)
 
@@ -25,15 +25,15 @@ def test_queue_names_round_trip_and_refuse_foreign_names():
 def test_model_names_that_would_break_queue_names_are_refused():
     for bad in ("", "a:b", "a b", "-leading-dash", "x" * 129):
         with pytest.raises(ValueError):
-            queue_name(bad, Priority.NORMAL)
+            queue_name(bad, "generate", Priority.NORMAL)
 
 
-def test_a_worker_listens_to_every_models_high_queue_before_any_normal_queue():
-    assert worker_queue_names(["a", "b"]) == [
-        "gpuq:a:high",
-        "gpuq:b:high",
-        "gpuq:a:normal",
-        "gpuq:b:normal",
-        "gpuq:a:low",
-        "gpuq:b:low",
+def test_a_worker_listens_to_every_high_queue_before_any_normal_queue():
+    assert worker_queue_names([("a", "generate"), ("b", "embed")]) == [
+        "gpuq:a:generate:high",
+        "gpuq:b:embed:high",
+        "gpuq:a:generate:normal",
+        "gpuq:b:embed:normal",
+        "gpuq:a:generate:low",
+        "gpuq:b:embed:low",
     ]

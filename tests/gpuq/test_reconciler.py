@@ -17,13 +17,13 @@ RECONCILE = {"grace_s": 0.0, "max_attempts": 2, "timeout_s": 60}
 
 
 def queue_of(redis: Redis, name: str) -> list[str]:
-    return [x.decode() for x in redis.lrange(f"rq:queue:gpuq:smollm2-135m:{name}", 0, -1)]
+    return [x.decode() for x in redis.lrange(f"rq:queue:gpuq:smollm2-135m:generate:{name}", 0, -1)]
 
 
 @both_databases
 def test_queued_rows_with_no_redis_entry_are_enqueued_again_once(session, redis):
     kept, lost = store.insert_jobs(session, [make_job(priority=0), make_job(priority=2)])
-    enqueue_jobs(redis, [QueueEntry(kept.id, kept.model, kept.priority)], timeout_s=60)
+    enqueue_jobs(redis, [QueueEntry(kept.id, kept.model, kept.kind, kept.priority)], timeout_s=60)
 
     report = reconcile_once(session, redis, **RECONCILE)
     assert report.requeued == [lost.id]
@@ -78,5 +78,5 @@ def test_a_worker_that_registered_its_death_counts_as_dead(session, redis):
 
 def test_rows_created_before_the_cutoff_are_the_only_ones_considered(session):
     store.insert_jobs(session, [make_job()])
-    assert store.queued_job_ids_created_before(session, utcnow() - timedelta(minutes=1)) == []
-    assert len(store.queued_job_ids_created_before(session, utcnow() + timedelta(seconds=1))) == 1
+    assert store.queued_jobs_created_before(session, utcnow() - timedelta(minutes=1)) == []
+    assert len(store.queued_jobs_created_before(session, utcnow() + timedelta(seconds=1))) == 1

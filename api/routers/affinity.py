@@ -1,0 +1,92 @@
+"""/v1/affinity-rules: where models may run; CRUD and a placement preview."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from fastapi import APIRouter, Response, status
+
+from api.deps import SessionDep
+from api.schemas import PlacementPreview, PreviewGpu, RuleCreate, RulePublic, RuleSaved, RulesPublic
+from gpuq import store
+from gpuq.errors import RequestError
+from gpuq.fleet import load_fleet, rule_of
+from gpuq.models import AffinityRule, JobKind
+from gpuq.placement import Candidate, PlacementRequest, preview
+
+router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"])
+
+
+@router.get("", response_model=RulesPublic)
+async def list_rules(db: SessionDep) -> RulesPublic:
+    return RulesPublic(data=[RulePublic.of(r) for r in await db.run_sync(store.list_rules)])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RuleSaved)
+async def create_rule(body: RuleCreate, db: SessionDep) -> RuleSaved:
+    """A rule that selects no known GPU, or names no registered model, is saved with a warning."""
+    return await _save(db, AffinityRule(**body.model_dump()))
+
+
+@router.put("/{rule_id}", response_model=RuleSaved)
+async def replace_rule(rule_id: int, body: RuleCreate, db: SessionDep) -> RuleSaved:
+    existing = await db.run_sync(store.get_rule, rule_id)
+    if existing is None:
+        raise RequestError(404, f"affinity rule {rule_id} does not exist")
+    return await _save(db, AffinityRule(id=rule_id, created_at=existing.created_at, **body.model_dump()))
+
+
+@router.delete("/{rule_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_rule(rule_id: int, db: SessionDep) -> Response:
+    if not await db.run_sync(store.delete_rule, rule_id):
+        raise RequestError(404, f"affinity rule {rule_id} does not exist")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/preview", response_model=PlacementPreview)
+async def preview_placement(model: str, db: SessionDep, kind: JobKind = JobKind.GENERATE) -> PlacementPreview:
+    """Where may `model` run for `kind` jobs, and why: per GPU, the deciding rule and the memory check."""
+    registered = await db.run_sync(store.get_model, model)
+    if registered is None:
+        raise RequestError(404, f"model {model!r} is not registered")
+    fleet = await db.run_sync(load_fleet)
+    request = PlacementRequest(model, kind.value, registered.vram_mib)
+    rows = preview(request, fleet.gpus, fleet.rules)
+    gpus = [
+        PreviewGpu(
+            uuid=r.gpu.target.uuid,
+            host=r.gpu.target.host,
+            index=r.gpu.target.index,
+            name=r.gpu.target.name,
+            allowed=r.allowed,
+            fits=r.fits,
+            may_run=r.allowed and r.fits,
+            reasons=r.reasons,
+        )
+        for r in rows
+    ]
+    able = [g for g in gpus if g.may_run]
+    summary = (
+        "no GPUs are registered: CPU workers run every model"
+        if not gpus
+        else f"{model} may run on {len(able)} of {len(gpus)} GPUs"
+        + (": " + ", ".join(f"{g.host}/{g.index}" for g in able) if able else "")
+    )
+    return PlacementPreview(model=model, kind=kind.value, vram_mib=registered.vram_mib, gpus=gpus, summary=summary)
+
+
+async def _save(db: SessionDep, rule: AffinityRule) -> RuleSaved:
+    saved = await db.run_sync(store.save_rule, rule)
+    fleet = await db.run_sync(load_fleet)
+    names = [m.name for m in await db.run_sync(store.list_models)]
+    return RuleSaved(rule=RulePublic.of(saved), warnings=_warnings(saved, fleet.gpus, names))
+
+
+def _warnings(row: AffinityRule, gpus: list[Candidate], models: list[str]) -> list[str]:
+    rule = rule_of(row)
+    warnings = []
+    if gpus and not any(rule.selects(g.target) for g in gpus):
+        warnings.append(f"the rule selects none of the {len(gpus)} known GPUs")
+    if not any(fnmatchcase(m, rule.model_pattern) for m in models):
+        warnings.append(f"no registered model matches {rule.model_pattern!r}")
+    return warnings

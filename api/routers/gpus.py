@@ -1,0 +1,48 @@
+"""/v1/gpus: the fleet's GPUs (inventory from SQL, live telemetry from Redis)."""
+
+from __future__ import annotations
+
+from anyio import to_thread
+from fastapi import APIRouter
+
+from api.deps import SessionDep, StateDep
+from api.schemas import GpuPublic, GpusPublic
+from gpuq import store, telemetry
+from gpuq.errors import RequestError
+
+router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
+
+
+@router.get("", response_model=GpusPublic)
+async def list_gpus(db: SessionDep, state: StateDep) -> GpusPublic:
+    gpus = await db.run_sync(store.list_gpus)
+    live = await to_thread.run_sync(lambda: telemetry.read(state.redis, [g.uuid for g in gpus]))
+    return GpusPublic(
+        data=[
+            GpuPublic(
+                uuid=g.uuid,
+                host=g.host,
+                index=g.index,
+                name=g.name,
+                simulated=g.simulated,
+                memory_total_mib=g.memory_total_mib,
+                healthy=g.healthy,
+                unhealthy_reason=g.unhealthy_reason,
+                last_seen=g.last_seen,
+                live=g.uuid in live,
+                memory_free_mib=live.get(g.uuid, {}).get("memory_free_mib"),
+                utilisation_pct=live.get(g.uuid, {}).get("utilisation_pct"),
+                temperature_c=live.get(g.uuid, {}).get("temperature_c"),
+                power_w=live.get(g.uuid, {}).get("power_w"),
+            )
+            for g in gpus
+        ]
+    )
+
+
+@router.post("/{uuid}/clear", response_model=dict[str, str])
+async def clear_unhealthy(uuid: str, db: SessionDep) -> dict[str, str]:
+    """Mark a GPU healthy again after an admin has looked at it."""
+    if not await db.run_sync(lambda s: store.set_gpu_health(s, uuid, healthy=True, reason=None)):
+        raise RequestError(404, f"GPU {uuid!r} is not in the inventory")
+    return {"uuid": uuid, "status": "healthy"}

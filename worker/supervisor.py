@@ -1,0 +1,225 @@
+"""The supervisor: one per host. Discovers GPUs, records them, runs one pinned worker per
+slot, restarts a worker that dies (with backoff), publishes GPU telemetry, and on
+SIGTERM drains: workers finish their current job, then everything exits.
+
+Workers are spawned, never forked, each as a fresh ``gpuq worker`` process whose
+environment already has ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES``
+set to its GPUs' UUIDs, so CUDA is first touched with the right devices visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from redis import Redis
+from rq.worker import Worker
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuq import store, telemetry
+from gpuq.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
+from gpuq.models import Gpu
+from gpuq.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LOOP_INTERVAL_S = 0.5
+TELEMETRY_INTERVAL_S = 5.0
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 60.0
+STABLE_AFTER_S = 60.0  # a worker that ran this long starts its backoff afresh
+DRAIN_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPlan:
+    name: str
+    gpu_uuids: tuple[str, ...]
+
+
+def plan_slots(inventory: Inventory, *, slots_per_gpu: int = 1, cpu_workers: int = 1) -> list[SlotPlan]:
+    """One slot per GPU (or ``slots_per_gpu``); CPU slots when the host has no GPU."""
+    if not inventory.gpus:
+        return [SlotPlan(f"cpu{i}", ()) for i in range(cpu_workers)]
+    return [
+        SlotPlan(f"gpu{g.index}" + (f"-{s}" if slots_per_gpu > 1 else ""), (g.uuid,))
+        for g in inventory.gpus
+        for s in range(slots_per_gpu)
+    ]
+
+
+def worker_command(slot: SlotPlan) -> list[str]:
+    command = [sys.executable, "-m", "gpuq.cli", "worker", "--slot", slot.name]
+    return command + (["--gpus", ",".join(slot.gpu_uuids)] if slot.gpu_uuids else [])
+
+
+def worker_environment(slot: SlotPlan, base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpu_uuids) if slot.gpu_uuids else ""
+    return env
+
+
+@dataclass
+class Child:
+    slot: SlotPlan
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff_s: float = BACKOFF_START_S
+    next_start_at: float = 0.0
+
+
+Spawn = Callable[[SlotPlan], subprocess.Popen[bytes]]
+
+
+@dataclass
+class Supervisor:
+    settings: Settings
+    inventory: Inventory
+    spawn: Spawn
+    sessions: sessionmaker[Session]
+    redis: Redis
+    slots_per_gpu: int = 1
+    cpu_workers: int = 1
+    children: list[Child] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def record_inventory(self) -> None:
+        rows = [
+            Gpu(
+                uuid=g.uuid,
+                host=self.inventory.host,
+                index=g.index,
+                name=g.name,
+                memory_total_mib=g.memory_total_mib,
+                simulated=g.simulated,
+            )
+            for g in self.inventory.gpus
+        ]
+        with self.sessions() as session:
+            store.upsert_gpus(session, rows)
+
+    def start(self) -> None:
+        self.record_inventory()
+        slots = plan_slots(self.inventory, slots_per_gpu=self.slots_per_gpu, cpu_workers=self.cpu_workers)
+        self.children = [Child(slot) for slot in slots]
+        for child in self.children:
+            self._start(child)
+
+    def _start(self, child: Child) -> None:
+        child.process = self.spawn(child.slot)
+        child.started_at = time.monotonic()
+        log.info(
+            "started worker %s (pid %d) on %s",
+            child.slot.name,
+            child.process.pid,
+            ",".join(child.slot.gpu_uuids) or "cpu",
+        )
+
+    def check(self) -> None:
+        """Restart workers that exited, each after its backoff."""
+        now = time.monotonic()
+        for child in self.children:
+            process = child.process
+            if process is not None and process.poll() is None:
+                if now - child.started_at > STABLE_AFTER_S:
+                    child.backoff_s = BACKOFF_START_S
+                continue
+            if process is not None:  # it just died: schedule the restart
+                log.warning(
+                    "worker %s exited with %s; restarting in %.0f s",
+                    child.slot.name,
+                    process.returncode,
+                    child.backoff_s,
+                )
+                child.process = None
+                child.next_start_at = now + child.backoff_s
+                child.backoff_s = min(child.backoff_s * 2, BACKOFF_MAX_S)
+            elif now >= child.next_start_at:
+                child.restarts += 1
+                self._start(child)
+
+    def publish_telemetry(self) -> None:
+        loaded = self._loaded_by_gpu()
+        if self.inventory.source == "nvml":
+            fresh = discover_gpus(host=self.inventory.host).gpus
+        else:
+            fresh = tuple(self._simulated_reading(g, loaded.get(g.uuid, [])) for g in self.inventory.gpus)
+        telemetry.publish(self.redis, fresh, loaded=loaded)
+
+    def _loaded_by_gpu(self) -> dict[str, list[str]]:
+        loaded: dict[str, list[str]] = {}
+        for worker in Worker.all(connection=self.redis):
+            fields = self.redis.hmget(worker.key, "gpuq_gpus", "gpuq_loaded")
+            gpus, models = ((v or b"").decode() for v in fields)
+            for uuid in filter(None, gpus.split(",")):
+                loaded.setdefault(uuid, []).extend(filter(None, models.split(",")))
+        return loaded
+
+    def _simulated_reading(self, gpu: GpuInfo, names: list[str]) -> GpuInfo:
+        """Free memory of a simulated GPU: total less the VRAM figures of what its workers loaded."""
+        with self.sessions() as session:
+            used = sum(m.vram_mib for n in names if (m := store.get_model(session, n)) is not None)
+        return with_free_memory(gpu, used)
+
+    def request_stop(self, *_args: object) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.start()
+        next_telemetry = 0.0
+        while not self._stop.wait(LOOP_INTERVAL_S):
+            self.check()
+            if time.monotonic() >= next_telemetry:
+                next_telemetry = time.monotonic() + TELEMETRY_INTERVAL_S
+                try:
+                    self.publish_telemetry()
+                except Exception:
+                    log.exception("publishing GPU telemetry failed; will retry")
+        self.drain()
+
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """SIGTERM to every worker (RQ's warm shutdown: finish the current job), then wait."""
+        running = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in running:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker pid %d did not finish in time; killing it", process.pid)
+                process.kill()
+                process.wait()
+
+
+def run_supervisor(settings: Settings, *, cpu_workers: int = 1, slots_per_gpu: int = 1) -> None:
+    from gpuq.db import sync_engine, sync_sessions
+
+    inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
+    log.info("%s: %d GPU(s) from %s", inventory.host, len(inventory.gpus), inventory.source)
+    base_env = {**os.environ}
+
+    def spawn(slot: SlotPlan) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(worker_command(slot), env=worker_environment(slot, base_env))
+
+    supervisor = Supervisor(
+        settings=settings,
+        inventory=inventory,
+        spawn=spawn,
+        sessions=sync_sessions(sync_engine(settings.database_url)),
+        redis=Redis.from_url(settings.require_redis_url()),
+        slots_per_gpu=slots_per_gpu,
+        cpu_workers=cpu_workers,
+    )
+    signal.signal(signal.SIGTERM, supervisor.request_stop)
+    signal.signal(signal.SIGINT, supervisor.request_stop)
+    supervisor.run()
