@@ -126,10 +126,10 @@ def _maybe(value: float | int | None, unit: str) -> str:
 
 @main.command()
 def scheduler() -> None:
-    """Run the reconciler loop (SQL to Redis repair). Safe to run more than one."""
-    from gpuq.embedded import run_reconciler
+    """Run the scheduler loop: priority aging and the SQL-to-Redis reconciler. Safe to run more than one."""
+    from gpuq.embedded import run_scheduler
 
-    run_reconciler(get_settings(), threading.Event())
+    run_scheduler(get_settings(), threading.Event())
 
 
 @main.group()

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from redis import Redis
 
 from gpuq import migrate
+from gpuq.aging import promote_aged_jobs
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.reconciler import reconcile_once
 from gpuq.redis_server import PrivateRedis
@@ -25,6 +27,7 @@ from gpuq.settings import ENV_PREFIX, Settings
 log = logging.getLogger(__name__)
 
 WORKER_STOP_TIMEOUT_S = 30
+SCHEDULER_TICK_S = 1.0
 
 
 def prepare_database(settings: Settings) -> None:
@@ -52,22 +55,28 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def run_reconciler(settings: Settings, stop: threading.Event) -> None:
+def run_scheduler(settings: Settings, stop: threading.Event) -> None:
+    """The scheduler loop: priority aging every tick, the SQL-to-Redis reconciler every
+    ``reconcile_interval_s``. Safe to run in several processes at once."""
     engine = sync_engine(settings.database_url)
     sessions = sync_sessions(engine)
     redis = Redis.from_url(settings.require_redis_url())
-    while not stop.wait(settings.reconcile_interval_s):
+    next_reconcile = time.monotonic() + settings.reconcile_interval_s
+    while not stop.wait(SCHEDULER_TICK_S):
         try:
-            with sessions() as session:
-                reconcile_once(
-                    session,
-                    redis,
-                    grace_s=settings.reconcile_grace_s,
-                    max_attempts=settings.job_max_attempts,
-                    timeout_s=settings.job_timeout_s,
-                )
+            promote_aged_jobs(redis, aging_s=settings.priority_aging_s)
+            if time.monotonic() >= next_reconcile:
+                next_reconcile = time.monotonic() + settings.reconcile_interval_s
+                with sessions() as session:
+                    reconcile_once(
+                        session,
+                        redis,
+                        grace_s=settings.reconcile_grace_s,
+                        max_attempts=settings.job_max_attempts,
+                        timeout_s=settings.job_timeout_s,
+                    )
         except Exception:
-            log.exception("reconciler pass failed; will retry")
+            log.exception("scheduler pass failed; will retry")
     redis.close()
     engine.dispose()
 
@@ -89,11 +98,11 @@ def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[Embedde
         log.info("private Redis at %s", settings.redis_url)
     stop = threading.Event()
     system = EmbeddedSystem(settings)
-    reconciler = threading.Thread(target=run_reconciler, args=(settings, stop), name="reconciler", daemon=True)
+    scheduler = threading.Thread(target=run_scheduler, args=(settings, stop), name="scheduler", daemon=True)
     try:
         prepare_database(settings)
         system.supervisor = spawn_supervisor(settings, cpu_workers=workers)
-        reconciler.start()
+        scheduler.start()
         yield system
     finally:
         stop.set()
@@ -103,7 +112,7 @@ def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[Embedde
                 system.supervisor.wait(timeout=WORKER_STOP_TIMEOUT_S)
             if system.supervisor.poll() is None:
                 system.supervisor.kill()
-        if reconciler.is_alive():
-            reconciler.join(timeout=5)
+        if scheduler.is_alive():
+            scheduler.join(timeout=5)
         if private is not None:
             private.stop()

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuq import store
 from gpuq.enqueue import QueueEntry, enqueue_jobs
 from gpuq.errors import RequestError
-from gpuq.fleet import Fleet
+from gpuq.fleet import Fleet, load_fleet
 from gpuq.models import Job, JobKind, Model
 from gpuq.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable
 from gpuq.prompt import VocabTokenizer, vocab_tokenizer
@@ -126,6 +126,9 @@ async def submit_jobs(db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], 
     prompt_tokens = await to_thread.run_sync(
         lambda: [check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)]
     )
+    fleet = await db.run_sync(load_fleet)
+    for i, spec in enumerate(specs):
+        check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
     earlier = await _earlier_jobs(db, specs)
     new = [
         store.NewJob(

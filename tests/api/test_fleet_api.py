@@ -1,0 +1,139 @@
+"""GPUs, affinity rules, the placement preview, and refusing jobs no GPU may run."""
+
+import pytest
+from redis import Redis
+
+from gpuq import store, telemetry
+from gpuq.gpus import simulated_inventory, with_free_memory
+from gpuq.models import Gpu
+from tests.conftest import both_databases
+
+MODEL = "smollm2-135m"
+GEN = {"kind": "generate", "model": MODEL, "prompt": "hi", "max_tokens": 4}
+
+
+@pytest.fixture
+def fleet(session):
+    """A simulated four-GPU host (24, 24, 48, 80 GiB) recorded as a supervisor records it."""
+    inventory = simulated_inventory("node1", [24, 24, 48, 80])
+    store.upsert_gpus(
+        session,
+        [
+            Gpu(
+                uuid=g.uuid,
+                host="node1",
+                index=g.index,
+                name=g.name,
+                memory_total_mib=g.memory_total_mib,
+                simulated=True,
+            )
+            for g in inventory.gpus
+        ],
+    )
+    return inventory
+
+
+def register_big_copy(client, settings, model_path, name="big", vram_mib=60 * 1024):
+    (settings.models_dir / f"{name}.gguf").symlink_to(model_path)
+    body = {"name": name, "path": f"{name}.gguf", "kinds": ["generate"], "vram_mib": vram_mib}
+    assert client.post("/v1/models", json=body).status_code == 201
+
+
+@both_databases
+def test_gpus_are_listed_with_live_telemetry_when_a_supervisor_publishes_it(client, fleet, redis_url):
+    listed = client.get("/v1/gpus").json()["data"]
+    assert [g["memory_total_mib"] for g in listed] == [24576, 24576, 49152, 81920]
+    assert all(g["simulated"] and "(simulated)" in g["name"] and not g["live"] for g in listed)
+    telemetry.publish(Redis.from_url(redis_url), [with_free_memory(fleet.gpus[3], 1000)])
+    live = client.get("/v1/gpus").json()["data"][3]
+    assert live["live"] and live["memory_free_mib"] == 81920 - 1000
+
+
+def test_a_model_bigger_than_every_gpu_is_refused_with_the_reasons(client, fleet, settings, model_path, job_rows):
+    register_big_copy(client, settings, model_path, vram_mib=100 * 1024)
+    response = client.post("/v1/jobs", json=GEN | {"model": "big"})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("no GPU may run generate jobs of model 'big': GPU 0 on node1: too small")
+    assert "GPU 3 on node1: too small: the model needs 102400 MiB, the GPU has 81920 MiB" in detail
+    assert job_rows() == []
+
+
+def test_a_job_whose_rules_allow_no_gpu_that_fits_is_refused(client, fleet, settings, model_path, job_rows):
+    register_big_copy(client, settings, model_path)  # 60 GiB: only the 80 GiB GPU fits
+    assert client.post("/v1/jobs", json=GEN | {"model": "big"}).status_code == 202
+    rule = {"model_pattern": "big", "effect": "allow", "gpu_indices": [0, 1]}
+    assert client.post("/v1/affinity-rules", json=rule).status_code == 201
+    refused = client.post("/v1/jobs", json=GEN | {"model": "big"})
+    assert refused.status_code == 422 and "not allowed" in refused.json()["detail"]
+    assert len(job_rows()) == 1
+
+
+@both_databases
+def test_rules_crud_with_warnings_and_the_preview(client, fleet, settings, model_path):
+    register_big_copy(client, settings, model_path)
+    created = client.post(
+        "/v1/affinity-rules",
+        json={"model_pattern": "smollm2-*", "kind": "embed", "effect": "allow", "gpu_indices": [2, 3]},
+    )
+    assert created.status_code == 201 and created.json()["warnings"] == []
+    rule_id = created.json()["rule"]["id"]
+    orphan = client.post(
+        "/v1/affinity-rules", json={"model_pattern": "nothing-*", "effect": "deny", "gpu_indices": [7]}
+    )
+    assert orphan.status_code == 201
+    assert orphan.json()["warnings"] == [
+        "the rule selects none of the 4 known GPUs",
+        "no registered model matches 'nothing-*'",
+    ]
+    assert [r["id"] for r in client.get("/v1/affinity-rules").json()["data"]] == [rule_id, orphan.json()["rule"]["id"]]
+
+    preview = client.get("/v1/affinity-rules/preview", params={"model": MODEL, "kind": "embed"}).json()
+    assert [g["may_run"] for g in preview["gpus"]] == [False, False, True, True]
+    assert preview["summary"] == f"{MODEL} may run on 2 of 4 GPUs: node1/2, node1/3"
+    assert preview["gpus"][0]["reasons"][0] == "allow rules confine this model to other GPUs"
+    generate = client.get("/v1/affinity-rules/preview", params={"model": MODEL}).json()
+    assert all(g["may_run"] for g in generate["gpus"])  # the rule names embed jobs only
+    big = client.get("/v1/affinity-rules/preview", params={"model": "big"}).json()
+    assert [g["may_run"] for g in big["gpus"]] == [False, False, False, True]
+
+    replaced = client.put(
+        f"/v1/affinity-rules/{rule_id}", json={"model_pattern": "smollm2-*", "effect": "deny", "gpu_indices": [0]}
+    )
+    assert replaced.status_code == 200 and replaced.json()["rule"]["effect"] == "deny"
+    assert client.delete(f"/v1/affinity-rules/{rule_id}").status_code == 204
+    assert client.delete(f"/v1/affinity-rules/{rule_id}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"model_pattern": "a b", "effect": "allow"}, "model pattern 'a b' may use only"),
+        ({"model_pattern": "x[", "effect": "allow"}, "unclosed"),
+        ({"model_pattern": "x", "effect": "maybe"}, "effect: Input should be 'allow' or 'deny'"),
+        ({"model_pattern": "x", "effect": "allow", "gpu_indices": [-1]}, "gpu_indices.0: Input should be greater"),
+        ({"model_pattern": "x", "effect": "allow", "gpu_uuids": ["nope"]}, "gpu_uuids.0: String should match"),
+        ({"model_pattern": "x", "effect": "allow", "kind": "chat"}, "kind: Input should be 'generate' or 'embed'"),
+        ({"model_pattern": "x", "effect": "allow", "gpu_name_pattern": "*[H100"}, "unclosed"),
+        ({"model_pattern": "x", "effect": "allow", "min_memory_mib": 0}, "min_memory_mib: Input should be greater"),
+    ],
+)
+def test_invalid_rules_are_a_422_and_save_nothing(client, body, message):
+    response = client.post("/v1/affinity-rules", json=body)
+    assert response.status_code == 422 and message in response.json()["detail"], response.text
+    assert client.get("/v1/affinity-rules").json()["data"] == []
+
+
+def test_preview_of_an_unknown_model_and_a_fleet_without_gpus(client):
+    assert client.get("/v1/affinity-rules/preview", params={"model": "nope"}).status_code == 404
+    cpu_only = client.get("/v1/affinity-rules/preview", params={"model": MODEL}).json()
+    assert cpu_only["gpus"] == [] and cpu_only["summary"] == "no GPUs are registered: CPU workers run every model"
+
+
+def test_clearing_an_unhealthy_gpu(client, fleet, session):
+    uuid = fleet.gpus[0].uuid
+    store.set_gpu_health(session, uuid, healthy=False, reason="3 CUDA errors in a row")
+    assert client.get("/v1/gpus").json()["data"][0]["unhealthy_reason"] == "3 CUDA errors in a row"
+    assert client.post(f"/v1/gpus/{uuid}/clear").status_code == 200
+    assert client.get("/v1/gpus").json()["data"][0]["healthy"]
+    assert client.post("/v1/gpus/GPU-missing/clear").status_code == 404
