@@ -1,5 +1,6 @@
 """gpuq's processes started on this machine through the `gpuq` CLI, each logging to a file:
-the API under uvicorn and workers. End-to-end tests and benchmarks use them."""
+the API under uvicorn, workers, the supervisor and the scheduler. End-to-end tests and
+benchmarks use them."""
 
 from __future__ import annotations
 
@@ -101,6 +102,26 @@ class GpuqProcesses:
             time.sleep(0.1)
         redis.close()
         raise RuntimeError(f"worker did not start:\n{process.tail()}")
+
+    def start_supervisor(self, *, expected_workers: int) -> tuple[Process, list[Worker]]:
+        """Starts a supervisor and waits until all its workers have registered with RQ."""
+        redis = Redis.from_url(self.redis_url)
+        process = self._spawn(f"supervisor-{len(self.processes)}", ["supervisor"])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                workers = Worker.all(connection=redis)
+                if len(workers) >= expected_workers:
+                    return process, workers
+                if process.popen.poll() is not None:
+                    break
+                time.sleep(0.2)
+        finally:
+            redis.close()
+        raise RuntimeError(f"supervisor did not start {expected_workers} workers:\n{process.tail()}")
+
+    def start_scheduler(self) -> Process:
+        return self._spawn(f"scheduler-{len(self.processes)}", ["scheduler"])
 
     def stop_all(self) -> None:
         for process in reversed(self.processes):

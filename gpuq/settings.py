@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
     worker_max_loaded_models: int = Field(2, ge=1)
     worker_heartbeat_interval_s: float = Field(5.0, gt=0)
+    worker_refresh_interval_s: float = Field(
+        5.0, gt=0, description="how often a worker re-reads models, affinity rules and GPU health"
+    )
     worker_ttl_s: int = Field(60, ge=2, description="A worker silent for this long is presumed dead")
     job_timeout_s: int = Field(3600, ge=1)
     job_max_attempts: int = Field(3, ge=1, description="Runs of a job before a dead worker fails it")

@@ -60,6 +60,7 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         loaded_models=cache.loaded_names,
         worker_ttl_s=settings.worker_ttl_s,
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
+        queue_refresh_interval_s=settings.worker_refresh_interval_s,
         connection=redis,
     )
     log.info(

@@ -24,8 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.client import Pipeline
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.command import parse_payload
+from rq.exceptions import DequeueTimeout
 from rq.executions import Execution
 from rq.job import Job
 from rq.worker import WorkerStatus
@@ -37,6 +40,7 @@ from worker.runner import JobRunner
 log = logging.getLogger(__name__)
 
 IDLE_WRITE_GAP_S = 1.0
+MAX_REDIS_BACKOFF_S = 30.0
 
 
 class GpuqWorker(SimpleWorker):
@@ -84,8 +88,39 @@ class GpuqWorker(SimpleWorker):
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
-        self._refresh_queues()
-        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        """RQ's idle loop, with the queue list refreshed on every wake-up (RQ's own loop keeps
+        blocking on the queues it started with). ``max_idle_time`` is not supported."""
+        self.set_state(WorkerStatus.IDLE)
+        backoff_s = 1.0
+        while True:
+            self._refresh_queues()
+            self.heartbeat()
+            if self.should_run_maintenance_tasks:
+                self.run_maintenance_tasks()
+            if not self._ordered_queues:  # nothing to serve (unhealthy GPU, no allowed model)
+                if timeout is None:
+                    return None
+                time.sleep(timeout)
+                continue
+            try:
+                result = self.queue_class.dequeue_any(
+                    self._ordered_queues,
+                    timeout,
+                    connection=self.connection,
+                    job_class=self.job_class,
+                    serializer=self.serializer,
+                    death_penalty_class=self.death_penalty_class,
+                )
+            except DequeueTimeout:
+                continue
+            except (RedisConnectionError, RedisTimeoutError):
+                log.warning("cannot reach Redis; retrying in %.0f s", backoff_s, exc_info=True)
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, MAX_REDIS_BACKOFF_S)
+                continue
+            if result is not None:
+                log.info("%s: %s", result[1].name, result[0].id)
+            return result
 
     def _refresh_queues(self) -> None:
         """Re-read what this worker serves every few seconds, and put the queues of models it
