@@ -11,7 +11,7 @@ from statistics import median
 
 from redis import Redis
 
-from bench import dispatch, generation
+from bench import dispatch, generation, model_swap
 from gpuq import migrate
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.registry import register_bundled_model
@@ -82,9 +82,31 @@ def bench_generation(args: argparse.Namespace) -> None:
     print(f"  ratio gpuq / direct      {ours / direct:7.3f}x   (target >= 0.97x)")
 
 
+def bench_model_swap(args: argparse.Namespace) -> None:
+    fifo, ours = [], []
+    for _ in range(args.rounds):
+        with fresh_system_state(args.redis_url, None) as (redis_url, _db, _dir):
+            fifo.append(model_swap.run_fifo(redis_url))
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            ours.append(model_swap.run_gpuq(db, redis_url, workdir))
+    fifo_s, ours_s = median(r.makespan_s for r in fifo), median(r.makespan_s for r in ours)
+    minimum = len(model_swap.MODELS)
+    print(
+        f"\nmodel swap: {model_swap.JOBS} jobs A B C A B C..., 3 models, 2 workers with room for one model each, "
+        f"median of {args.rounds} rounds"
+    )
+    print(f"  plain RQ, FIFO       makespan {fifo_s:6.2f} s   loads {', '.join(str(r.loads) for r in fifo)}")
+    print(f"  gpuq, sticky         makespan {ours_s:6.2f} s   loads {', '.join(str(r.loads) for r in ours)}")
+    print(
+        f"  makespan ratio       {ours_s / fifo_s:6.2f}x   (target <= 0.5x); minimum loads {minimum}, "
+        f"gpuq's worst {max(r.loads for r in ours)} (target <= {2 * minimum})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("which", nargs="*", choices=["dispatch", "generation"], default=["dispatch", "generation"])
+    choices = ["dispatch", "generation", "model-swap"]
+    parser.add_argument("which", nargs="*", choices=choices, default=choices)
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
@@ -96,6 +118,8 @@ def main() -> None:
         bench_dispatch(args)
     if "generation" in args.which:
         bench_generation(args)
+    if "model-swap" in args.which:
+        bench_model_swap(args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ RQ's own ``rq:`` prefix so RQ's tools still work.
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 
 from gpuq.models import JobKind
@@ -65,12 +66,29 @@ def parse_queue_name(name: str) -> tuple[str, str, Priority]:
     return parts[1], parts[2], Priority.parse(parts[3])
 
 
-def worker_queue_names(servable: list[tuple[str, str]], *, loaded: frozenset[str] = frozenset()) -> list[str]:
+def worker_queue_names(
+    servable: list[tuple[str, str]],
+    *,
+    loaded: frozenset[str] = frozenset(),
+    loaded_elsewhere: frozenset[str] = frozenset(),
+    worker: str = "",
+) -> list[str]:
     """The order a worker listens in: the HIGH queue of every (model, kind) it serves, then
-    every NORMAL queue, then every LOW one; within a priority, models it has loaded first,
-    so it keeps serving what it has (sticky routing) and loads another model only when
-    nothing of its own is waiting at that priority."""
-    ordered = sorted(servable, key=lambda pair: pair[0] not in loaded)  # stable: keeps the given order otherwise
+    every NORMAL queue, then every LOW one. Within a priority:
+
+    1. models this worker has loaded (sticky: no load needed);
+    2. models no other worker has loaded (spread: another worker already serves the rest);
+    3. the others, which makes this worker a replica when their queues are deep.
+
+    Ties are broken by rendezvous hashing of (worker, model), so idle workers that know
+    nothing yet still prefer different models instead of all loading the first one."""
+
+    def rank(pair: tuple[str, str]) -> tuple[bool, bool, str]:
+        model = pair[0]
+        spread = hashlib.sha1(f"{worker}/{model}".encode()).hexdigest() if worker else ""
+        return (model not in loaded, model in loaded_elsewhere, spread)
+
+    ordered = sorted(servable, key=rank)  # stable: keeps the given order when nothing differs
     return [queue_name(model, kind, p) for p in Priority for model, kind in ordered]
 
 

@@ -31,7 +31,7 @@ from rq.command import parse_payload
 from rq.exceptions import DequeueTimeout
 from rq.executions import Execution
 from rq.job import Job
-from rq.worker import WorkerStatus
+from rq.worker import Worker, WorkerStatus
 
 from gpuq.queues import worker_queue_names
 from worker.monitor import JobMonitor
@@ -58,7 +58,8 @@ class GpuqWorker(SimpleWorker):
         self._list_servable = list_servable
         self._loaded_models = loaded_models
         self._servable = list_servable()
-        self._order_key: tuple[list[tuple[str, str]], frozenset[str]] = (self._servable, frozenset())
+        self._loaded_elsewhere: frozenset[str] = frozenset()
+        self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
         self._queue_refresh_interval_s = queue_refresh_interval_s
         super().__init__(
             [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._servable)],
@@ -123,21 +124,30 @@ class GpuqWorker(SimpleWorker):
             return result
 
     def _refresh_queues(self) -> None:
-        """Re-read what this worker serves every few seconds, and put the queues of models it
-        has loaded first within each priority (after every job: the loaded set changes)."""
+        """Re-read what this worker serves and what other workers hold every few seconds, and
+        order the queues (see ``worker_queue_names``) after every job: its loaded set changes."""
         if time.monotonic() - self._queues_refreshed_at >= self._queue_refresh_interval_s:
             self._queues_refreshed_at = time.monotonic()
             servable = self._list_servable()
             if servable != self._servable:
                 log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
                 self._servable = servable
-        key = (self._servable, frozenset(self._loaded_models()))
+            self._loaded_elsewhere = self._models_loaded_by_others()
+        key = (self._servable, frozenset(self._loaded_models()), self._loaded_elsewhere)
         if key == self._order_key:
             return
         self._order_key = key
-        names = worker_queue_names(key[0], loaded=key[1])
+        names = worker_queue_names(key[0], loaded=key[1], loaded_elsewhere=key[2], worker=self.name)
         self.queues = [Queue(n, connection=self.connection) for n in names]
         self._ordered_queues = self.queues[:]
+
+    def _models_loaded_by_others(self) -> frozenset[str]:
+        keys = [k for k in Worker.all_keys(connection=self.connection) if k != self.key]
+        with self.connection.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hget(key, "gpuq_loaded")
+            values = pipe.execute()
+        return frozenset(m for v in values if v for m in v.decode().split(",") if m)
 
     # ------------------------------------------------------------- running a job
 

@@ -37,3 +37,16 @@ def test_a_worker_listens_to_every_high_queue_before_any_normal_queue():
         "gpuq:a:generate:low",
         "gpuq:b:embed:low",
     ]
+
+
+def test_loaded_models_come_first_then_models_no_other_worker_holds():
+    servable = [("a", "generate"), ("b", "generate"), ("c", "generate")]
+    names = worker_queue_names(servable, loaded=frozenset({"c"}), loaded_elsewhere=frozenset({"a"}), worker="w1")
+    assert names[:3] == ["gpuq:c:generate:high", "gpuq:b:generate:high", "gpuq:a:generate:high"]
+    assert names[3] == "gpuq:c:generate:normal"
+
+
+def test_idle_workers_that_know_nothing_prefer_different_models():
+    servable = [(m, "generate") for m in "abcdef"]
+    firsts = {worker_queue_names(servable, worker=f"host.gpu{i}.1")[0] for i in range(8)}
+    assert len(firsts) > 1  # rendezvous hashing spreads first choices across models
