@@ -28,6 +28,12 @@ class ChatMessage(Strict):
 
 class JobBase(Strict):
     model: str = Field(min_length=1, max_length=128)
+    keep_alive: float | None = Field(
+        None,
+        ge=-1,
+        le=7 * 24 * 3600,
+        description="seconds the model stays loaded after this job (as Ollama's keep_alive); -1 forever, 0 unload now",
+    )
     priority: str = Field("normal", description="high, normal or low")
     idempotency_key: str | None = Field(None, min_length=1, max_length=255)
 
@@ -38,6 +44,8 @@ class JobBase(Strict):
         return value.lower()
 
     def spec(self, request: dict[str, Any], kind: JobKind) -> JobSpec:
+        if self.keep_alive is not None:
+            request = request | {"keep_alive": self.keep_alive}
         return JobSpec(
             kind=kind,
             model=self.model,

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
 
     worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
     worker_max_loaded_models: int = Field(2, ge=1)
+    worker_keep_alive_s: float = Field(
+        300.0, description="idle time before a loaded model is unloaded (a job's keep_alive wins); < 0: never"
+    )
     worker_heartbeat_interval_s: float = Field(5.0, gt=0)
     worker_refresh_interval_s: float = Field(
         5.0, gt=0, description="how often a worker re-reads models, affinity rules and GPU health"

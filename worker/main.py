@@ -53,11 +53,13 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         worker_name=worker_name(slot),
         device=device.label,
         gpu_uuids=device.gpu_uuids,
+        default_keep_alive_s=settings.worker_keep_alive_s,
     )
     worker = GpuqWorker(
         runner=runner,
         list_servable=catalog.refresh,
         loaded_models=cache.loaded_names,
+        on_idle=cache.unload_expired,
         worker_ttl_s=settings.worker_ttl_s,
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
         queue_refresh_interval_s=settings.worker_refresh_interval_s,

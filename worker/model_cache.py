@@ -4,6 +4,10 @@ Keyed by (model name, mode): llama.cpp needs a separate context for embeddings, 
 GPU each instance holds its own weights, so each counts against the budget. Bounded by a
 count and, on a GPU, by the GPU's memory: a model is loaded only if its VRAM figure fits
 beside what is resident, else the least recently used models are unloaded first.
+
+Each use also sets how long the model may then sit idle (``keep_alive``, as in Ollama: a
+job's own value, or the worker's default; negative keeps it until evicted, 0 unloads it
+right after the job). The worker calls :meth:`ModelCache.unload_expired` while idle.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ class ModelCache:
         self._loader = loader
         self._max_loaded = max_loaded
         self._budget_mib = budget_mib
-        self.loads = 0
         self._loaded: OrderedDict[tuple[str, bool], tuple[ModelSpec, LoadedModel]] = OrderedDict()
+        self._expires_at: dict[tuple[str, bool], float | None] = {}
 
     def get(self, spec: ModelSpec) -> tuple[LoadedModel, int]:
         """The loaded model and how long loading it took now (0 when it was already resident)."""
@@ -57,9 +61,21 @@ class ModelCache:
         model = self._loader(spec)
         load_ms = int((time.perf_counter() - started) * 1000)
         self._loaded[spec.key] = (spec, model)
-        self.loads += 1
         log.info("loaded %s (%s) in %d ms", spec.name, "embed" if spec.embedding else "generate", load_ms)
         return model, max(load_ms, 1)
+
+    def keep(self, spec: ModelSpec, keep_alive_s: float, *, now: float | None = None) -> None:
+        """After a job: the model may stay loaded ``keep_alive_s`` more seconds (forever if < 0)."""
+        if spec.key in self._loaded:
+            now = time.monotonic() if now is None else now
+            self._expires_at[spec.key] = None if keep_alive_s < 0 else now + keep_alive_s
+
+    def unload_expired(self, *, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        expired = [k for k, at in self._expires_at.items() if at is not None and at <= now and k in self._loaded]
+        for key in expired:
+            self._unload(key)
+        return [name for name, _ in expired]
 
     def _room_for(self, spec: ModelSpec) -> bool:
         if len(self._loaded) >= self._max_loaded:
@@ -77,6 +93,7 @@ class ModelCache:
             self._unload(key)
 
     def _unload(self, key: tuple[str, bool]) -> None:
+        self._expires_at.pop(key, None)
         _spec, model = self._loaded.pop(key)
         model.close()
         log.info("unloaded %s", key[0])

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store
 from gpuq.models import JobKind, JobStatus, utcnow
 from worker.catalog import ModelInfo
-from worker.engine import JobCancelled
+from worker.engine import JobCancelled, LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
 
@@ -34,6 +34,7 @@ class JobRunner:
         worker_name: str,
         device: str,
         gpu_uuids: tuple[str, ...] = (),
+        default_keep_alive_s: float = -1,
     ) -> None:
         self._sessions = sessions
         self._models = models
@@ -42,6 +43,7 @@ class JobRunner:
         self.worker_name = worker_name
         self.device = device
         self.gpu_uuids = gpu_uuids
+        self._default_keep_alive_s = default_keep_alive_s
 
     def run(self, job_id: str, cancel: threading.Event) -> None:
         with self._sessions() as session:
@@ -78,6 +80,22 @@ class JobRunner:
         embedding = claimed.kind == JobKind.EMBED
         spec = ModelSpec(model.name, model.path, model.context_length, embedding, model.vram_mib)
         loaded, outcome.load_ms = self._cache.get(spec)
+        keep_alive = claimed.request.get("keep_alive")
+        try:
+            self._run_on(loaded, embedding, claimed, cancel, outcome)
+        finally:
+            self._cache.keep(spec, self._default_keep_alive_s if keep_alive is None else keep_alive)
+            if keep_alive == 0:
+                self._cache.unload_expired()
+
+    def _run_on(
+        self,
+        loaded: LoadedModel,
+        embedding: bool,
+        claimed: store.ClaimedJob,
+        cancel: threading.Event,
+        outcome: store.Outcome,
+    ) -> None:
         if embedding:
             vectors, tokens = loaded.embed(claimed.request["input"], cancel)
             outcome.result = {"embeddings": vectors, "dimensions": len(vectors[0]) if vectors else 0}

@@ -50,6 +50,7 @@ class GpuqWorker(SimpleWorker):
         runner: JobRunner,
         list_servable: Callable[[], list[tuple[str, str]]],
         loaded_models: Callable[[], list[str]],
+        on_idle: Callable[[], object] = lambda: None,
         worker_ttl_s: int,
         heartbeat_interval_s: float,
         queue_refresh_interval_s: float = 5.0,
@@ -57,6 +58,7 @@ class GpuqWorker(SimpleWorker):
     ) -> None:
         self._list_servable = list_servable
         self._loaded_models = loaded_models
+        self._on_idle = on_idle
         self._servable = list_servable()
         self._loaded_elsewhere: frozenset[str] = frozenset()
         self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
@@ -94,6 +96,7 @@ class GpuqWorker(SimpleWorker):
         self.set_state(WorkerStatus.IDLE)
         backoff_s = 1.0
         while True:
+            self._on_idle()  # unload models whose keep_alive ran out
             self._refresh_queues()
             self.heartbeat()
             if self.should_run_maintenance_tasks:
