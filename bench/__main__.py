@@ -106,7 +106,7 @@ def bench_model_swap(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     choices = ["dispatch", "generation", "model-swap"]
-    parser.add_argument("which", nargs="*", choices=choices, help="default: all")
+    parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     args = parser.parse_args()
     args.which = args.which or choices
+    if unknown := set(args.which) - set(choices):
+        parser.error(f"unknown benchmark {', '.join(sorted(unknown))}; choose from {', '.join(choices)}")
     if "dispatch" in args.which:
         bench_dispatch(args)
     if "generation" in args.which:

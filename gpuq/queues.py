@@ -99,3 +99,8 @@ def cancel_flag_key(job_id: str) -> str:
 def gpu_telemetry_key(uuid: str) -> str:
     """Live readings a supervisor publishes for one GPU (a hash with a short TTL)."""
     return f"{PREFIX}:gpu:{uuid}"
+
+
+def too_small_key(gpu_uuid: str) -> str:
+    """Models that ran out of memory loading on this GPU even alone (a set)."""
+    return f"{PREFIX}:too-small:{gpu_uuid}"

@@ -185,6 +185,7 @@ class ClaimedJob:
     id: str
     kind: str
     model: str
+    priority: int
     request: dict[str, Any]
     attempts: int
     started_at: datetime
@@ -210,12 +211,12 @@ def claim_job(session: Session, job_id: str, *, worker: str, device: str) -> Cla
             attempts=Job.attempts + 1,
             error=None,
         )
-        .returning(Job.kind, Job.model, Job.request, Job.attempts)
+        .returning(Job.kind, Job.model, Job.priority, Job.request, Job.attempts)
     ).one_or_none()
     session.commit()
     if row is None:
         return None
-    return ClaimedJob(job_id, row.kind, row.model, row.request, row.attempts, now)
+    return ClaimedJob(job_id, row.kind, row.model, row.priority, row.request, row.attempts, now)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,11 +45,17 @@ class Slot:
 
 class ModelCatalog:
     def __init__(
-        self, sessions: sessionmaker[Session], *, gpu_uuids: tuple[str, ...] = (), only: list[str] | None = None
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        gpu_uuids: tuple[str, ...] = (),
+        only: list[str] | None = None,
+        too_small: Callable[[], set[str]] = set,
     ) -> None:
         self._sessions = sessions
         self._gpu_uuids = gpu_uuids
         self._only = set(only) if only else None
+        self._too_small = too_small
         self._models: dict[str, ModelInfo] = {}
         self.slot: Slot | None = None
 
@@ -62,7 +69,8 @@ class ModelCatalog:
         if self.slot is not None and not self.slot.healthy:
             log.warning("this worker's GPU is marked unhealthy: taking no jobs until an admin clears it")
             return []
-        return sorted(pair for m in models for pair in self._servable(m, rules))
+        too_small = self._too_small()
+        return sorted(pair for m in models if m.name not in too_small for pair in self._servable(m, rules))
 
     def get(self, name: str) -> ModelInfo | None:
         return self._models.get(name)

@@ -26,6 +26,11 @@ class Device:
     gpu_layers: int
     gpu_uuids: tuple[str, ...] = ()
 
+    @property
+    def on_gpu(self) -> bool:
+        """Running on a real CUDA device (not the CPU, not a simulated GPU)."""
+        return self.label.startswith("cuda:")
+
 
 def pin_to_gpus(gpu_uuids: list[str]) -> None:
     """Set the CUDA environment for this process. Must run before llama.cpp is imported."""

@@ -9,11 +9,13 @@ import socket
 
 from redis import Redis
 
+from gpuq import store
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.settings import Settings
 from worker.catalog import ModelCatalog
 from worker.device import detect_device
 from worker.engine import LoadedModel
+from worker.faults import GpuHealth, hand_back_to_queue, too_small_models
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
@@ -40,20 +42,34 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
             gpu_layers=device.gpu_layers,
         )
 
-    catalog = ModelCatalog(sessions, gpu_uuids=device.gpu_uuids, only=models)
+    catalog = ModelCatalog(
+        sessions, gpu_uuids=device.gpu_uuids, only=models, too_small=lambda: too_small_models(redis, device.gpu_uuids)
+    )
     catalog.refresh()
     budget = catalog.slot.memory_total_mib if catalog.slot is not None and catalog.slot.memory_total_mib else None
     cache = ModelCache(load, max_loaded=settings.worker_max_loaded_models, budget_mib=budget)
     writer = OutcomeWriter(sessions)
+    name = worker_name(slot)
+
+    def mark_unhealthy(reason: str) -> None:
+        with sessions() as session:
+            for uuid in device.gpu_uuids:
+                store.set_gpu_health(session, uuid, healthy=False, reason=reason)
+
     runner = JobRunner(
         sessions=sessions,
         models=catalog.get,
         cache=cache,
         writer=writer,
-        worker_name=worker_name(slot),
+        worker_name=name,
         device=device.label,
         gpu_uuids=device.gpu_uuids,
         default_keep_alive_s=settings.worker_keep_alive_s,
+        on_gpu=device.on_gpu,
+        hand_back=hand_back_to_queue(
+            sessions, redis, worker=name, gpu_uuids=device.gpu_uuids, timeout_s=settings.job_timeout_s
+        ),
+        health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
     )
     worker = GpuqWorker(
         runner=runner,

@@ -1,7 +1,10 @@
 """Running one gpuq job: claim it in SQL, run it on llama.cpp, hand the outcome to the writer.
 
 Everything a job can get wrong (a model file that will not load, a prompt llama.cpp
-refuses) ends as a ``failed`` row with the error, never as a crashed worker.
+refuses) ends as a ``failed`` row with the error, never as a crashed worker. Two GPU
+faults are handled apart (see ``worker/faults.py``): running out of memory while
+loading (evict, retry once, then hand the job back for another GPU), and repeated CUDA
+errors (the GPU is marked unhealthy).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from gpuq import store
 from gpuq.models import JobKind, JobStatus, utcnow
 from worker.catalog import ModelInfo
 from worker.engine import JobCancelled, LoadedModel
+from worker.faults import GpuHealth, HandBack, is_out_of_memory
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
 
@@ -35,6 +39,9 @@ class JobRunner:
         device: str,
         gpu_uuids: tuple[str, ...] = (),
         default_keep_alive_s: float = -1,
+        on_gpu: bool = False,
+        hand_back: Callable[[store.ClaimedJob, str], None] | None = None,
+        health: GpuHealth | None = None,
     ) -> None:
         self._sessions = sessions
         self._models = models
@@ -44,6 +51,9 @@ class JobRunner:
         self.device = device
         self.gpu_uuids = gpu_uuids
         self._default_keep_alive_s = default_keep_alive_s
+        self._on_gpu = on_gpu
+        self._hand_back = hand_back
+        self._health = health
 
     def run(self, job_id: str, cancel: threading.Event) -> None:
         with self._sessions() as session:
@@ -64,12 +74,20 @@ class JobRunner:
                 raise LookupError(f"model {claimed.model!r} is no longer registered")
             else:
                 self._run_model_job(claimed, model, cancel, outcome)
+        except HandBack as exc:
+            log.warning("handing job %s back: %s", job_id, exc)
+            if self._hand_back is not None:
+                self._hand_back(claimed, str(exc))
+                return
+            outcome.status, outcome.error = JobStatus.FAILED, str(exc)
         except JobCancelled:
             outcome.status = JobStatus.CANCELLED
         except Exception as exc:  # a job's failure is recorded, never raised into the worker loop
             log.exception("job %s failed", job_id)
             outcome.status = JobStatus.FAILED
             outcome.error = f"{type(exc).__name__}: {exc}"
+        if self._health is not None:
+            self._health.record(outcome.error)
         outcome.finished_at = utcnow()
         outcome.run_ms = int((time.perf_counter() - started) * 1000) - (outcome.load_ms or 0)
         self._writer.submit(outcome)
@@ -79,7 +97,7 @@ class JobRunner:
     ) -> None:
         embedding = claimed.kind == JobKind.EMBED
         spec = ModelSpec(model.name, model.path, model.context_length, embedding, model.vram_mib)
-        loaded, outcome.load_ms = self._cache.get(spec)
+        loaded, outcome.load_ms = self._load(spec)
         keep_alive = claimed.request.get("keep_alive")
         try:
             self._run_on(loaded, embedding, claimed, cancel, outcome)
@@ -87,6 +105,21 @@ class JobRunner:
             self._cache.keep(spec, self._default_keep_alive_s if keep_alive is None else keep_alive)
             if keep_alive == 0:
                 self._cache.unload_expired()
+
+    def _load(self, spec: ModelSpec) -> tuple[LoadedModel, int]:
+        try:
+            return self._cache.get(spec)
+        except Exception as exc:
+            if not (self._on_gpu and is_out_of_memory(exc)):
+                raise
+            log.warning("out of memory loading %s; unloading everything and retrying once", spec.name)
+        self._cache.clear()
+        try:
+            return self._cache.get(spec)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise HandBack(f"{spec.name} does not fit this GPU even alone: {exc}") from exc
+            raise
 
     def _run_on(
         self,

@@ -89,6 +89,7 @@ class Supervisor:
     redis: Redis
     slots_per_gpu: int = 1
     cpu_workers: int = 1
+    backoff_start_s: float = BACKOFF_START_S
     children: list[Child] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -110,7 +111,7 @@ class Supervisor:
     def start(self) -> None:
         self.record_inventory()
         slots = plan_slots(self.inventory, slots_per_gpu=self.slots_per_gpu, cpu_workers=self.cpu_workers)
-        self.children = [Child(slot) for slot in slots]
+        self.children = [Child(slot, backoff_s=self.backoff_start_s) for slot in slots]
         for child in self.children:
             self._start(child)
 
@@ -131,7 +132,7 @@ class Supervisor:
             process = child.process
             if process is not None and process.poll() is None:
                 if now - child.started_at > STABLE_AFTER_S:
-                    child.backoff_s = BACKOFF_START_S
+                    child.backoff_s = self.backoff_start_s
                 continue
             if process is not None:  # it just died: schedule the restart
                 log.warning(

@@ -46,6 +46,16 @@ def test_a_chat_job_gives_llama_cpps_own_answer_and_leaves_a_full_history_row(sy
     assert again["load_ms"] == 0 and again["worker"] == system.worker_name
 
 
+def test_keep_alive_zero_unloads_the_model_right_after_the_job(system):
+    body = {"kind": "generate", "model": MODEL, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    system.client.wait(system.client.submit(body)["id"])
+    kept = system.client.wait(system.client.submit(body)["id"])
+    assert kept["load_ms"] == 0  # the default keep_alive (5 minutes) kept it loaded
+    system.client.wait(system.client.submit(body | {"keep_alive": 0})["id"])
+    reloaded = system.client.wait(system.client.submit(body)["id"])
+    assert reloaded["load_ms"] > 0
+
+
 def test_an_embedding_job_returns_unit_vectors_that_tell_texts_apart(system):
     texts = ["The cat sat on the mat.", "The cat sat on the mat.", "Interest rates rose in March."]
     job = system.client.wait(system.client.submit({"kind": "embed", "model": MODEL, "input": texts})["id"])

@@ -109,5 +109,23 @@ def test_the_cache_keeps_models_loaded_and_evicts_the_least_recently_used(model_
     assert cache.loaded_names() == ["a", "c"]
     cache.get(b)
     assert loads == ["a", "b", "c", "b"]
+    cache.keep(b, 10, now=100.0)  # keep_alive: b may idle 10 s
+    cache.keep(c, -1, now=100.0)  # c stays until evicted
+    assert cache.unload_expired(now=105.0) == []
+    assert cache.unload_expired(now=111.0) == ["b"] and cache.loaded_names() == ["c"]
     cache.clear()
     assert cache.loaded_names() == []
+
+
+def test_the_cache_evicts_to_stay_within_its_vram_budget(model_path):
+    def loader(spec):
+        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=1, gpu_layers=0)
+
+    cache = ModelCache(loader, max_loaded=5, budget_mib=24 * 1024)
+    small, big = ModelSpec("small", model_path, 512, False, 4096), ModelSpec("big", model_path, 512, False, 20480)
+    cache.get(small)
+    cache.get(ModelSpec("small", model_path, 512, True, 4096))  # its embedding context counts too
+    assert cache.used_mib() == 8192
+    cache.get(big)  # 8 + 20 GiB > 24 GiB: the least recently used go first, until it fits
+    assert cache.loaded_names() == ["big", "small"] and cache.used_mib() == 24576
+    cache.clear()
