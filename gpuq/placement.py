@@ -107,9 +107,33 @@ def can_ever_run(rules: list[Rule]) -> list[Filter]:
     return [AffinityFilter(rules), FitsMemoryFilter()]
 
 
+def group_for(request: PlacementRequest, gpus: Sequence[Candidate], rules: list[Rule]) -> tuple[Candidate, ...]:
+    """The GPU group that runs a model too big for any single GPU: on one host, the GPUs
+    the rules allow, most memory first, as few as hold the model (llama.cpp splits the
+    tensors across them). Empty when a single GPU fits, or no host's GPUs together do."""
+    allow = AffinityFilter(rules)
+    allowed = [g for g in gpus if allow.reject(request, g) is None]
+    if any(g.target.memory_total_mib >= request.vram_mib for g in allowed):
+        return ()
+    best: tuple[Candidate, ...] = ()
+    for host in sorted({g.target.host for g in allowed}):
+        members: list[Candidate] = []
+        for gpu in sorted((g for g in allowed if g.target.host == host), key=lambda g: -g.target.memory_total_mib):
+            members.append(gpu)
+            if sum(m.target.memory_total_mib for m in members) >= request.vram_mib:
+                group = tuple(sorted(members, key=lambda m: m.target.index))
+                if not best or len(group) < len(best):
+                    best = group
+                break
+    return best
+
+
 def explain_unplaceable(request: PlacementRequest, verdicts: list[Verdict]) -> str:
     parts = [f"GPU {v.gpu.target.index} on {v.gpu.target.host}: {'; '.join(v.reasons)}" for v in verdicts]
-    return f"no GPU may run {request.kind} jobs of model {request.model!r}: " + " | ".join(parts)
+    return (
+        f"no GPU, nor GPUs of one host together, may run {request.kind} jobs of model {request.model!r}: "
+        + " | ".join(parts)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from gpuq.enqueue import QueueEntry, enqueue_jobs
 from gpuq.errors import RequestError
 from gpuq.fleet import Fleet, load_fleet
 from gpuq.models import Job, JobKind, Model
-from gpuq.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable
+from gpuq.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for
 from gpuq.prompt import VocabTokenizer, vocab_tokenizer
 
 
@@ -101,13 +101,14 @@ def check_against_model(spec: JobSpec, model: Model | None, index: int | None = 
 
 
 def check_placeable(spec: JobSpec, model: Model | None, fleet: Fleet, index: int | None = None) -> None:
-    """Refuse a job no GPU may or can ever run, instead of letting it wait forever. A fleet
-    with no GPUs registered runs everything on CPU workers; noop jobs need no GPU."""
+    """Refuse a job no GPU (or GPU group) may or can ever run, instead of letting it wait
+    forever. A fleet with no GPUs registered runs everything on CPU workers; noop jobs need
+    no GPU."""
     if not fleet.gpus or model is None or spec.kind == JobKind.NOOP:
         return
     request = PlacementRequest(model.name, spec.kind.value, model.vram_mib)
     verdicts = evaluate(request, fleet.gpus, can_ever_run(fleet.rules))
-    if not any(v.ok for v in verdicts):
+    if not any(v.ok for v in verdicts) and not group_for(request, fleet.gpus, fleet.rules):
         raise RequestError(422, _where(index) + explain_unplaceable(request, verdicts))
 
 

@@ -89,6 +89,9 @@ class ModelCatalog:
             memory = slot.memory_total_mib
             if memory and model.vram_mib > memory:
                 return []
+            largest = max(t.memory_total_mib for t in slot.targets)
+            if len(slot.targets) > 1 and model.vram_mib <= largest:
+                return []  # a group slot serves only models that need a group; single GPUs take the rest
             kinds = [k for k in kinds if all(decide(rules, model.name, k, t).allowed for t in slot.targets)]
         # A noop job exercises the dispatch path of a model; whoever serves the model serves it.
         return [(model.name, k.value) for k in kinds] + ([(model.name, JobKind.NOOP.value)] if kinds else [])

@@ -31,7 +31,16 @@ class LoadedModel:
     """One llama.cpp model instance, for generation or for embedding (llama.cpp sets the mode
     per context, so a model used both ways is loaded twice; the weights are mmapped once)."""
 
-    def __init__(self, path: str, *, n_ctx: int, embedding: bool, threads: int, gpu_layers: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        n_ctx: int,
+        embedding: bool,
+        threads: int,
+        gpu_layers: int,
+        tensor_split: list[float] | None = None,
+    ) -> None:
         import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -43,6 +52,8 @@ class LoadedModel:
             "n_gpu_layers": gpu_layers,
             "verbose": False,
         }
+        if tensor_split:  # a GPU group: layers spread across its GPUs in these proportions
+            kwargs["tensor_split"] = tensor_split
         if embedding:
             # Each text must fit one micro-batch for pooled embeddings.
             kwargs |= {

@@ -11,6 +11,7 @@ from redis import Redis
 
 from gpuq import store
 from gpuq.db import sync_engine, sync_sessions
+from gpuq.gpus import nvml_inventory
 from gpuq.settings import Settings
 from worker.catalog import ModelCatalog
 from worker.device import detect_device
@@ -40,7 +41,20 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
             embedding=spec.embedding,
             threads=settings.llama_threads,
             gpu_layers=device.gpu_layers,
+            tensor_split=tensor_split(),
         )
+
+    def tensor_split() -> list[float] | None:
+        """For a GPU group: proportional to each GPU's free memory now (NVML), so each
+        holds its share; total memory when NVML cannot say."""
+        slot = catalog.slot
+        if slot is None or len(slot.targets) < 2 or not device.on_gpu:
+            return None
+        live = nvml_inventory(socket.gethostname())
+        return [
+            float(gpu.memory_free_mib if live and (gpu := live.by_uuid(t.uuid)) else t.memory_total_mib)
+            for t in slot.targets
+        ]
 
     catalog = ModelCatalog(
         sessions, gpu_uuids=device.gpu_uuids, only=models, too_small=lambda: too_small_models(redis, device.gpu_uuids)

@@ -2,6 +2,10 @@
 slot, restarts a worker that dies (with backoff), publishes GPU telemetry, and on
 SIGTERM drains: workers finish their current job, then everything exits.
 
+Slots: one per GPU (or ``slots_per_gpu``), plus one per GPU group that a registered
+model needs because no single GPU of the host holds it; group slots come and go as
+models are registered, re-registered or removed, and as rules change.
+
 Workers are spawned, never forked, each as a fresh ``gpuq worker`` process whose
 environment already has ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES``
 set to its GPUs' UUIDs, so CUDA is first touched with the right devices visible.
@@ -16,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from redis import Redis
@@ -24,8 +28,10 @@ from rq.worker import Worker
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store, telemetry
+from gpuq.fleet import Fleet, load_fleet
 from gpuq.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
-from gpuq.models import Gpu
+from gpuq.models import Gpu, Model
+from gpuq.placement import PlacementRequest, group_for
 from gpuq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,25 @@ def plan_slots(inventory: Inventory, *, slots_per_gpu: int = 1, cpu_workers: int
         for g in inventory.gpus
         for s in range(slots_per_gpu)
     ]
+
+
+def group_slot(uuids_by_index: list[tuple[int, str]]) -> SlotPlan:
+    indices = "+".join(str(i) for i, _ in uuids_by_index)
+    return SlotPlan(f"group{indices}", tuple(u for _, u in uuids_by_index))
+
+
+def plan_group_slots(host: str, fleet: Fleet, models: Sequence[Model]) -> list[SlotPlan]:
+    """A slot for each GPU group some registered model needs on this host: a model no
+    single GPU holds, but several of this host's GPUs together do (see ``group_for``)."""
+    host_gpus = [g for g in fleet.gpus if g.target.host == host]
+    groups = set()
+    for model in models:
+        kinds = [k for k, ok in (("generate", model.can_generate), ("embed", model.can_embed)) if ok]
+        for kind in kinds:
+            group = group_for(PlacementRequest(model.name, kind, model.vram_mib), host_gpus, fleet.rules)
+            if group:
+                groups.add(tuple((g.target.index, g.target.uuid) for g in group))
+    return [group_slot(list(members)) for members in sorted(groups)]
 
 
 def worker_command(slot: SlotPlan) -> list[str]:
@@ -91,6 +116,7 @@ class Supervisor:
     cpu_workers: int = 1
     backoff_start_s: float = BACKOFF_START_S
     children: list[Child] = field(default_factory=list)
+    _retired: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def record_inventory(self) -> None:
@@ -114,6 +140,8 @@ class Supervisor:
         self.children = [Child(slot, backoff_s=self.backoff_start_s) for slot in slots]
         for child in self.children:
             self._start(child)
+        if self.inventory.gpus:
+            self.plan_groups()
 
     def _start(self, child: Child) -> None:
         child.process = self.spawn(child.slot)
@@ -124,6 +152,24 @@ class Supervisor:
             child.process.pid,
             ",".join(child.slot.gpu_uuids) or "cpu",
         )
+
+    def plan_groups(self) -> None:
+        """Start a worker for each GPU group that models now need, drain the ones no longer needed."""
+        with self.sessions() as session:
+            wanted = plan_group_slots(self.inventory.host, load_fleet(session), store.list_models(session))
+        current = {c.slot: c for c in self.children if len(c.slot.gpu_uuids) > 1}
+        for slot in wanted:
+            if slot not in current:
+                child = Child(slot, backoff_s=self.backoff_start_s)
+                self.children.append(child)
+                self._start(child)
+        for slot, child in current.items():
+            if slot not in wanted:
+                log.info("GPU group %s is no longer needed; draining its worker", slot.name)
+                self.children.remove(child)
+                if child.process is not None and child.process.poll() is None:
+                    child.process.send_signal(signal.SIGTERM)
+                    self._retired.append(child.process)
 
     def check(self) -> None:
         """Restart workers that exited, each after its backoff."""
@@ -183,13 +229,16 @@ class Supervisor:
                 next_telemetry = time.monotonic() + TELEMETRY_INTERVAL_S
                 try:
                     self.publish_telemetry()
+                    if self.inventory.gpus:
+                        self.plan_groups()
                 except Exception:
-                    log.exception("publishing GPU telemetry failed; will retry")
+                    log.exception("publishing telemetry or planning GPU groups failed; will retry")
         self.drain()
 
     def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         """SIGTERM to every worker (RQ's warm shutdown: finish the current job), then wait."""
         running = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
+        running += [p for p in self._retired if p.poll() is None]
         for process in running:
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s

@@ -49,14 +49,23 @@ def test_gpus_are_listed_with_live_telemetry_when_a_supervisor_publishes_it(clie
     assert live["live"] and live["memory_free_mib"] == 81920 - 1000
 
 
-def test_a_model_bigger_than_every_gpu_is_refused_with_the_reasons(client, fleet, settings, model_path, job_rows):
-    register_big_copy(client, settings, model_path, vram_mib=100 * 1024)
+def test_a_model_bigger_than_all_gpus_together_is_refused_with_the_reasons(
+    client, fleet, settings, model_path, job_rows
+):
+    register_big_copy(client, settings, model_path, vram_mib=200 * 1024)  # the host has 176 GiB in all
     response = client.post("/v1/jobs", json=GEN | {"model": "big"})
     assert response.status_code == 422
     detail = response.json()["detail"]
-    assert detail.startswith("no GPU may run generate jobs of model 'big': GPU 0 on node1: too small")
-    assert "GPU 3 on node1: too small: the model needs 102400 MiB, the GPU has 81920 MiB" in detail
+    assert detail.startswith(
+        "no GPU, nor GPUs of one host together, may run generate jobs of model 'big': GPU 0 on node1: too small"
+    )
+    assert "GPU 3 on node1: too small: the model needs 204800 MiB, the GPU has 81920 MiB" in detail
     assert job_rows() == []
+
+
+def test_a_model_too_big_for_any_one_gpu_is_accepted_for_a_gpu_group(client, fleet, settings, model_path):
+    register_big_copy(client, settings, model_path, vram_mib=100 * 1024)  # 80 + 48 GiB hold it
+    assert client.post("/v1/jobs", json=GEN | {"model": "big"}).status_code == 202
 
 
 def test_a_job_whose_rules_allow_no_gpu_that_fits_is_refused(client, fleet, settings, model_path, job_rows):

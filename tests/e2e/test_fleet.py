@@ -141,3 +141,20 @@ def test_a_crashed_worker_is_restarted_and_its_job_retried(fleet, processes):
     assert done["status"] == "succeeded" and done["attempts"] == 2
     assert done["worker"] != victim.name and ".gpu1." in done["worker"]  # the restarted gpu1 worker
     redis.close()
+
+
+def test_a_model_no_single_gpu_holds_runs_on_a_gpu_group_worker(fleet, processes, model_path):
+    client, gpus, _workers = fleet
+    register_copy(client, processes, model_path, "huge", vram_mib=100 * 1024)  # 80 + 48 GiB hold it
+    redis = Redis.from_url(processes.redis_url)
+    deadline = time.monotonic() + 30
+    group = None
+    while group is None and time.monotonic() < deadline:  # the supervisor plans groups every 5 s
+        group = next((w for w in Worker.all(connection=redis) if ".group2+3." in w.name), None)
+        time.sleep(0.2)
+    redis.close()
+    assert group is not None, "the supervisor should have started a worker for GPUs 2 and 3"
+    assert environ(group.pid)["CUDA_VISIBLE_DEVICES"] == f"{gpus[2]},{gpus[3]}"
+    done = run_all(client, [gen("huge"), gen(MODEL)])
+    assert done[0]["device"] == f"simulated:{gpus[2]},{gpus[3]}" and done[0]["worker"] == group.name
+    assert "," not in done[1]["device"]  # models a single GPU holds stay on single-GPU workers

@@ -3,7 +3,7 @@
 import pytest
 
 from gpuq.affinity import GpuTarget, Rule, decide, glob_problem, model_pattern_problem
-from gpuq.placement import Candidate, PlacementRequest, can_ever_run, evaluate, explain_unplaceable, preview
+from gpuq.placement import Candidate, PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for, preview
 
 
 def make_gpus(*sizes_gib: int, host: str = "node1") -> list[GpuTarget]:
@@ -75,7 +75,7 @@ def test_the_filter_chain_gives_every_reason_a_gpu_is_dropped():
     assert verdicts[0].reasons == ["too small: the model needs 46682 MiB, the GPU has 24576 MiB"]
     assert verdicts[3].reasons == ["not allowed: allow rules confine this model to other GPUs"]
     message = explain_unplaceable(request, verdicts)
-    assert message.startswith("no GPU may run generate jobs of model 'llama-70b': GPU 0 on node1: too small")
+    assert message.startswith("no GPU, nor GPUs of one host together, may run generate jobs of model 'llama-70b'")
 
     free_for_big = evaluate(request, gpus, can_ever_run([]))
     assert [v.gpu.target.index for v in free_for_big if v.ok] == [2, 3]
@@ -86,3 +86,14 @@ def test_the_preview_explains_each_gpu():
     rows = preview(PlacementRequest("llama-3-8b", "generate", 30_000), gpus, [TEXT_ON_0_1])
     assert [(r.allowed, r.fits) for r in rows] == [(True, False), (True, False), (False, True), (False, True)]
     assert rows[0].reasons[0] == "rule 1: allow llama-* selects this GPU"
+
+
+def test_a_model_no_single_gpu_holds_gets_the_smallest_group_on_one_host():
+    gpus = [Candidate(t, t.memory_total_mib) for t in FLEET + make_gpus(80, 80, host="node2")]
+    group = group_for(PlacementRequest("llama-405b", "generate", 150 * 1024), gpus, [])
+    assert [(g.target.host, g.target.index) for g in group] == [("node2", 0), ("node2", 1)]  # 160 GiB in 2 GPUs
+    assert group_for(PlacementRequest("small", "generate", 1024), gpus, []) == ()  # one GPU is enough
+    only_node1 = Rule(9, "*", None, "allow", host_pattern="node1")
+    group = group_for(PlacementRequest("llama-405b", "generate", 150 * 1024), gpus, [only_node1])
+    assert [g.target.index for g in group] == [0, 2, 3]  # 80 + 48 + 24 GiB: the fewest of node1 that hold it
+    assert group_for(PlacementRequest("huge", "generate", 500 * 1024), gpus, []) == ()
