@@ -28,10 +28,12 @@ async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
         await to_thread.run_sync(lambda: remove_queued(redis, [entry]))
         return await _get(db, job_id)
     job = await _get(db, job_id)  # a worker may have claimed it meanwhile
-    if job.status == JobStatus.RUNNING:
+    # SQL first: once signalled, the worker may record the job cancelled at once, and the
+    # request must already be on the row by then.
+    if job.status == JobStatus.RUNNING and await db.run_sync(store.mark_cancel_requested, job_id):
         await to_thread.run_sync(lambda: _signal_worker(redis, job_id, job.worker))
-        await db.run_sync(store.mark_cancel_requested, job_id)
         return await _get(db, job_id)
+    job = await _get(db, job_id)
     raise RequestError(409, f"job {job_id} has already {job.status}; only queued or running jobs can be cancelled")
 
 
