@@ -59,8 +59,9 @@ class GenerationResult:
         return self.completion_tokens / self.seconds
 
 
-def run_direct(*, threads: int, max_tokens: int) -> GenerationResult:
+def run_direct(*, threads: int, max_tokens: int, gpu_layers: int = 0) -> GenerationResult:
     llm = llama_cpp.Llama(
+        n_gpu_layers=gpu_layers,
         model_path=str(require_bundled_model_path()),
         n_ctx=BUNDLED_CONTEXT_LENGTH,
         n_threads=threads,
@@ -77,7 +78,9 @@ def run_direct(*, threads: int, max_tokens: int) -> GenerationResult:
     return GenerationResult(tokens, elapsed)
 
 
-def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int) -> GenerationResult:
+def run_gpuq(
+    database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, gpus: str | None = None
+) -> GenerationResult:
     processes = GpuqProcesses(database_url, redis_url, workdir, settings={"GPUQ_WORKER_THREADS": str(threads)})
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
@@ -95,7 +98,7 @@ def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, 
     ]
     try:
         _api, url = processes.start_api()
-        processes.start_worker()
+        processes.start_worker(gpus=gpus)
         with GpuqClient(url) as client:
             client.wait(client.submit(jobs[0] | {"max_tokens": 1})["id"])  # loads the model
             started = utcnow()

@@ -86,11 +86,13 @@ class GpuqProcesses:
                 raise RuntimeError(f"API did not start:\n{process.tail()}") from None
         return process, url
 
-    def start_worker(self, slot: str = "cpu") -> tuple[Process, str]:
-        """Starts a worker and waits until it has registered with RQ; returns its name."""
+    def start_worker(self, slot: str = "cpu", *, gpus: str | None = None) -> tuple[Process, str]:
+        """Starts a worker (pinned to ``gpus``, UUIDs, if given) and waits until it has
+        registered with RQ; returns its name."""
         redis = Redis.from_url(self.redis_url)
         before = {w.name for w in Worker.all(connection=redis)}
-        process = self._spawn(f"worker-{slot}-{len(self.processes)}", ["worker", "--slot", slot])
+        args = ["worker", "--slot", slot] + (["--gpus", gpus] if gpus else [])
+        process = self._spawn(f"worker-{slot}-{len(self.processes)}", args)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             new = {w.name for w in Worker.all(connection=redis)} - before
