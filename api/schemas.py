@@ -224,12 +224,11 @@ class ModelPublic(BaseModel):
 
     @classmethod
     def of(cls, model: Model) -> ModelPublic:
-        kinds = [k for k, ok in (("generate", model.can_generate), ("embed", model.can_embed)) if ok]
         return cls(
             id=model.name,
             created=int(model.created_at.timestamp()),
             path=model.path,
-            kinds=kinds,
+            kinds=model.kinds,
             context_length=model.context_length,
             context_length_trained=model.context_length_trained,
             size_bytes=model.size_bytes,

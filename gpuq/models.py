@@ -124,6 +124,15 @@ class Model(Base):
         """What placement plans with: an admin's measured figure wins over the estimate."""
         return self.vram_override_mib if self.vram_override_mib is not None else self.vram_estimate_mib
 
+    @property
+    def kinds(self) -> list[str]:
+        """The job kinds it runs, as users name them: ["generate"], ["embed"] or both."""
+        return [
+            k
+            for k, ok in ((ModelKind.GENERATE.value, self.can_generate), (ModelKind.EMBED.value, self.can_embed))
+            if ok
+        ]
+
     def supports(self, kind: str) -> bool:
         if kind == JobKind.NOOP:
             return True

@@ -44,12 +44,6 @@ def save_model(session: Session, model: Model) -> Model:
     return merged
 
 
-def delete_model(session: Session, name: str) -> bool:
-    deleted = session.execute(delete(Model).where(Model.name == name)).rowcount
-    session.commit()
-    return bool(deleted)
-
-
 # ---------------------------------------------------------------- submitting
 
 

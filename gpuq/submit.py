@@ -65,9 +65,8 @@ def check_against_model(spec: JobSpec, model: Model | None, index: int | None = 
     if model is None:
         raise RequestError(404, f"{where}model {spec.model!r} is not registered (see GET /v1/models)")
     if not model.supports(spec.kind):
-        kinds = [k for k, ok in (("generate", model.can_generate), ("embed", model.can_embed)) if ok]
         raise RequestError(
-            422, f"{where}model {model.name!r} cannot run {spec.kind.value} jobs; it is for: {', '.join(kinds)}"
+            422, f"{where}model {model.name!r} cannot run {spec.kind.value} jobs; it is for: {', '.join(model.kinds)}"
         )
     n_ctx = model.context_length
     if spec.kind == JobKind.GENERATE:

@@ -83,7 +83,7 @@ class ModelCatalog:
         return Slot(targets, healthy=all(rows[u].healthy for u in rows))
 
     def _servable(self, model: Model, rules: list[Rule]) -> list[tuple[str, str]]:
-        kinds = [k for k, ok in ((JobKind.GENERATE, model.can_generate), (JobKind.EMBED, model.can_embed)) if ok]
+        kinds = model.kinds
         slot = self.slot
         if slot is not None:
             memory = slot.memory_total_mib
@@ -94,4 +94,4 @@ class ModelCatalog:
                 return []  # a group slot serves only models that need a group; single GPUs take the rest
             kinds = [k for k in kinds if all(decide(rules, model.name, k, t).allowed for t in slot.targets)]
         # A noop job exercises the dispatch path of a model; whoever serves the model serves it.
-        return [(model.name, k.value) for k in kinds] + ([(model.name, JobKind.NOOP.value)] if kinds else [])
+        return [(model.name, k) for k in kinds] + ([(model.name, JobKind.NOOP.value)] if kinds else [])

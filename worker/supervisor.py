@@ -72,8 +72,7 @@ def plan_group_slots(host: str, fleet: Fleet, models: Sequence[Model]) -> list[S
     host_gpus = [g for g in fleet.gpus if g.target.host == host]
     groups = set()
     for model in models:
-        kinds = [k for k, ok in (("generate", model.can_generate), ("embed", model.can_embed)) if ok]
-        for kind in kinds:
+        for kind in model.kinds:
             group = group_for(PlacementRequest(model.name, kind, model.vram_mib), host_gpus, fleet.rules)
             if group:
                 groups.add(tuple((g.target.index, g.target.uuid) for g in group))
