@@ -12,17 +12,23 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    """``max_bytes`` for every path, but ``upload_max_bytes`` for those under ``upload_prefix``."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, upload_max_bytes: int, upload_prefix: str) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_max_bytes = max_bytes
+        self.upload_max_bytes = upload_max_bytes
+        self.upload_prefix = upload_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        uploading = str(scope.get("path", "")).startswith(self.upload_prefix)
+        limit = self.upload_max_bytes if uploading else self.default_max_bytes
         declared = dict(scope.get("headers", ())).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(send, limit)
             return
         seen = 0
         response_started = False
@@ -32,7 +38,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise BodyTooLarge
             return message
 
@@ -45,11 +51,11 @@ class BodyLimitMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except BodyTooLarge:
             if not response_started:
-                await self._refuse(send)
+                await self._refuse(send, limit)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, limit: int) -> None:
         body = json.dumps(
-            {"detail": f"request body is larger than {self.max_bytes} bytes; split it into smaller requests"}
+            {"detail": f"request body is larger than {limit} bytes; split it into smaller requests"}
         ).encode()
         await send(
             {

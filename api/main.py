@@ -11,7 +11,7 @@ from redis import Redis
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
-from api.routers import affinity, gpus, health, jobs, models
+from api.routers import affinity, batches, files, gpus, health, jobs, models
 from gpuq.db import async_engine, async_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -31,8 +31,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await engine.dispose()
 
     app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        upload_max_bytes=settings.max_upload_bytes,
+        upload_prefix="/v1/files",
+    )
     install_error_handlers(app)
-    for router in (health.router, jobs.router, models.router, gpus.router, affinity.router):
+    routers = (health.router, jobs.router, models.router, gpus.router, affinity.router, files.router, batches.router)
+    for router in routers:
         app.include_router(router)
     return app

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuq.affinity import glob_problem, model_pattern_problem
-from gpuq.models import AffinityRule, Job, JobKind, Model, ModelKind
+from gpuq.models import FINAL_STATUSES, AffinityRule, Batch, File, Job, JobKind, Model, ModelKind, utcnow
 from gpuq.queues import Priority
 from gpuq.submit import JobSpec
 
@@ -325,3 +325,132 @@ class PlacementPreview(BaseModel):
     vram_mib: int
     gpus: list[PreviewGpu]
     summary: str
+
+
+def _ts(value: datetime | None) -> int | None:
+    return int(value.timestamp()) if value is not None else None
+
+
+class FileObject(BaseModel):
+    """OpenAI's file object."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["processed"] = "processed"
+    status_details: None = None
+
+    @classmethod
+    def of(cls, file: File) -> FileObject:
+        return cls(
+            id=file.id,
+            bytes=file.bytes,
+            created_at=int(file.created_at.timestamp()),
+            filename=file.filename,
+            purpose=file.purpose,
+        )
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # the openai client may add fields gpuq does not use
+
+    input_file_id: str = Field(min_length=1)
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    priority: str = Field("low", description="gpuq extension: batches default below interactive jobs")
+
+    @field_validator("priority")
+    @classmethod
+    def _known_priority(cls, value: str) -> str:
+        Priority.parse(value)
+        return value.lower()
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchObject(BaseModel):
+    """OpenAI's batch object."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: None = None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+
+    @classmethod
+    def of(cls, batch: Batch, counts: dict[str, int]) -> BatchObject:
+        return cls(
+            id=batch.id,
+            endpoint=batch.endpoint,
+            input_file_id=batch.input_file_id,
+            completion_window=batch.completion_window,
+            status=batch.status,
+            output_file_id=batch.output_file_id,
+            error_file_id=batch.error_file_id,
+            created_at=int(batch.created_at.timestamp()),
+            in_progress_at=_ts(batch.in_progress_at),
+            expires_at=_ts(batch.expires_at),
+            finalizing_at=_ts(batch.finalizing_at),
+            completed_at=_ts(batch.completed_at),
+            failed_at=_ts(batch.failed_at),
+            expired_at=_ts(batch.expired_at),
+            cancelling_at=_ts(batch.cancelling_at),
+            cancelled_at=_ts(batch.cancelled_at),
+            request_counts=RequestCounts(**counts),
+            metadata=batch.batch_metadata,
+        )
+
+
+class BatchesPublic(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class BatchProgress(BaseModel):
+    id: str
+    status: str
+    total: int
+    lines_by_status: dict[str, int]
+    lines_per_s: float | None = Field(description="throughput observed since the batch started")
+    eta_s: float | None = Field(description="seconds to finish the rest at that throughput")
+
+    @classmethod
+    def of(cls, batch: Batch, by_status: dict[str, int]) -> BatchProgress:
+        done = sum(n for status, n in by_status.items() if status in FINAL_STATUSES)
+        elapsed = (utcnow() - batch.in_progress_at).total_seconds() if batch.in_progress_at else 0.0
+        rate = done / elapsed if done and elapsed > 0 else None
+        remaining = batch.total - done
+        return cls(
+            id=batch.id,
+            status=batch.status,
+            total=batch.total,
+            lines_by_status=by_status,
+            lines_per_s=round(rate, 3) if rate else None,
+            eta_s=round(remaining / rate, 1) if rate and remaining > 0 else (0.0 if remaining == 0 else None),
+        )

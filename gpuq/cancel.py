@@ -31,13 +31,13 @@ async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
     # SQL first: once signalled, the worker may record the job cancelled at once, and the
     # request must already be on the row by then.
     if job.status == JobStatus.RUNNING and await db.run_sync(store.mark_cancel_requested, job_id):
-        await to_thread.run_sync(lambda: _signal_worker(redis, job_id, job.worker))
+        await to_thread.run_sync(lambda: signal_worker(redis, job_id, job.worker))
         return await _get(db, job_id)
     job = await _get(db, job_id)
     raise RequestError(409, f"job {job_id} has already {job.status}; only queued or running jobs can be cancelled")
 
 
-def _signal_worker(redis: Redis, job_id: str, worker: str | None) -> None:
+def signal_worker(redis: Redis, job_id: str, worker: str | None) -> None:
     """The flag is durable (the worker checks it with every heartbeat); the command on the
     worker's RQ pub/sub channel is immediate but may be missed, so both are sent."""
     with redis.pipeline(transaction=False) as pipe:

@@ -18,6 +18,7 @@ from redis import Redis
 
 from gpuq import migrate
 from gpuq.aging import promote_aged_jobs
+from gpuq.batches import advance_batches
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.reconciler import reconcile_once
 from gpuq.redis_server import PrivateRedis
@@ -56,8 +57,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def run_scheduler(settings: Settings, stop: threading.Event) -> None:
-    """The scheduler loop: priority aging every tick, the SQL-to-Redis reconciler every
-    ``reconcile_interval_s``. Safe to run in several processes at once."""
+    """The scheduler loop: priority aging and batch progress (expiry, finalisation) every
+    tick, the SQL-to-Redis reconciler every ``reconcile_interval_s``. Safe to run in
+    several processes at once."""
     engine = sync_engine(settings.database_url)
     sessions = sync_sessions(engine)
     redis = Redis.from_url(settings.require_redis_url())
@@ -65,6 +67,8 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
     while not stop.wait(SCHEDULER_TICK_S):
         try:
             promote_aged_jobs(redis, aging_s=settings.priority_aging_s)
+            with sessions() as session:
+                advance_batches(session, redis, settings.data_dir)
             if time.monotonic() >= next_reconcile:
                 next_reconcile = time.monotonic() + settings.reconcile_interval_s
                 with sessions() as session:

@@ -84,10 +84,18 @@ class Job(Base):
     device: Mapped[str | None] = mapped_column(String(255))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
 
+    # A job of a batch answers one input line (custom_id), or, for grouped embedding
+    # lines, several: their custom_ids are in the request and line_count says how many.
+    batch_id: Mapped[str | None] = mapped_column(String(40))
+    custom_id: Mapped[str | None] = mapped_column(String(255))
+    line_count: Mapped[int] = mapped_column(Integer, default=1)
+    line_number: Mapped[int | None] = mapped_column(Integer)
+
     __table_args__ = (
         Index("ix_jobs_status_priority_created", "status", "priority", "created_at"),
         Index("ix_jobs_model_created", "model", "created_at"),
         Index("ix_jobs_created", "created_at"),
+        Index("ix_jobs_batch_status", "batch_id", "status"),
     )
 
     @property
@@ -177,3 +185,56 @@ class AffinityRule(Base):
     host_pattern: Mapped[str | None] = mapped_column(String(255))
     min_memory_mib: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class File(Base):
+    """An uploaded or produced JSONL file (OpenAI's file object); the bytes live on disk."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    line_count: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class BatchStatus(enum.StrEnum):
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+class Batch(Base):
+    """An OpenAI-style batch: one input file, one endpoint, run as ordinary jobs."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer)
+    batch_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    total: Mapped[int] = mapped_column(Integer)
+    output_file_id: Mapped[str | None] = mapped_column(String(40))
+    error_file_id: Mapped[str | None] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    in_progress_at: Mapped[datetime | None]
+    finalizing_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    expired_at: Mapped[datetime | None]
+    cancelling_at: Mapped[datetime | None]
+    cancelled_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_batches_status", "status"), Index("ix_batches_created", "created_at"))

@@ -1,0 +1,87 @@
+"""/v1/batches: OpenAI-compatible batches, plus gpuq's progress and partial results."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from api.deps import SessionDep, StateDep
+from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
+from gpuq import batches, store
+from gpuq.errors import RequestError
+from gpuq.queues import Priority
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+async def _object(db: SessionDep, batch_id: str) -> BatchObject:
+    db.expire_all()
+    batch = await db.run_sync(store.get_batch, batch_id)
+    if batch is None:
+        raise RequestError(404, f"batch {batch_id!r} does not exist")
+    counts = await db.run_sync(lambda s: batches.request_counts(s, batch))
+    return BatchObject.of(batch, counts)
+
+
+@router.post("", response_model=BatchObject)
+async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep) -> BatchObject:
+    """Run every line of an uploaded file. Lines are checked first; an invalid one fails the
+    request (400, with line numbers) and nothing is created."""
+    batch = await batches.create_batch(
+        db,
+        state.redis,
+        input_file_id=body.input_file_id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        metadata=body.metadata,
+        priority=Priority.parse(body.priority).value,
+        timeout_s=state.settings.job_timeout_s,
+    )
+    return await _object(db, batch.id)
+
+
+@router.get("/{batch_id}", response_model=BatchObject)
+async def read_batch(batch_id: str, db: SessionDep) -> BatchObject:
+    return await _object(db, batch_id)
+
+
+@router.get("", response_model=BatchesPublic)
+async def list_batches(
+    db: SessionDep, limit: Annotated[int, Query(ge=1, le=100)] = 20, after: str | None = None
+) -> BatchesPublic:
+    try:
+        rows, has_more = await db.run_sync(lambda s: store.list_batches(s, limit=limit, after=after))
+    except LookupError:
+        raise RequestError(400, f"`after` names batch {after!r}, which does not exist") from None
+    data = [await _object(db, b.id) for b in rows]
+    return BatchesPublic(
+        data=data, has_more=has_more, first_id=data[0].id if data else None, last_id=data[-1].id if data else None
+    )
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchObject)
+async def cancel_batch(batch_id: str, db: SessionDep, state: StateDep) -> BatchObject:
+    await db.run_sync(lambda s: batches.cancel_batch(s, state.redis, batch_id))
+    return await _object(db, batch_id)
+
+
+@router.get("/{batch_id}/progress", response_model=BatchProgress)
+async def batch_progress(batch_id: str, db: SessionDep) -> BatchProgress:
+    """gpuq's own view: input lines per job status, throughput so far and an ETA."""
+    batch = await db.run_sync(store.get_batch, batch_id)
+    if batch is None:
+        raise RequestError(404, f"batch {batch_id!r} does not exist")
+    by_status = await db.run_sync(lambda s: store.batch_line_counts(s, batch_id))
+    return BatchProgress.of(batch, by_status)
+
+
+@router.get("/{batch_id}/results")
+async def batch_results(batch_id: str, db: SessionDep, state: StateDep) -> StreamingResponse:
+    """The output lines answered so far (successes and errors), as JSONL, while it runs."""
+    batch = await db.run_sync(store.get_batch, batch_id)
+    if batch is None:
+        raise RequestError(404, f"batch {batch_id!r} does not exist")
+    lines = await db.run_sync(lambda s: list(batches.results_so_far(s, batch)))
+    return StreamingResponse(iter(lines), media_type="application/jsonl")

@@ -1,0 +1,55 @@
+"""/v1/files: OpenAI-compatible batch files (upload, metadata, content)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Form, UploadFile
+from fastapi.responses import FileResponse
+
+from api.deps import SessionDep, StateDep
+from api.schemas import FileObject
+from gpuq import store
+from gpuq.errors import RequestError
+from gpuq.files import files_dir, store_upload
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+CHUNK_BYTES = 1 << 20
+
+
+@router.post("", response_model=FileObject)
+async def upload_file(file: UploadFile, purpose: Annotated[str, Form()], db: SessionDep, state: StateDep) -> FileObject:
+    """Upload a JSONL batch file (multipart, `purpose=batch`). Checked line by line as it is
+    stored; a file with bad lines is refused with their numbers and nothing is kept."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        while chunk := await file.read(CHUNK_BYTES):
+            yield chunk
+
+    stored = await store_upload(
+        chunks(),
+        filename=file.filename or "upload.jsonl",
+        purpose=purpose,
+        directory=files_dir(state.settings.data_dir),
+    )
+    return FileObject.of(await db.run_sync(lambda s: store.save_file(s, stored)))
+
+
+async def _file(db: SessionDep, file_id: str):  # type: ignore[no-untyped-def]
+    found = await db.run_sync(store.get_file, file_id)
+    if found is None:
+        raise RequestError(404, f"file {file_id!r} does not exist")
+    return found
+
+
+@router.get("/{file_id}", response_model=FileObject)
+async def read_file(file_id: str, db: SessionDep) -> FileObject:
+    return FileObject.of(await _file(db, file_id))
+
+
+@router.get("/{file_id}/content")
+async def file_content(file_id: str, db: SessionDep) -> FileResponse:
+    found = await _file(db, file_id)
+    return FileResponse(found.path, media_type="application/jsonl", filename=found.filename)
