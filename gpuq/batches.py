@@ -79,14 +79,17 @@ class _Line:
         return ENDPOINTS[self.endpoint]
 
 
-def _parse_lines(path: str, models: dict[str, Model | None], get_model: Any) -> tuple[list[_Line], list[str]]:
-    lines, errors = [], []
+def _parse_lines(
+    path: str, models: dict[str, Model | None], get_model: Any
+) -> tuple[list[_Line], list[tuple[int, str]]]:
+    lines: list[_Line] = []
+    errors: list[tuple[int, str]] = []
     for number, raw in read_lines(path):
         endpoint = raw["url"]  # checked at upload
         try:
             model, request = parse_body(endpoint, raw["body"])
         except ValueError as exc:
-            errors.append(f"line {number}: {exc}")
+            errors.append((number, str(exc)))
             continue
         if model not in models:
             models[model] = get_model(model)
@@ -96,16 +99,16 @@ def _parse_lines(path: str, models: dict[str, Model | None], get_model: Any) -> 
 
 def _check_lines(
     lines: list[_Line], models: dict[str, Model | None], fleet: Fleet
-) -> tuple[dict[int, int | None], list[str]]:
+) -> tuple[dict[int, int | None], list[tuple[int, str]]]:
     tokens: dict[int, int | None] = {}
-    errors = []
+    errors: list[tuple[int, str]] = []
     for line in lines:
         spec = JobSpec(line.kind, line.model, Priority.LOW, line.request)
         try:
             tokens[line.number] = check_against_model(spec, models[line.model])
             check_placeable(spec, models[line.model], fleet)
         except RequestError as exc:
-            errors.append(f"line {line.number}: {exc.message}")
+            errors.append((line.number, exc.message))
     return tokens, errors
 
 
@@ -133,9 +136,9 @@ def plan_batch_jobs(session: Session, *, path: str, batch_id: str, priority: int
     models: dict[str, Model | None] = {}
     lines, errors = _parse_lines(path, models, lambda name: store.get_model(session, name))
     tokens, more = _check_lines(lines, models, load_fleet(session))
-    errors += more
+    errors = sorted(errors + more)
     if errors:
-        shown = "; ".join(errors[:MAX_ERRORS_REPORTED])
+        shown = "; ".join(f"line {number}: {message}" for number, message in errors[:MAX_ERRORS_REPORTED])
         rest = len(errors) - MAX_ERRORS_REPORTED
         raise RequestError(400, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
 

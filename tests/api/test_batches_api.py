@@ -1,0 +1,143 @@
+"""Batch files and batches over HTTP: bad input is refused with line numbers and leaves nothing."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from gpuq.batches import advance_batches
+from gpuq.models import Batch, File
+from tests.api.conftest import redis_job_keys
+from tests.conftest import both_databases
+
+MODEL = "smollm2-135m"
+
+
+def line(custom_id="a", url="/v1/chat/completions", **body):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4} | body
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def upload(client, content: str, purpose="batch"):
+    return client.post("/v1/files", files={"file": ("in.jsonl", content.encode())}, data={"purpose": purpose})
+
+
+def stored_files(settings):
+    return sorted(p.name for p in (settings.data_dir / "files").glob("*"))
+
+
+def table(session, model):
+    session.expire_all()
+    return session.query(model).all()
+
+
+@both_databases
+def test_an_upload_is_stored_and_served_back(client, session, settings):
+    content = line("a") + "\n" + line("b") + "\n"
+    response = upload(client, content)
+    assert response.status_code == 200, response.text
+    file = response.json()
+    assert file["object"] == "file" and file["purpose"] == "batch" and file["bytes"] == len(content)
+    assert client.get(f"/v1/files/{file['id']}").json()["id"] == file["id"]
+    assert client.get(f"/v1/files/{file['id']}/content").text == content
+    assert len(table(session, File)) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "purpose", "message"),
+    [
+        (line("a") + "\n", "fine-tune", "purpose 'fine-tune' is not supported"),
+        ('{"custom_id": "a"\n' + line("b"), "batch", "line 1: not valid JSON"),
+        (line("a") + "\n" + line("a"), "batch", "line 2: custom_id 'a' is used twice"),
+        (line("a", url="/v1/images"), "batch", "line 1: unknown endpoint '/v1/images'"),
+        (json.dumps({"custom_id": "a", "method": "GET", "url": "/v1/embeddings", "body": {}}), "batch", "must be POST"),
+        ("\n\n", "batch", "the file has no lines"),
+        ("[1, 2]", "batch", "line 1: each line must be a JSON object"),
+    ],
+)
+def test_bad_uploads_are_refused_and_nothing_is_kept(client, session, settings, content, purpose, message):
+    response = upload(client, content, purpose)
+    assert response.status_code == 400 and message in response.json()["detail"], response.text
+    assert table(session, File) == [] and stored_files(settings) == []
+
+
+def test_an_upload_over_the_size_limit_is_a_413(settings):
+    with TestClient(create_app(settings.model_copy(update={"max_upload_bytes": 1000}))) as small:
+        response = upload(small, line("a") * 50)
+    assert response.status_code == 413
+
+
+def create(client, file_id, **extra):
+    return client.post(
+        "/v1/batches",
+        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"} | extra,
+    )
+
+
+@both_databases
+def test_a_batch_with_invalid_lines_is_refused_whole(client, session, redis):
+    content = "\n".join(
+        [
+            line("ok"),
+            line("bad-model", model="nope"),
+            line("bad-tokens", max_tokens=0),
+            line("too-long", messages=[{"role": "user", "content": "word " * 2100}]),
+        ]
+    )
+    file_id = upload(client, content).json()["id"]
+    response = create(client, file_id)
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail.startswith("3 invalid lines: line 2: model 'nope' is not registered")
+    assert "line 3: body.max_tokens: Input should be greater than or equal to 1" in detail
+    assert "line 4: the prompt is" in detail
+    assert table(session, Batch) == [] and redis_job_keys(redis) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "message"),
+    [
+        ({"input_file_id": "file-missing"}, 404, "file 'file-missing' does not exist"),
+        ({"endpoint": "/v1/audio"}, 400, "endpoint '/v1/audio' is not supported"),
+        ({"completion_window": "2d"}, 400, "completion_window '2d' is not supported"),
+        ({"priority": "urgent"}, 422, "unknown priority 'urgent'"),
+    ],
+)
+def test_impossible_batches_are_refused(client, session, redis, extra, status, message):
+    file_id = upload(client, line("a")).json()["id"]
+    response = create(client, file_id, **extra)
+    assert response.status_code == status and message in response.json()["detail"], response.text
+    assert table(session, Batch) == [] and redis_job_keys(redis) == []
+
+
+@both_databases
+def test_a_batch_is_queued_then_cancelled_then_cancelling_it_again_is_a_conflict(client, session, redis, settings):
+    content = (
+        "\n".join(line(f"l{i}") for i in range(3))
+        + "\n"
+        + json.dumps(
+            {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}}
+        )
+    )
+    batch = create(client, upload(client, content).json()["id"]).json()
+    assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 4, "completed": 0, "failed": 0}
+    assert len(redis_job_keys(redis)) == 4
+    assert [j["priority"] for j in client.get("/v1/jobs").json()["data"]] == ["low"] * 4  # below interactive work
+    cancelled = client.post(f"/v1/batches/{batch['id']}/cancel").json()
+    assert cancelled["status"] == "cancelling" and cancelled["request_counts"]["failed"] == 4
+    assert redis_job_keys(redis) == []
+    assert advance_batches(session, redis, settings.data_dir) == [batch["id"]]
+    final = client.get(f"/v1/batches/{batch['id']}").json()
+    assert final["status"] == "cancelled" and final["output_file_id"] is None and final["error_file_id"]
+    errors = client.get(f"/v1/files/{final['error_file_id']}/content").text.splitlines()
+    assert sorted(json.loads(e)["custom_id"] for e in errors) == ["e", "l0", "l1", "l2"]
+    again = client.post(f"/v1/batches/{batch['id']}/cancel")
+    assert again.status_code == 409 and "only a batch in progress can be cancelled" in again.json()["detail"]
+    assert advance_batches(session, redis, settings.data_dir) == []  # finalised exactly once
+
+
+def test_unknown_batches_and_files_are_404(client):
+    assert client.get("/v1/batches/batch_nope").status_code == 404
+    assert client.post("/v1/batches/batch_nope/cancel").status_code == 404
+    assert client.get("/v1/files/file-nope/content").status_code == 404

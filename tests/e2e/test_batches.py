@@ -1,0 +1,152 @@
+"""OpenAI-compatible batches driven by the official `openai` client, against real processes:
+the API, a worker and the scheduler (which finalises batches)."""
+
+import json
+import math
+import os
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from gpuq.client import GpuqClient
+from gpuq.db import sync_engine, sync_sessions
+from gpuq.models import Job
+
+MODEL = "smollm2-135m"
+DONE = {"completed", "failed", "expired", "cancelled"}
+
+
+@pytest.fixture
+def openai_client(processes):
+    processes.settings |= {"GPUQ_RECONCILE_INTERVAL_S": "60"}
+    _api, url = processes.start_api()
+    processes.start_scheduler()
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    yield client, url
+    client.close()
+
+
+def line(custom_id, url, body):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def chat(custom_id, text, **extra):
+    return line(
+        custom_id,
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 8, "temperature": 0} | extra,
+    )
+
+
+def embed(custom_id, text):
+    return line(custom_id, "/v1/embeddings", {"model": MODEL, "input": text})
+
+
+def upload(client, tmp_path, lines, name="batch.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    with path.open("rb") as f:
+        return client.files.create(file=f, purpose="batch")
+
+
+def wait(client, batch_id, timeout_s=180):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in DONE:
+            return batch
+        time.sleep(0.3)
+    raise TimeoutError(f"batch {batch_id} is still {batch.status}")
+
+
+def by_custom_id(client, file_id):
+    return {row["custom_id"]: row for row in map(json.loads, client.files.content(file_id).text.splitlines())}
+
+
+def test_a_mixed_batch_runs_to_completion_with_output_and_error_files(openai_client, processes, tmp_path, model_path):
+    client, _url = openai_client
+    fragile = processes.workdir / "models" / "fragile.gguf"
+    fragile.symlink_to(model_path)
+    with GpuqClient(_url) as gpuq:
+        gpuq.register_model({"name": "fragile", "path": "fragile.gguf"})
+    lines = [
+        chat("q1", "What is 2+2?"),
+        chat("q2", "Name a colour."),
+        line("c1", "/v1/completions", {"model": MODEL, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}),
+        embed("e1", "The cat sat on the mat."),
+        embed("e2", "The cat sat on the mat."),
+        embed("e3", "Quarterly revenue grew."),
+        line("e4", "/v1/embeddings", {"model": MODEL, "input": ["one", "two"]}),
+        chat("broken", "hi").replace(MODEL, "fragile"),
+    ]
+    uploaded = upload(client, tmp_path, lines)
+    assert uploaded.purpose == "batch" and uploaded.bytes > 0
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"run": "t1"}
+    )
+    assert batch.status == "in_progress" and batch.request_counts.total == 8 and batch.metadata == {"run": "t1"}
+    os.unlink(fragile)  # its model file is gone before any worker loads it: that line fails at run time
+    processes.start_worker()
+    done = wait(client, batch.id)
+    assert done.status == "completed" and done.completed_at and done.output_file_id and done.error_file_id
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (8, 7, 1)
+
+    out = by_custom_id(client, done.output_file_id)
+    assert sorted(out) == ["c1", "e1", "e2", "e3", "e4", "q1", "q2"]
+    answer = out["q1"]["response"]
+    assert answer["status_code"] == 200 and answer["body"]["object"] == "chat.completion"
+    assert answer["body"]["choices"][0]["message"]["content"] and answer["body"]["usage"]["completion_tokens"] > 0
+    assert out["c1"]["response"]["body"]["object"] == "text_completion"
+    vectors = {cid: out[cid]["response"]["body"]["data"] for cid in ("e1", "e2", "e3", "e4")}
+    assert vectors["e1"][0]["embedding"] == vectors["e2"][0]["embedding"]  # identical texts, identical vectors
+    assert vectors["e1"][0]["embedding"] != vectors["e3"][0]["embedding"]
+    assert [len(v) for v in vectors.values()] == [1, 1, 1, 2] and [d["index"] for d in vectors["e4"]] == [0, 1]
+    assert all(math.isclose(sum(x * x for x in d["embedding"]), 1.0, rel_tol=1e-6) for d in vectors["e4"])
+
+    errors = by_custom_id(client, done.error_file_id)
+    assert list(errors) == ["broken"] and errors["broken"]["response"] is None
+    assert "fragile.gguf" in errors["broken"]["error"]["message"]
+
+    # The four embedding lines ran as one llama.cpp group, not four calls.
+    jobs = processes_jobs(processes, batch.id)
+    assert sorted(j["line_count"] for j in jobs) == [1, 1, 1, 1, 4]
+    listed = client.batches.list(limit=10)
+    assert [b.id for b in listed.data] == [batch.id]
+
+
+def processes_jobs(processes, batch_id):
+    engine = sync_engine(processes.database_url)
+    with sync_sessions(engine)() as session:
+        rows = session.query(Job).filter(Job.batch_id == batch_id).all()
+        jobs = [{"line_count": j.line_count, "status": j.status} for j in rows]
+    engine.dispose()
+    return jobs
+
+
+def test_cancelling_a_batch_stops_queued_and_running_jobs(openai_client, processes, tmp_path):
+    client, url = openai_client
+    counting = {"max_tokens": 400, "temperature": 0}
+    lines = [
+        line(f"n{i}", "/v1/completions", {"model": MODEL, "prompt": "Count from 1 to 1000: 1, 2, 3,"} | counting)
+        for i in range(5)
+    ]
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path, lines).id, endpoint="/v1/completions", completion_window="24h"
+    )
+    processes.start_worker()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        progress = httpx.get(f"{url}/v1/batches/{batch.id}/progress").json()
+        if progress["lines_by_status"].get("running"):
+            break
+        time.sleep(0.1)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    done = wait(client, batch.id, timeout_s=60)
+    assert done.status == "cancelled" and done.cancelled_at
+    assert done.request_counts.failed == 5 and done.request_counts.completed == 0
+    errors = by_custom_id(client, done.error_file_id)
+    assert sorted(errors) == [f"n{i}" for i in range(5)]
+    assert {e["error"]["code"] for e in errors.values()} == {"batch_cancelled"}
