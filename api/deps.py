@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from redis import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq.settings import Settings
 
@@ -19,6 +20,9 @@ class AppState:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     redis: Redis
+    # Heavy synchronous work (starting a 50,000-line batch) runs in a worker thread with
+    # its own session, off the event loop.
+    sync_sessions: sessionmaker[Session]
 
 
 def get_state(request: Request) -> AppState:

@@ -12,7 +12,7 @@ from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
 from api.routers import affinity, batches, files, gpus, health, jobs, models
-from gpuq.db import async_engine, async_sessions
+from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
 
@@ -22,13 +22,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = async_engine(settings.database_url)
-        redis = Redis.from_url(settings.require_redis_url(), socket_timeout=10, socket_connect_timeout=5)
-        app.state.gpuq = AppState(settings, engine, async_sessions(engine), redis)
+        blocking_engine = sync_engine(settings.database_url)
+        redis = Redis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)
+        app.state.gpuq = AppState(settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine))
         try:
             yield
         finally:
             redis.close()
             await engine.dispose()
+            blocking_engine.dispose()
 
     app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan)
     app.add_middleware(

@@ -26,10 +26,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from anyio import to_thread
 from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from gpuq import store
@@ -174,8 +172,8 @@ def plan_batch_jobs(session: Session, *, path: str, batch_id: str, priority: int
 # ---------------------------------------------------------------- creating and cancelling
 
 
-async def create_batch(
-    db: AsyncSession,
+def start_batch(
+    session: Session,
     redis: Redis,
     *,
     input_file_id: str,
@@ -185,10 +183,12 @@ async def create_batch(
     priority: int,
     timeout_s: int,
 ) -> Batch:
+    """Check every line, then write the batch and its jobs and queue them (or nothing).
+    Synchronous: the API runs it in a worker thread, the scheduler in its own loop."""
     if endpoint not in ENDPOINTS:
         raise RequestError(400, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
     window_s = completion_window_s(completion_window)
-    file = await db.run_sync(store.get_file, input_file_id)
+    file = store.get_file(session, input_file_id)
     if file is None:
         raise RequestError(404, f"file {input_file_id!r} does not exist")
     if file.purpose != PURPOSE_BATCH:
@@ -196,7 +196,7 @@ async def create_batch(
             400, f"file {input_file_id} has purpose {file.purpose!r}; a batch needs a file with purpose 'batch'"
         )
     batch_id = new_batch_id()
-    jobs = await db.run_sync(lambda s: plan_batch_jobs(s, path=file.path, batch_id=batch_id, priority=priority))
+    jobs = plan_batch_jobs(session, path=file.path, batch_id=batch_id, priority=priority)
     now = utcnow()
     batch = Batch(
         id=batch_id,
@@ -211,12 +211,11 @@ async def create_batch(
         in_progress_at=now,
         expires_at=now + timedelta(seconds=window_s),
     )
-    await db.run_sync(lambda s: store.insert_batch(s, batch, jobs))
-    entries = [QueueEntry(j.id, j.model, j.kind, j.priority) for j in jobs]
+    store.insert_batch(session, batch, jobs)
     try:
-        await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
+        enqueue_jobs(redis, [QueueEntry(j.id, j.model, j.kind, j.priority) for j in jobs], timeout_s=timeout_s)
     except RedisError as exc:
-        await db.run_sync(store.delete_batch, batch_id)
+        store.delete_batch(session, batch_id)
         raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
     return batch
 

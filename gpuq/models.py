@@ -6,7 +6,7 @@ import enum
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -238,3 +238,45 @@ class Batch(Base):
     cancelled_at: Mapped[datetime | None]
 
     __table_args__ = (Index("ix_batches_status", "status"), Index("ix_batches_created", "created_at"))
+
+
+class MisfirePolicy(enum.StrEnum):
+    SKIP = "skip"  # ticks missed while no scheduler ran are dropped
+    RUN_ONCE = "run_once"  # ... or caught up with a single run
+
+
+class Schedule(Base):
+    """A cron schedule that runs a batch (a stored input file, or inline request lines)."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    cron: Mapped[str] = mapped_column(String(128))
+    timezone: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str | None] = mapped_column(String(40))
+    requests: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    endpoint: Mapped[str] = mapped_column(String(64))
+    priority: Mapped[int] = mapped_column(Integer)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    misfire: Mapped[str] = mapped_column(String(16))
+    next_fire_at: Mapped[datetime]
+    last_fired_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ScheduleRun(Base):
+    """One firing of a schedule. Unique per (schedule, fire time): that is what makes a tick
+    fire exactly once however many schedulers run."""
+
+    __tablename__ = "schedule_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[int] = mapped_column(Integer)
+    fire_time: Mapped[datetime]
+    trigger: Mapped[str] = mapped_column(String(16))  # "cron", "catch-up" or "manual"
+    batch_id: Mapped[str | None] = mapped_column(String(40))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_schedule_runs_tick"),)

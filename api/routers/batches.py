@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
@@ -29,17 +30,22 @@ async def _object(db: SessionDep, batch_id: str) -> BatchObject:
 async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep) -> BatchObject:
     """Run every line of an uploaded file. Lines are checked first; an invalid one fails the
     request (400, with line numbers) and nothing is created."""
-    batch = await batches.create_batch(
-        db,
-        state.redis,
-        input_file_id=body.input_file_id,
-        endpoint=body.endpoint,
-        completion_window=body.completion_window,
-        metadata=body.metadata,
-        priority=Priority.parse(body.priority).value,
-        timeout_s=state.settings.job_timeout_s,
-    )
-    return await _object(db, batch.id)
+
+    def start() -> str:
+        with state.sync_sessions() as session:
+            return batches.start_batch(
+                session,
+                state.redis,
+                input_file_id=body.input_file_id,
+                endpoint=body.endpoint,
+                completion_window=body.completion_window,
+                metadata=body.metadata,
+                priority=Priority.parse(body.priority).value,
+                timeout_s=state.settings.job_timeout_s,
+            ).id
+
+    batch_id = await to_thread.run_sync(start)
+    return await _object(db, batch_id)
 
 
 @router.get("/{batch_id}", response_model=BatchObject)
