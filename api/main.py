@@ -11,7 +11,7 @@ from redis import Redis
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
-from api.routers import affinity, batches, files, gpus, health, jobs, models
+from api.routers import affinity, batches, files, gpus, health, jobs, models, schedules
 from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -40,7 +40,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upload_prefix="/v1/files",
     )
     install_error_handlers(app)
-    routers = (health.router, jobs.router, models.router, gpus.router, affinity.router, files.router, batches.router)
+    routers = (
+        health.router,
+        jobs.router,
+        models.router,
+        gpus.router,
+        affinity.router,
+        files.router,
+        batches.router,
+        schedules.router,
+    )
     for router in routers:
         app.include_router(router)
     return app

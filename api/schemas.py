@@ -8,7 +8,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuq.affinity import glob_problem, model_pattern_problem
-from gpuq.models import FINAL_STATUSES, AffinityRule, Batch, File, Job, JobKind, Model, ModelKind, utcnow
+from gpuq.models import (
+    FINAL_STATUSES,
+    AffinityRule,
+    Batch,
+    File,
+    Job,
+    JobKind,
+    Model,
+    ModelKind,
+    Schedule,
+    ScheduleRun,
+    utcnow,
+)
 from gpuq.queues import Priority
 from gpuq.submit import JobSpec
 
@@ -454,3 +466,96 @@ class BatchProgress(BaseModel):
             lines_per_s=round(rate, 3) if rate else None,
             eta_s=round(remaining / rate, 1) if rate and remaining > 0 else (0.0 if remaining == 0 else None),
         )
+
+
+class ScheduleCreate(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    cron: str = Field(min_length=1, max_length=128, description="five-field cron, e.g. '0 2 * * *'")
+    timezone: str = Field("UTC", description="IANA name the cron is read in, e.g. Europe/Paris")
+    input_file_id: str | None = Field(None, description="a stored batch file to run...")
+    requests: list[dict[str, Any]] | None = Field(None, min_length=1, description="...or inline batch lines")
+    endpoint: str = "/v1/chat/completions"
+    priority: str = "low"
+    enabled: bool = True
+    misfire: Literal["skip", "run_once"] = "skip"
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ScheduleCreate:
+        if (self.input_file_id is None) == (self.requests is None):
+            raise ValueError("give exactly one of `input_file_id` (a stored batch file) or `requests` (inline lines)")
+        Priority.parse(self.priority)
+        return self
+
+
+class SchedulePatch(Strict):
+    enabled: bool | None = None
+    cron: str | None = Field(None, min_length=1, max_length=128)
+    timezone: str | None = None
+    misfire: Literal["skip", "run_once"] | None = None
+    priority: str | None = None
+
+
+class SchedulePublic(BaseModel):
+    id: int
+    name: str
+    cron: str
+    timezone: str
+    input_file_id: str | None
+    endpoint: str
+    priority: str
+    enabled: bool
+    misfire: str
+    next_fire_at: datetime
+    last_fired_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> SchedulePublic:
+        return cls(
+            id=schedule.id,
+            name=schedule.name,
+            cron=schedule.cron,
+            timezone=schedule.timezone,
+            input_file_id=schedule.input_file_id,
+            endpoint=schedule.endpoint,
+            priority=Priority(schedule.priority).label,
+            enabled=schedule.enabled,
+            misfire=schedule.misfire,
+            next_fire_at=schedule.next_fire_at,
+            last_fired_at=schedule.last_fired_at,
+            created_at=schedule.created_at,
+        )
+
+
+class SchedulesPublic(BaseModel):
+    data: list[SchedulePublic]
+
+
+class ScheduleRunPublic(BaseModel):
+    id: int
+    fire_time: datetime
+    trigger: str
+    batch_id: str | None
+    batch_status: str | None
+    error: str | None
+
+    @classmethod
+    def of(cls, run: ScheduleRun, batch_status: str | None) -> ScheduleRunPublic:
+        return cls(
+            id=run.id,
+            fire_time=run.fire_time,
+            trigger=run.trigger,
+            batch_id=run.batch_id,
+            batch_status=batch_status,
+            error=run.error,
+        )
+
+
+class ScheduleRunsPublic(BaseModel):
+    data: list[ScheduleRunPublic]
+
+
+class FireTimes(BaseModel):
+    cron: str
+    timezone: str
+    next: list[datetime]

@@ -23,6 +23,7 @@ from gpuq.db import sync_engine, sync_sessions
 from gpuq.reconciler import reconcile_once
 from gpuq.redis_server import PrivateRedis
 from gpuq.registry import register_bundled_model
+from gpuq.schedules import fire_due_schedules
 from gpuq.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def run_scheduler(settings: Settings, stop: threading.Event) -> None:
-    """The scheduler loop: priority aging and batch progress (expiry, finalisation) every
-    tick, the SQL-to-Redis reconciler every ``reconcile_interval_s``. Safe to run in
+    """The scheduler loop: cron schedules, priority aging and batch progress (expiry,
+    finalisation) every tick, the SQL-to-Redis reconciler every ``reconcile_interval_s``. Safe to run in
     several processes at once."""
     engine = sync_engine(settings.database_url)
     sessions = sync_sessions(engine)
@@ -68,6 +69,7 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
         try:
             promote_aged_jobs(redis, aging_s=settings.priority_aging_s)
             with sessions() as session:
+                fire_due_schedules(session, redis, timeout_s=settings.job_timeout_s)
                 advance_batches(session, redis, settings.data_dir)
             if time.monotonic() >= next_reconcile:
                 next_reconcile = time.monotonic() + settings.reconcile_interval_s

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpuq.models import AffinityRule, Batch, File, Gpu, Job, JobStatus, Model, utcnow
+from gpuq.models import AffinityRule, Batch, File, Gpu, Job, JobStatus, Model, Schedule, ScheduleRun, utcnow
 
 
 def new_job_id() -> str:
@@ -463,3 +463,38 @@ def mark_batch_cancel_requested(session: Session, batch_id: str) -> None:
         .values(cancel_requested_at=utcnow())
     )
     session.commit()
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def list_schedules(session: Session) -> Sequence[Schedule]:
+    return session.scalars(select(Schedule).order_by(Schedule.name)).all()
+
+
+def get_schedule(session: Session, schedule_id: int) -> Schedule | None:
+    return session.get(Schedule, schedule_id)
+
+
+def save_schedule(session: Session, schedule: Schedule) -> Schedule:
+    merged = session.merge(schedule)
+    session.commit()
+    return merged
+
+
+def delete_schedule(session: Session, schedule_id: int) -> bool:
+    deleted = session.execute(delete(Schedule).where(Schedule.id == schedule_id)).rowcount
+    session.commit()
+    return bool(deleted)
+
+
+def schedule_runs(session: Session, schedule_id: int, *, limit: int) -> list[tuple[ScheduleRun, str | None]]:
+    """Recent runs, newest first, with the status of the batch each started."""
+    rows = session.execute(
+        select(ScheduleRun, Batch.status)
+        .outerjoin(Batch, Batch.id == ScheduleRun.batch_id)
+        .where(ScheduleRun.schedule_id == schedule_id)
+        .order_by(ScheduleRun.fire_time.desc())
+        .limit(limit)
+    )
+    return [(run, status) for run, status in rows]
