@@ -5,6 +5,7 @@ import json
 import math
 import os
 import time
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ from openai import OpenAI
 
 from gpuq.client import GpuqClient
 from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import Job
+from gpuq.models import Job, Schedule, utcnow
 
 MODEL = "smollm2-135m"
 DONE = {"completed", "failed", "expired", "cancelled"}
@@ -150,3 +151,37 @@ def test_cancelling_a_batch_stops_queued_and_running_jobs(openai_client, process
     errors = by_custom_id(client, done.error_file_id)
     assert sorted(errors) == [f"n{i}" for i in range(5)]
     assert {e["error"]["code"] for e in errors.values()} == {"batch_cancelled"}
+
+
+def test_two_schedulers_fire_each_tick_of_a_schedule_exactly_once(processes, tmp_path):
+    processes.settings |= {"GPUQ_RECONCILE_INTERVAL_S": "60"}
+    _api, url = processes.start_api()
+    processes.start_scheduler()
+    processes.start_scheduler()
+    processes.start_worker()
+    engine = sync_engine(processes.database_url)
+    sessions = sync_sessions(engine)
+    body = {"name": "every-minute", "cron": "* * * * *", "requests": [json.loads(chat("q", "Say hi."))]}
+    schedule = httpx.post(f"{url}/v1/schedules", json=body).json()
+    for tick in range(2):
+        # The clock we control: make the schedule due now instead of waiting a minute.
+        with sessions() as session:
+            row = session.get(Schedule, schedule["id"])
+            row.next_fire_at = utcnow() - timedelta(seconds=1)
+            session.commit()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            runs = httpx.get(f"{url}/v1/schedules/{schedule['id']}/runs").json()["data"]
+            if len(runs) > tick:
+                break
+            time.sleep(0.2)
+        time.sleep(2)  # both schedulers have ticked at least once more meanwhile
+    runs = httpx.get(f"{url}/v1/schedules/{schedule['id']}/runs").json()["data"]
+    assert len(runs) == 2 and len({r["fire_time"] for r in runs}) == 2
+    assert all(r["trigger"] == "cron" and r["batch_id"] for r in runs)
+    for run in runs:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/batches/{run['batch_id']}").json()["status"] != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    engine.dispose()

@@ -1,0 +1,78 @@
+"""Cron schedules over HTTP: checked at creation, paused, resumed, run by hand, previewed."""
+
+import pytest
+
+from gpuq.models import File, Schedule
+from tests.conftest import both_databases
+
+LINE = {
+    "custom_id": "a",
+    "method": "POST",
+    "url": "/v1/chat/completions",
+    "body": {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+}
+NIGHTLY = {"name": "nightly", "cron": "0 2 * * *", "timezone": "Europe/Paris", "requests": [LINE]}
+
+
+def rows(session, model):
+    session.expire_all()
+    return session.query(model).all()
+
+
+@both_databases
+def test_a_schedule_is_created_previewed_paused_resumed_run_and_deleted(client, session):
+    created = client.post("/v1/schedules", json=NIGHTLY)
+    assert created.status_code == 201, created.text
+    schedule = created.json()
+    assert schedule["next_fire_at"].endswith("T01:00:00Z") and schedule["priority"] == "low"  # 02:00 in Paris
+    preview = client.get(f"/v1/schedules/{schedule['id']}/preview", params={"n": 3}).json()
+    assert len(preview["next"]) == 3 and all(t.endswith("T01:00:00Z") for t in preview["next"])
+
+    assert client.post(f"/v1/schedules/{schedule['id']}/pause").json()["enabled"] is False
+    assert client.post(f"/v1/schedules/{schedule['id']}/resume").json()["enabled"] is True
+    changed = client.patch(f"/v1/schedules/{schedule['id']}", json={"cron": "*/15 * * * *", "misfire": "run_once"})
+    assert changed.json()["cron"] == "*/15 * * * *" and changed.json()["misfire"] == "run_once"
+
+    run = client.post(f"/v1/schedules/{schedule['id']}/run").json()
+    assert run["trigger"] == "manual" and run["batch_id"] and run["error"] is None
+    history = client.get(f"/v1/schedules/{schedule['id']}/runs").json()["data"]
+    assert [(h["batch_id"], h["batch_status"]) for h in history] == [(run["batch_id"], "in_progress")]
+    batch = client.get(f"/v1/batches/{run['batch_id']}").json()
+    assert batch["metadata"]["schedule"] == "nightly" and batch["request_counts"]["total"] == 1
+
+    assert client.delete(f"/v1/schedules/{schedule['id']}").status_code == 204
+    assert client.get(f"/v1/schedules/{schedule['id']}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "message"),
+    [
+        ({"cron": "61 * * * *"}, 422, "invalid cron expression '61 * * * *'"),
+        ({"timezone": "Mars/Olympus"}, 422, "unknown time zone 'Mars/Olympus'"),
+        ({"requests": None}, 422, "give exactly one of `input_file_id`"),
+        ({"input_file_id": "file-x"}, 422, "give exactly one of"),
+        ({"requests": None, "input_file_id": "file-x"}, 422, "input file 'file-x' does not exist"),
+        (
+            {"requests": [LINE | {"body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}]},
+            400,
+            "line 1: model 'nope' is not registered",
+        ),
+        ({"requests": [{"custom_id": "a"}]}, 422, "invalid requests: request 1: `method` must be POST"),
+        ({"misfire": "sometimes"}, 422, "misfire: Input should be 'skip' or 'run_once'"),
+        ({"priority": "urgent"}, 422, "unknown priority 'urgent'"),
+    ],
+)
+def test_a_schedule_that_could_never_run_is_refused_and_nothing_is_kept(
+    client, session, settings, change, status, message
+):
+    response = client.post("/v1/schedules", json=NIGHTLY | change)
+    assert response.status_code == status and message in response.json()["detail"], response.text
+    assert rows(session, Schedule) == [] and rows(session, File) == []
+    files_dir = settings.data_dir / "files"
+    assert not files_dir.exists() or list(files_dir.glob("*")) == []
+
+
+def test_schedule_names_are_unique(client):
+    assert client.post("/v1/schedules", json=NIGHTLY).status_code == 201
+    again = client.post("/v1/schedules", json=NIGHTLY)
+    assert again.status_code == 409 and "exists already" in again.json()["detail"]
