@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
@@ -393,6 +394,81 @@ def rules_preview(url: str, model: str, kind: str) -> None:
             for g in result["gpus"]
         ],
     )
+
+
+@main.group()
+def batch() -> None:
+    """OpenAI-style batches: submit a JSONL file, follow it, fetch results, cancel."""
+
+
+@batch.command("submit")
+@url_option
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--wait", is_flag=True, help="follow it with a progress bar until it ends")
+@click.option("--priority", default="low", show_default=True)
+def batch_submit(url: str, path: str, wait: bool, priority: str) -> None:
+    """Upload PATH and run it as a batch; prints the batch id."""
+    from gpuq.batch_cli import submit as submit_batch
+
+    submit_batch(url, path, wait=wait, priority=priority)
+
+
+@batch.command("status")
+@url_option
+@click.argument("batch_id")
+@click.option("--follow", is_flag=True, help="draw a progress bar until it ends")
+def batch_status(url: str, batch_id: str, follow: bool) -> None:
+    from gpuq import batch_cli
+
+    with GpuqClient(url) as client:
+        try:
+            found = batch_cli.follow(client, batch_id) if follow else client.batch(batch_id)
+        except ApiError as exc:
+            _fail(exc)
+            return
+    click.echo(batch_cli.summary(found))
+
+
+@batch.command("results")
+@url_option
+@click.argument("batch_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="write here, not to stdout")
+def batch_results(url: str, batch_id: str, output: str | None) -> None:
+    """Output and error lines answered so far (all of them once the batch has ended)."""
+    with GpuqClient(url) as client:
+        try:
+            text = client.batch_results(batch_id)
+        except ApiError as exc:
+            _fail(exc)
+            return
+    if output:
+        Path(output).write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+@batch.command("cancel")
+@url_option
+@click.argument("batch_id")
+def batch_cancel(url: str, batch_id: str) -> None:
+    from gpuq.batch_cli import summary
+
+    with GpuqClient(url) as client:
+        try:
+            click.echo(summary(client.cancel_batch(batch_id)))
+        except ApiError as exc:
+            _fail(exc)
+
+
+@main.command("run-batch")
+@click.option("-i", "--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--workers", default=1, show_default=True)
+def run_batch(input_path: str, output_path: str, workers: int) -> None:
+    """Run a whole JSONL batch file on embedded defaults, without a server (like vllm run-batch)."""
+    from gpuq.batch_cli import run_batch as run
+
+    sys.exit(run(get_settings(), input_path, output_path, workers=workers))
 
 
 @main.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -79,6 +80,27 @@ class GpuqClient:
 
     def preview(self, model: str, kind: str = "generate") -> dict[str, Any]:
         return self._call("GET", "/v1/affinity-rules/preview", params={"model": model, "kind": kind})  # type: ignore[no-any-return]
+
+    def upload(self, path: str) -> dict[str, Any]:
+        with open(path, "rb") as f:
+            return self._call("POST", "/v1/files", files={"file": (Path(path).name, f)}, data={"purpose": "batch"})  # type: ignore[no-any-return]
+
+    def create_batch(self, file_id: str, *, endpoint: str, priority: str = "low") -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", "priority": priority}
+        return self._call("POST", "/v1/batches", json=body)  # type: ignore[no-any-return]
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/batches/{batch_id}")  # type: ignore[no-any-return]
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/batches/{batch_id}/cancel")  # type: ignore[no-any-return]
+
+    def batch_results(self, batch_id: str) -> str:
+        """Output and error lines answered so far (all of them once the batch is done)."""
+        response = self._http.get(f"/v1/batches/{batch_id}/results")
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.json().get("detail", response.text))
+        return response.text
 
     def wait(self, job_id: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
         """Poll until the job is final; back off from 50 ms to 1 s between polls."""

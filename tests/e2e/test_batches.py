@@ -4,6 +4,8 @@ the API, a worker and the scheduler (which finalises batches)."""
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -185,3 +187,43 @@ def test_two_schedulers_fire_each_tick_of_a_schedule_exactly_once(processes, tmp
             assert time.monotonic() < deadline
             time.sleep(0.3)
     engine.dispose()
+
+
+def test_the_cli_submits_follows_and_fetches_a_batch(openai_client, processes, tmp_path):
+    _client, url = openai_client
+    processes.start_worker()
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join([chat("x", "Say yes."), embed("y", "hello")]) + "\n")
+    cli = [sys.executable, "-m", "gpuq.cli"]
+    submitted = subprocess.run(
+        [*cli, "batch", "submit", "--url", url, str(path), "--wait"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    batch_id = submitted.stdout.strip()
+    assert batch_id.startswith("batch_") and f"{batch_id} completed: 2 completed, 0 failed of 2" in submitted.stderr
+    results = subprocess.run(
+        [*cli, "batch", "results", "--url", url, batch_id], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert sorted(json.loads(r)["custom_id"] for r in results.splitlines()) == ["x", "y"]
+
+
+def test_run_batch_runs_a_file_without_a_server(tmp_path):
+    path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    path.write_text("\n".join([chat("x", "Say yes."), embed("y", "hello"), embed("z", "hello")]) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {"GPUQ_WORKER_THREADS": "2"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuq.cli", "run-batch", "-i", str(path), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {json.loads(r)["custom_id"]: json.loads(r) for r in out.read_text().splitlines()}
+    assert sorted(rows) == ["x", "y", "z"]
+    assert rows["y"]["response"]["body"]["data"] == rows["z"]["response"]["body"]["data"]
+    assert "completed: 3 completed, 0 failed of 3" in done.stderr
