@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
 from gpuq.affinity import glob_problem, model_pattern_problem
 from gpuq.models import (
@@ -19,6 +19,7 @@ from gpuq.models import (
     ModelKind,
     Schedule,
     ScheduleRun,
+    WebhookDelivery,
     utcnow,
 )
 from gpuq.queues import Priority
@@ -48,6 +49,7 @@ class JobBase(Strict):
     )
     priority: str = Field("normal", description="high, normal or low")
     idempotency_key: str | None = Field(None, min_length=1, max_length=255)
+    webhook_url: HttpUrl | None = Field(None, description="POSTed a signed event when the job ends")
 
     @field_validator("priority")
     @classmethod
@@ -58,6 +60,8 @@ class JobBase(Strict):
     def spec(self, request: dict[str, Any], kind: JobKind) -> JobSpec:
         if self.keep_alive is not None:
             request = request | {"keep_alive": self.keep_alive}
+        if self.webhook_url is not None:
+            request = request | {"webhook_url": str(self.webhook_url)}
         return JobSpec(
             kind=kind,
             model=self.model,
@@ -374,6 +378,7 @@ class BatchCreate(BaseModel):
     completion_window: str = "24h"
     metadata: dict[str, str] | None = Field(None, max_length=16)
     priority: str = Field("low", description="gpuq extension: batches default below interactive jobs")
+    webhook_url: HttpUrl | None = Field(None, description="gpuq extension: POSTed a signed event when it ends")
 
     @field_validator("priority")
     @classmethod
@@ -559,3 +564,26 @@ class FireTimes(BaseModel):
     cron: str
     timezone: str
     next: list[datetime]
+
+
+class DeliveryPublic(BaseModel):
+    id: str
+    event: str
+    url: str
+    job_id: str | None
+    batch_id: str | None
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_status_code: int | None
+    last_error: str | None
+    delivered_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, delivery: WebhookDelivery) -> DeliveryPublic:
+        return cls.model_validate(delivery, from_attributes=True)
+
+
+class DeliveriesPublic(BaseModel):
+    data: list[DeliveryPublic]

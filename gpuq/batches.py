@@ -40,6 +40,7 @@ from gpuq.models import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, 
 from gpuq.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
 from gpuq.queues import Priority
 from gpuq.submit import JobSpec, check_against_model, check_placeable
+from gpuq.webhooks import new_delivery
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,7 @@ def start_batch(
     metadata: dict[str, str] | None,
     priority: int,
     timeout_s: int,
+    webhook_url: str | None = None,
 ) -> Batch:
     """Check every line, then write the batch and its jobs and queue them (or nothing).
     Synchronous: the API runs it in a worker thread, the scheduler in its own loop."""
@@ -210,6 +212,7 @@ def start_batch(
         created_at=now,
         in_progress_at=now,
         expires_at=now + timedelta(seconds=window_s),
+        webhook_url=webhook_url,
     )
     store.insert_batch(session, batch, jobs)
     try:
@@ -363,6 +366,16 @@ def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
         final, stamp = BatchStatus.EXPIRED, {"expired_at": now}
     else:
         final, stamp = BatchStatus.COMPLETED, {"completed_at": now}
+    if batch.webhook_url:
+        counts = request_counts(session, batch)
+        event = {
+            "batch_id": batch.id,
+            "status": final.value,
+            "request_counts": counts,
+            "output_file_id": output,
+            "error_file_id": errors,
+        }
+        session.add(new_delivery(f"batch.{final.value}", batch.webhook_url, event, batch_id=batch.id))
     store.set_batch_status(
         session,
         batch.id,

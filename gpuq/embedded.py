@@ -25,6 +25,7 @@ from gpuq.redis_server import PrivateRedis
 from gpuq.registry import register_bundled_model
 from gpuq.schedules import fire_due_schedules
 from gpuq.settings import ENV_PREFIX, Settings
+from gpuq.webhooks import deliver_due, load_secret
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def run_scheduler(settings: Settings, stop: threading.Event) -> None:
-    """The scheduler loop: cron schedules, priority aging and batch progress (expiry,
-    finalisation) every tick, the SQL-to-Redis reconciler every ``reconcile_interval_s``. Safe to run in
-    several processes at once."""
+    """The scheduler loop. Every tick: cron schedules, priority aging, batch progress
+    (expiry, finalisation) and webhook deliveries; every ``reconcile_interval_s``: the
+    SQL-to-Redis reconciler. Safe to run in several processes at once."""
     engine = sync_engine(settings.database_url)
     sessions = sync_sessions(engine)
     redis = Redis.from_url(settings.require_redis_url())
+    webhook_secret = load_secret(settings.webhook_secret, settings.data_dir)
     next_reconcile = time.monotonic() + settings.reconcile_interval_s
     while not stop.wait(SCHEDULER_TICK_S):
         try:
@@ -71,6 +73,7 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
             with sessions() as session:
                 fire_due_schedules(session, redis, timeout_s=settings.job_timeout_s)
                 advance_batches(session, redis, settings.data_dir)
+                deliver_due(session, webhook_secret)
             if time.monotonic() >= next_reconcile:
                 next_reconcile = time.monotonic() + settings.reconcile_interval_s
                 with sessions() as session:

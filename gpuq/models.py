@@ -227,6 +227,7 @@ class Batch(Base):
     total: Mapped[int] = mapped_column(Integer)
     output_file_id: Mapped[str | None] = mapped_column(String(40))
     error_file_id: Mapped[str | None] = mapped_column(String(40))
+    webhook_url: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
     in_progress_at: Mapped[datetime | None]
@@ -280,3 +281,35 @@ class ScheduleRun(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_schedule_runs_tick"),)
+
+
+class DeliveryStatus(enum.StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"  # gave up after the last retry
+
+
+class WebhookDelivery(Base):
+    """One event for one webhook URL, with its delivery attempts: the log owners can read."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    event: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(Text)
+    job_id: Mapped[str | None] = mapped_column(String(40))
+    batch_id: Mapped[str | None] = mapped_column(String(40))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default=DeliveryStatus.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_job", "job_id"),
+        Index("ix_webhook_deliveries_batch", "batch_id"),
+    )

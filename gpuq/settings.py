@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     job_timeout_s: int = Field(3600, ge=1)
     job_max_attempts: int = Field(3, ge=1, description="Runs of a job before a dead worker fails it")
 
+    webhook_secret: str = Field(
+        "", description="HMAC key for webhook signatures; empty: one is generated in the data directory"
+    )
+
     reconcile_interval_s: float = Field(10.0, gt=0)
     reconcile_grace_s: float = Field(
         30.0, ge=0, description="A queued row younger than this may still be on its way to Redis"

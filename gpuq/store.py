@@ -18,7 +18,20 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpuq.models import AffinityRule, Batch, File, Gpu, Job, JobStatus, Model, Schedule, ScheduleRun, utcnow
+from gpuq.models import (
+    AffinityRule,
+    Batch,
+    File,
+    Gpu,
+    Job,
+    JobStatus,
+    Model,
+    Schedule,
+    ScheduleRun,
+    WebhookDelivery,
+    utcnow,
+)
+from gpuq.webhooks import new_delivery
 
 
 def new_job_id() -> str:
@@ -236,6 +249,7 @@ class Outcome:
     completion_tokens: int | None = None
     load_ms: int | None = None
     run_ms: int | None = None
+    webhook_url: str | None = None
 
     def as_values(self) -> dict[str, Any]:
         values = {
@@ -257,14 +271,33 @@ def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
     so a job the reconciler has meanwhile handed to another worker is not overwritten."""
     written = 0
     for outcome in outcomes:
-        written += session.execute(
+        changed = session.execute(
             update(Job)
             .execution_options(**NO_SYNC)
             .where(Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker)
             .values(**outcome.as_values())
         ).rowcount
+        written += changed
+        if changed and outcome.webhook_url:  # the event commits with the state it reports
+            session.add(
+                new_delivery(
+                    f"job.{outcome.status.value}", outcome.webhook_url, _job_event(outcome), job_id=outcome.job_id
+                )
+            )
     session.commit()
     return written
+
+
+def _job_event(outcome: Outcome) -> dict[str, Any]:
+    """What a job webhook says; the result itself (vectors can be large) is fetched with GET /v1/jobs/{id}."""
+    return {
+        "job_id": outcome.job_id,
+        "status": outcome.status.value,
+        "error": outcome.error,
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "finished_at": outcome.finished_at.isoformat(),
+    }
 
 
 # ---------------------------------------------------------------- reconciling
@@ -498,3 +531,15 @@ def schedule_runs(session: Session, schedule_id: int, *, limit: int) -> list[tup
         .limit(limit)
     )
     return [(run, status) for run, status in rows]
+
+
+# ---------------------------------------------------------------- webhooks
+
+
+def list_deliveries(session: Session, *, job_id: str | None, batch_id: str | None, limit: int) -> list[WebhookDelivery]:
+    query = select(WebhookDelivery)
+    if job_id is not None:
+        query = query.where(WebhookDelivery.job_id == job_id)
+    if batch_id is not None:
+        query = query.where(WebhookDelivery.batch_id == batch_id)
+    return list(session.scalars(query.order_by(WebhookDelivery.created_at.desc()).limit(limit)))

@@ -64,7 +64,11 @@ class JobRunner:
         model = self._models(claimed.model)
 
         outcome = store.Outcome(
-            job_id=job_id, worker=self.worker_name, status=JobStatus.SUCCEEDED, finished_at=utcnow()
+            job_id=job_id,
+            worker=self.worker_name,
+            status=JobStatus.SUCCEEDED,
+            finished_at=utcnow(),
+            webhook_url=claimed.request.get("webhook_url"),
         )
         started = time.perf_counter()
         try:

@@ -42,6 +42,7 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep) -> Ba
                 metadata=body.metadata,
                 priority=Priority.parse(body.priority).value,
                 timeout_s=state.settings.job_timeout_s,
+                webhook_url=str(body.webhook_url) if body.webhook_url else None,
             ).id
 
     batch_id = await to_thread.run_sync(start)

@@ -120,7 +120,7 @@ def test_a_batch_is_queued_then_cancelled_then_cancelling_it_again_is_a_conflict
             {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}}
         )
     )
-    batch = create(client, upload(client, content).json()["id"]).json()
+    batch = create(client, upload(client, content).json()["id"], webhook_url="http://127.0.0.1:9/hook").json()
     assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 4, "completed": 0, "failed": 0}
     assert len(redis_job_keys(redis)) == 4
     assert [j["priority"] for j in client.get("/v1/jobs").json()["data"]] == ["low"] * 4  # below interactive work
@@ -132,6 +132,8 @@ def test_a_batch_is_queued_then_cancelled_then_cancelling_it_again_is_a_conflict
     assert final["status"] == "cancelled" and final["output_file_id"] is None and final["error_file_id"]
     errors = client.get(f"/v1/files/{final['error_file_id']}/content").text.splitlines()
     assert sorted(json.loads(e)["custom_id"] for e in errors) == ["e", "l0", "l1", "l2"]
+    [delivery] = client.get("/v1/webhooks/deliveries", params={"batch_id": batch["id"]}).json()["data"]
+    assert delivery["event"] == "batch.cancelled" and delivery["status"] == "pending"
     again = client.post(f"/v1/batches/{batch['id']}/cancel")
     assert again.status_code == 409 and "only a batch in progress can be cancelled" in again.json()["detail"]
     assert advance_batches(session, redis, settings.data_dir) == []  # finalised exactly once
@@ -141,3 +143,22 @@ def test_unknown_batches_and_files_are_404(client):
     assert client.get("/v1/batches/batch_nope").status_code == 404
     assert client.post("/v1/batches/batch_nope/cancel").status_code == 404
     assert client.get("/v1/files/file-nope/content").status_code == 404
+
+
+def test_a_batch_past_its_window_ends_expired_and_its_waiting_lines_say_so(client, session, redis, settings):
+    batch = create(client, upload(client, line("a") + "\n" + line("b")).json()["id"]).json()
+    row = session.get(Batch, batch["id"])
+    row.expires_at = row.created_at  # the window has run out
+    session.commit()
+    assert advance_batches(session, redis, settings.data_dir) == [batch["id"]]
+    final = client.get(f"/v1/batches/{batch['id']}").json()
+    assert final["status"] == "expired" and final["expired_at"] and final["request_counts"]["failed"] == 2
+    errors = [json.loads(e) for e in client.get(f"/v1/files/{final['error_file_id']}/content").text.splitlines()]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"} and redis_job_keys(redis) == []
+
+
+def test_a_webhook_url_must_be_a_url(client):
+    file_id = upload(client, line("a")).json()["id"]
+    assert create(client, file_id, webhook_url="not a url").status_code == 422
+    job = client.post("/v1/jobs", json={"kind": "noop", "model": MODEL, "webhook_url": "ftp//x"})
+    assert job.status_code == 422 and "webhook_url" in job.json()["detail"]
