@@ -102,6 +102,16 @@ class GpuqClient:
             raise ApiError(response.status_code, response.json().get("detail", response.text))
         return response.text
 
+    def schedules(self, method: str = "GET", path: str = "", **kwargs: Any) -> Any:
+        """The /v1/schedules API: ``schedules()`` lists, ``schedules("POST", json=...)`` creates,
+        ``schedules("POST", "/3/run")`` runs schedule 3 now, and so on."""
+        if method == "DELETE":
+            response = self._http.delete(f"/v1/schedules{path}")
+            if response.status_code >= 400:
+                raise ApiError(response.status_code, response.json().get("detail", response.text))
+            return None
+        return self._call(method, f"/v1/schedules{path}", **kwargs)
+
     def wait(self, job_id: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
         """Poll until the job is final; back off from 50 ms to 1 s between polls."""
         deadline = time.monotonic() + timeout_s

@@ -209,6 +209,18 @@ def test_the_cli_submits_follows_and_fetches_a_batch(openai_client, processes, t
     ).stdout
     assert sorted(json.loads(r)["custom_id"] for r in results.splitlines()) == ["x", "y"]
 
+    def gpuq(*args):
+        return subprocess.run([*cli, *args, "--url", url], capture_output=True, text=True, timeout=60, check=True)
+
+    added = gpuq("schedules", "add", "nightly", "0 2 * * *", str(path), "--timezone", "Europe/Paris").stdout
+    schedule_id = added.split()[1]
+    assert "nightly: next run" in added and "T01:00:00Z" in added
+    assert "nightly" in gpuq("schedules", "list").stdout
+    gpuq("schedules", "run", schedule_id)
+    assert "manual" in gpuq("schedules", "runs", schedule_id).stdout
+    gpuq("schedules", "pause", schedule_id)
+    assert "paused" in gpuq("schedules", "list").stdout
+
 
 def test_run_batch_runs_a_file_without_a_server(tmp_path):
     path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
