@@ -11,7 +11,7 @@ from statistics import median
 
 from redis import Redis
 
-from bench import dispatch, generation, model_swap
+from bench import batch_bench, dispatch, generation, model_swap
 from gpuq import migrate
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.registry import register_bundled_model
@@ -103,14 +103,53 @@ def bench_model_swap(args: argparse.Namespace) -> None:
     )
 
 
+def bench_batch_accept(args: argparse.Namespace) -> None:
+    ours, bare = [], []
+    for _ in range(args.rounds):
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            bare.append(batch_bench.accept_bare(db, redis_url, args.batch_lines).seconds)
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            ours.append(batch_bench.accept_gpuq(db, redis_url, workdir, args.batch_lines).seconds)
+    print(f"\nbatch accept: {args.batch_lines} lines, median of {args.rounds} rounds")
+    print(f"  bare bulk SQL insert + Redis pipeline  {median(bare):6.2f} s   runs: {_fmt(bare)}")
+    print(f"  gpuq upload + check + batch + queue    {median(ours):6.2f} s   runs: {_fmt(ours)}")
+    print(f"  ratio gpuq / bare                      {median(ours) / median(bare):6.2f}x   (target <= 2x)")
+
+
+def bench_embeddings(args: argparse.Namespace) -> None:
+    texts = [batch_bench.text(i) for i in range(args.embed_texts)]
+    direct, grouped, single = [], [], []
+    for _ in range(args.rounds):
+        direct.append(batch_bench.embed_direct(texts, args.threads).texts_per_s)
+        for results, is_grouped in ((grouped, True), (single, False)):
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                results.append(
+                    batch_bench.embed_gpuq(db, redis_url, workdir, texts, args.threads, grouped=is_grouped).texts_per_s
+                )
+    print(
+        f"\nembedding throughput: {args.embed_texts} one-text lines, {args.threads} threads, "
+        f"median of {args.rounds} rounds"
+    )
+    print(f"  llama-cpp-python embed(list), one call   {median(direct):7.1f} texts/s   runs: {_fmt(direct)}")
+    print(f"  gpuq batch, grouped 64 texts per call    {median(grouped):7.1f} texts/s   runs: {_fmt(grouped)}")
+    print(f"  gpuq, one job per text (no grouping)     {median(single):7.1f} texts/s   runs: {_fmt(single)}")
+    print(f"  ratio grouped / direct                   {median(grouped) / median(direct):7.3f}x   (target >= 0.9x)")
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    choices = ["dispatch", "generation", "model-swap"]
+    choices = ["dispatch", "generation", "model-swap", "batch-accept", "embeddings"]
     parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
+    parser.add_argument("--embed-texts", type=int, default=512, help="texts for the embeddings benchmark")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="a Redis db the benchmark may flush")
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     args = parser.parse_args()
@@ -123,6 +162,10 @@ def main() -> None:
         bench_generation(args)
     if "model-swap" in args.which:
         bench_model_swap(args)
+    if "batch-accept" in args.which:
+        bench_batch_accept(args)
+    if "embeddings" in args.which:
+        bench_embeddings(args)
 
 
 if __name__ == "__main__":

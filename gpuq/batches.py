@@ -104,7 +104,7 @@ def _check_lines(
     for line in lines:
         spec = JobSpec(line.kind, line.model, Priority.LOW, line.request)
         try:
-            tokens[line.number] = check_against_model(spec, models[line.model])
+            tokens[line.number] = check_against_model(spec, models[line.model], exact=False)
             check_placeable(spec, models[line.model], fleet)
         except RequestError as exc:
             errors.append((line.number, exc.message))
@@ -142,14 +142,13 @@ def plan_batch_jobs(session: Session, *, path: str, batch_id: str, priority: int
         raise RequestError(400, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
 
     def job(kind: JobKind, request: dict[str, Any], first: _Line, count: int, custom_id: str | None) -> store.NewJob:
-        spec = JobSpec(kind, first.model, priority, request)
         return store.NewJob(
             id=store.new_job_id(),
             kind=kind.value,
             model=first.model,
             priority=priority,
             request=request,
-            request_hash=spec.request_hash,
+            request_hash="",  # batch lines have no idempotency keys to compare against
             prompt_tokens=tokens.get(first.number),
             batch_id=batch_id,
             custom_id=custom_id,

@@ -65,11 +65,22 @@ class VocabTokenizer:
         with self._lock:
             return self._model.tokenize(text, add_bos, special)
 
+    def count(self, text: bytes, add_bos: bool, special: bool) -> int:
+        """How many tokens ``tokenize`` would return, without building them: llama.cpp
+        answers a zero-sized buffer with minus the count (much faster for the API, which
+        counts every line of a 50,000-line batch)."""
+        import llama_cpp
+
+        with self._lock:
+            n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), None, 0, add_bos, special)
+        return -n if n < 0 else n
+
     def count_request_tokens(self, request: dict[str, Any]) -> int:
-        return len(tokenize_prompt(self.tokenize, prompt_text(request, self.formatter)))
+        # The same arguments as tokenize_prompt, so the count is the worker's count.
+        return self.count(prompt_text(request, self.formatter).encode("utf-8"), True, True)
 
     def count_text_tokens(self, text: str) -> int:
-        return len(self.tokenize(text.encode("utf-8"), True, False))
+        return self.count(text.encode("utf-8"), True, False)
 
 
 @lru_cache(maxsize=32)

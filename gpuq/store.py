@@ -76,10 +76,9 @@ class NewJob:
     line_number: int | None = None
 
 
-def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[Job]:
-    """Insert queued rows in one statement and commit; returns them (detached)."""
+def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
     now = utcnow()
-    rows = [
+    return [
         {
             "id": j.id,
             "kind": j.kind,
@@ -99,6 +98,11 @@ def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[Job]:
         }
         for j in jobs
     ]
+
+
+def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[Job]:
+    """Insert queued rows in one statement and commit; returns them (detached)."""
+    rows = _job_rows(jobs)
     if rows:
         session.execute(insert(Job), rows)
     session.commit()
@@ -410,11 +414,13 @@ def get_file(session: Session, file_id: str) -> File | None:
     return session.get(File, file_id)
 
 
-def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> list[Job]:
+def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None:
     """The batch row and all its jobs in one transaction."""
     session.add(batch)
     session.flush()
-    return insert_jobs(session, jobs)
+    if jobs:
+        session.execute(insert(Job), _job_rows(jobs))
+    session.commit()
 
 
 def delete_batch(session: Session, batch_id: str) -> None:

@@ -27,7 +27,7 @@ from gpuq.errors import RequestError
 from gpuq.fleet import Fleet, load_fleet
 from gpuq.models import Job, JobKind, Model
 from gpuq.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for
-from gpuq.prompt import VocabTokenizer, vocab_tokenizer
+from gpuq.prompt import VocabTokenizer, prompt_text, vocab_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +58,12 @@ def _where(index: int | None) -> str:
     return "" if index is None else f"jobs[{index}]: "
 
 
-def check_against_model(spec: JobSpec, model: Model | None, index: int | None = None) -> int | None:
+def check_against_model(
+    spec: JobSpec, model: Model | None, index: int | None = None, *, exact: bool = True
+) -> int | None:
     """Checks that need the model: it exists, it does this kind, the input fits its context.
-    Returns the prompt's token count for generation jobs."""
+    Returns the prompt's token count for generation jobs. With ``exact=False`` (batch
+    lines) text that surely fits is not tokenised, and None is returned for its count."""
     where = _where(index)
     if model is None:
         raise RequestError(404, f"{where}model {spec.model!r} is not registered (see GET /v1/models)")
@@ -68,35 +71,51 @@ def check_against_model(spec: JobSpec, model: Model | None, index: int | None = 
         raise RequestError(
             422, f"{where}model {model.name!r} cannot run {spec.kind.value} jobs; it is for: {', '.join(model.kinds)}"
         )
-    n_ctx = model.context_length
     if spec.kind == JobKind.GENERATE:
-        max_tokens = spec.request["max_tokens"]
-        if max_tokens > n_ctx:
-            raise RequestError(
-                422, f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens"
-            )
-        try:
-            prompt_tokens = _tokenizer(model).count_request_tokens(spec.request)
-        except ValueError as exc:
-            raise RequestError(422, f"{where}{exc}") from None
-        if prompt_tokens + max_tokens > n_ctx:
-            raise RequestError(
-                422,
-                f"{where}the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
-                f"{prompt_tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
-                "shorten the prompt or lower max_tokens",
-            )
-        return prompt_tokens
+        return _check_prompt(spec, model, where, exact)
     if spec.kind == JobKind.EMBED:
-        tokenizer = _tokenizer(model)
-        for i, text in enumerate(spec.request["input"]):
-            n = tokenizer.count_text_tokens(text)
-            if n > n_ctx:
-                raise RequestError(
-                    422,
-                    f"{where}input[{i}] is {n} tokens but {model.name!r} embeds at most {n_ctx}: split the text",
-                )
+        _check_texts(spec, model, where, exact)
     return None
+
+
+def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int | None:
+    n_ctx, max_tokens = model.context_length, spec.request["max_tokens"]
+    if max_tokens > n_ctx:
+        raise RequestError(422, f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens")
+    tokenizer = _tokenizer(model)
+    try:
+        if not exact and _surely_fits(prompt_text(spec.request, tokenizer.formatter), n_ctx - max_tokens):
+            return None
+        prompt_tokens = tokenizer.count_request_tokens(spec.request)
+    except ValueError as exc:
+        raise RequestError(422, f"{where}{exc}") from None
+    if prompt_tokens + max_tokens > n_ctx:
+        raise RequestError(
+            422,
+            f"{where}the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
+            f"{prompt_tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
+            "shorten the prompt or lower max_tokens",
+        )
+    return prompt_tokens
+
+
+def _check_texts(spec: JobSpec, model: Model, where: str, exact: bool) -> None:
+    n_ctx = model.context_length
+    tokenizer = _tokenizer(model)
+    for i, text in enumerate(spec.request["input"]):
+        if not exact and _surely_fits(text, n_ctx):
+            continue
+        n = tokenizer.count_text_tokens(text)
+        if n > n_ctx:
+            raise RequestError(
+                422, f"{where}input[{i}] is {n} tokens but {model.name!r} embeds at most {n_ctx}: split the text"
+            )
+
+
+def _surely_fits(text: str, budget_tokens: int) -> bool:
+    """No tokenizer gives more tokens than bytes, plus the BOS/EOS it may add: a text of
+    fewer bytes than the budget fits without being tokenised."""
+    return len(text.encode("utf-8")) + 2 <= budget_tokens
 
 
 def check_placeable(spec: JobSpec, model: Model | None, fleet: Fleet, index: int | None = None) -> None:
