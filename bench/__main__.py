@@ -131,7 +131,7 @@ def bench_embeddings(args: argparse.Namespace) -> None:
         f"median of {args.rounds} rounds"
     )
     print(f"  llama-cpp-python embed(list), one call   {median(direct):7.1f} texts/s   runs: {_fmt(direct)}")
-    print(f"  gpuq batch, grouped 64 texts per call    {median(grouped):7.1f} texts/s   runs: {_fmt(grouped)}")
+    print(f"  gpuq batch, 64 texts per job            {median(grouped):7.1f} texts/s   runs: {_fmt(grouped)}")
     print(f"  gpuq, one job per text (no grouping)     {median(single):7.1f} texts/s   runs: {_fmt(single)}")
     print(f"  ratio grouped / direct                   {median(grouped) / median(direct):7.3f}x   (target >= 0.9x)")
 
