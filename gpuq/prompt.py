@@ -50,6 +50,7 @@ class VocabTokenizer:
         params.vocab_only = True
         self._model = LlamaModel(path_model=path, params=params, verbose=False)
         self._lock = threading.Lock()
+        self._skeletons: dict[tuple[str, ...], int] = {}
         metadata = self._model.metadata()
         template = metadata.get("tokenizer.chat_template")
         self.formatter: ChatFormatter | None = None
@@ -74,6 +75,20 @@ class VocabTokenizer:
         with self._lock:
             n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), None, 0, add_bos, special)
         return -n if n < 0 else n
+
+    def prompt_bytes(self, request: dict[str, Any]) -> int:
+        """The rendered prompt's length in bytes, without rendering it: the chat template is
+        rendered once per sequence of roles with empty contents, and the contents' lengths
+        added. This assumes the template writes each message's content once, as chat
+        templates do; it serves only as a bound on the token count."""
+        if request.get("messages") is None:
+            return len(str(request["prompt"]).encode("utf-8"))
+        roles = tuple(m["role"] for m in request["messages"])
+        skeleton = self._skeletons.get(roles)
+        if skeleton is None:
+            empty = [{"role": role, "content": ""} for role in roles]
+            skeleton = self._skeletons[roles] = len(prompt_text({"messages": empty}, self.formatter).encode("utf-8"))
+        return skeleton + sum(len(m["content"].encode("utf-8")) for m in request["messages"])
 
     def count_request_tokens(self, request: dict[str, Any]) -> int:
         # The same arguments as tokenize_prompt, so the count is the worker's count.

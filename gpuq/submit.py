@@ -27,7 +27,7 @@ from gpuq.errors import RequestError
 from gpuq.fleet import Fleet, load_fleet
 from gpuq.models import Job, JobKind, Model
 from gpuq.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for
-from gpuq.prompt import VocabTokenizer, prompt_text, vocab_tokenizer
+from gpuq.prompt import VocabTokenizer, vocab_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +84,8 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int |
         raise RequestError(422, f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens")
     tokenizer = _tokenizer(model)
     try:
-        if not exact and _surely_fits(prompt_text(spec.request, tokenizer.formatter), n_ctx - max_tokens):
-            return None
+        if not exact and tokenizer.prompt_bytes(spec.request) + 2 <= n_ctx - max_tokens:
+            return None  # no tokenizer yields more tokens than bytes (plus BOS/EOS): it fits
         prompt_tokens = tokenizer.count_request_tokens(spec.request)
     except ValueError as exc:
         raise RequestError(422, f"{where}{exc}") from None
