@@ -8,7 +8,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodyTooLarge(Exception):
-    pass
+    """Raised from inside the app's receive() once the body passes the limit."""
 
 
 class BodyLimitMiddleware:

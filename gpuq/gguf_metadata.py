@@ -13,7 +13,7 @@ GGUF_MAGIC = b"GGUF"
 
 
 class NotAGgufFile(ValueError):
-    pass
+    """The file does not start with the GGUF magic bytes."""
 
 
 @dataclass(frozen=True, slots=True)

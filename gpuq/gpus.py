@@ -46,7 +46,7 @@ class Inventory:
 
 
 class InvalidSimulation(ValueError):
-    pass
+    """GPUQ_SIMULATED_GPUS cannot be read as GiB sizes."""
 
 
 def parse_simulated_sizes(spec: str) -> list[float]:

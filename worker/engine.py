@@ -24,7 +24,7 @@ class Generation:
 
 
 class JobCancelled(Exception):
-    pass
+    """The job was cancelled between two llama.cpp calls."""
 
 
 class LoadedModel:
