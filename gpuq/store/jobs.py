@@ -1,16 +1,10 @@
-"""Every read and write of the SQL tables, as functions that say what they do.
-
-Functions take a sync ``Session``. The asyncio API calls them through
-``AsyncSession.run_sync`` so there is one implementation for every process.
-State changes that race (claim, cancel, finish) are conditional UPDATEs: the database,
-not timing, decides who wins.
-"""
+"""Jobs: submitting, reading, cancelling, claiming and finishing them, and repairing them."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,42 +13,17 @@ from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuq.models import (
-    AffinityRule,
-    Batch,
-    File,
-    Gpu,
     Job,
     JobStatus,
-    Model,
-    Schedule,
-    ScheduleRun,
-    WebhookDelivery,
     utcnow,
 )
+from gpuq.store._sql import NO_SYNC
 from gpuq.webhooks import new_delivery
 
 
 def new_job_id() -> str:
     """Time-ordered, so ids sort like creation times (handy in logs and cursors)."""
     return f"job_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
-
-
-# ---------------------------------------------------------------- models
-
-
-def get_model(session: Session, name: str) -> Model | None:
-    return session.get(Model, name)
-
-
-def list_models(session: Session) -> Sequence[Model]:
-    return session.scalars(select(Model).order_by(Model.name)).all()
-
-
-def save_model(session: Session, model: Model) -> Model:
-    """Insert or replace a model's registration (re-registering updates path and kinds)."""
-    merged = session.merge(model)
-    session.commit()
-    return merged
 
 
 # ---------------------------------------------------------------- submitting
@@ -211,11 +180,6 @@ class ClaimedJob:
     started_at: datetime
 
 
-# Conditional UPDATEs touch rows the session has not loaded; skipping the ORM's session
-# synchronisation saves a large share of each call on the worker's hot path.
-NO_SYNC = {"synchronize_session": False}
-
-
 def claim_job(session: Session, job_id: str, *, worker: str, device: str) -> ClaimedJob | None:
     """Queued to running for this worker. None if someone cancelled or ran it first."""
     now = utcnow()
@@ -344,208 +308,3 @@ def fail_abandoned_job(session: Session, job_id: str, *, worker: str | None, err
     ).rowcount
     session.commit()
     return bool(changed)
-
-
-# ---------------------------------------------------------------- GPU inventory
-
-
-def upsert_gpus(session: Session, gpus: Sequence[Gpu]) -> None:
-    """Record what a supervisor discovered; keeps health flags admins or workers set."""
-    now = utcnow()
-    for gpu in gpus:
-        existing = session.get(Gpu, gpu.uuid)
-        if existing is None:
-            gpu.first_seen = gpu.last_seen = now
-            session.add(gpu)
-        else:
-            existing.host, existing.index, existing.name = gpu.host, gpu.index, gpu.name
-            existing.memory_total_mib, existing.simulated, existing.last_seen = gpu.memory_total_mib, gpu.simulated, now
-    session.commit()
-
-
-def list_gpus(session: Session) -> Sequence[Gpu]:
-    return session.scalars(select(Gpu).order_by(Gpu.host, Gpu.index)).all()
-
-
-def set_gpu_health(session: Session, uuid: str, *, healthy: bool, reason: str | None) -> bool:
-    changed = session.execute(
-        update(Gpu)
-        .execution_options(**NO_SYNC)
-        .where(Gpu.uuid == uuid)
-        .values(healthy=healthy, unhealthy_reason=reason)
-    ).rowcount
-    session.commit()
-    return bool(changed)
-
-
-# ---------------------------------------------------------------- affinity rules
-
-
-def list_rules(session: Session) -> Sequence[AffinityRule]:
-    return session.scalars(select(AffinityRule).order_by(AffinityRule.precedence.desc(), AffinityRule.id)).all()
-
-
-def get_rule(session: Session, rule_id: int) -> AffinityRule | None:
-    return session.get(AffinityRule, rule_id)
-
-
-def save_rule(session: Session, rule: AffinityRule) -> AffinityRule:
-    merged = session.merge(rule)
-    session.commit()
-    return merged
-
-
-def delete_rule(session: Session, rule_id: int) -> bool:
-    deleted = session.execute(delete(AffinityRule).where(AffinityRule.id == rule_id)).rowcount
-    session.commit()
-    return bool(deleted)
-
-
-# ---------------------------------------------------------------- files and batches
-
-
-def save_file(session: Session, file: File) -> File:
-    session.add(file)
-    session.commit()
-    return file
-
-
-def get_file(session: Session, file_id: str) -> File | None:
-    return session.get(File, file_id)
-
-
-def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None:
-    """The batch row and all its jobs in one transaction."""
-    session.add(batch)
-    session.flush()
-    if jobs:
-        session.execute(insert(Job), _job_rows(jobs))
-    session.commit()
-
-
-def delete_batch(session: Session, batch_id: str) -> None:
-    """Undo a batch whose enqueue failed."""
-    session.execute(delete(Job).where(Job.batch_id == batch_id))
-    session.execute(delete(Batch).where(Batch.id == batch_id))
-    session.commit()
-
-
-def get_batch(session: Session, batch_id: str) -> Batch | None:
-    return session.get(Batch, batch_id)
-
-
-def list_batches(session: Session, *, limit: int, after: str | None = None) -> tuple[list[Batch], bool]:
-    query = select(Batch)
-    if after is not None:
-        anchor = session.get(Batch, after)
-        if anchor is None:
-            raise LookupError(after)
-        query = query.where(tuple_(Batch.created_at, Batch.id) < tuple_(anchor.created_at, anchor.id))
-    rows = list(session.scalars(query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
-
-
-def batch_line_counts(session: Session, batch_id: str) -> dict[str, int]:
-    """Input lines by the status of the job answering them."""
-    rows = session.execute(
-        select(Job.status, func.sum(Job.line_count)).where(Job.batch_id == batch_id).group_by(Job.status)
-    )
-    return {status: int(n) for status, n in rows}
-
-
-def batch_jobs(session: Session, batch_id: str) -> Iterator[Job]:
-    """A batch's jobs in input order, streamed (a batch may have 50,000)."""
-    query = select(Job).where(Job.batch_id == batch_id).order_by(Job.line_number).execution_options(yield_per=500)
-    yield from session.scalars(query)
-
-
-def batches_with_status(session: Session, statuses: Sequence[str]) -> list[Batch]:
-    return list(session.scalars(select(Batch).where(Batch.status.in_(statuses))))
-
-
-def set_batch_status(session: Session, batch_id: str, *, old: Sequence[str], new: str, **values: Any) -> bool:
-    """Move a batch from one of ``old`` to ``new`` (conditional: one scheduler wins)."""
-    changed = session.execute(
-        update(Batch)
-        .execution_options(**NO_SYNC)
-        .where(Batch.id == batch_id, Batch.status.in_(old))
-        .values(status=new, **values)
-    ).rowcount
-    session.commit()
-    return bool(changed)
-
-
-def cancel_queued_batch_jobs(session: Session, batch_id: str, *, error: str) -> list[tuple[str, str, str, int]]:
-    """Queued jobs of a batch to cancelled; returns them for their Redis entries to go too."""
-    now = utcnow()
-    rows = session.execute(
-        update(Job)
-        .execution_options(**NO_SYNC)
-        .where(Job.batch_id == batch_id, Job.status == JobStatus.QUEUED)
-        .values(status=JobStatus.CANCELLED, error=error, finished_at=now, cancel_requested_at=now)
-        .returning(Job.id, Job.model, Job.kind, Job.priority)
-    ).all()
-    session.commit()
-    return [(r.id, r.model, r.kind, r.priority) for r in rows]
-
-
-def running_batch_jobs(session: Session, batch_id: str) -> list[tuple[str, str | None]]:
-    rows = session.execute(select(Job.id, Job.worker).where(Job.batch_id == batch_id, Job.status == JobStatus.RUNNING))
-    return [(r.id, r.worker) for r in rows]
-
-
-def mark_batch_cancel_requested(session: Session, batch_id: str) -> None:
-    session.execute(
-        update(Job)
-        .execution_options(**NO_SYNC)
-        .where(Job.batch_id == batch_id, Job.status == JobStatus.RUNNING)
-        .values(cancel_requested_at=utcnow())
-    )
-    session.commit()
-
-
-# ---------------------------------------------------------------- schedules
-
-
-def list_schedules(session: Session) -> Sequence[Schedule]:
-    return session.scalars(select(Schedule).order_by(Schedule.name)).all()
-
-
-def get_schedule(session: Session, schedule_id: int) -> Schedule | None:
-    return session.get(Schedule, schedule_id)
-
-
-def save_schedule(session: Session, schedule: Schedule) -> Schedule:
-    merged = session.merge(schedule)
-    session.commit()
-    return merged
-
-
-def delete_schedule(session: Session, schedule_id: int) -> bool:
-    deleted = session.execute(delete(Schedule).where(Schedule.id == schedule_id)).rowcount
-    session.commit()
-    return bool(deleted)
-
-
-def schedule_runs(session: Session, schedule_id: int, *, limit: int) -> list[tuple[ScheduleRun, str | None]]:
-    """Recent runs, newest first, with the status of the batch each started."""
-    rows = session.execute(
-        select(ScheduleRun, Batch.status)
-        .outerjoin(Batch, Batch.id == ScheduleRun.batch_id)
-        .where(ScheduleRun.schedule_id == schedule_id)
-        .order_by(ScheduleRun.fire_time.desc())
-        .limit(limit)
-    )
-    return [(run, status) for run, status in rows]
-
-
-# ---------------------------------------------------------------- webhooks
-
-
-def list_deliveries(session: Session, *, job_id: str | None, batch_id: str | None, limit: int) -> list[WebhookDelivery]:
-    query = select(WebhookDelivery)
-    if job_id is not None:
-        query = query.where(WebhookDelivery.job_id == job_id)
-    if batch_id is not None:
-        query = query.where(WebhookDelivery.batch_id == batch_id)
-    return list(session.scalars(query.order_by(WebhookDelivery.created_at.desc()).limit(limit)))

@@ -1,0 +1,121 @@
+"""Batch files, batches and their jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from gpuq.models import (
+    Batch,
+    File,
+    Job,
+    JobStatus,
+    utcnow,
+)
+from gpuq.store._sql import NO_SYNC
+from gpuq.store.jobs import NewJob, _job_rows
+
+# ---------------------------------------------------------------- files and batches
+
+
+def save_file(session: Session, file: File) -> File:
+    session.add(file)
+    session.commit()
+    return file
+
+
+def get_file(session: Session, file_id: str) -> File | None:
+    return session.get(File, file_id)
+
+
+def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None:
+    """The batch row and all its jobs in one transaction."""
+    session.add(batch)
+    session.flush()
+    if jobs:
+        session.execute(insert(Job), _job_rows(jobs))
+    session.commit()
+
+
+def delete_batch(session: Session, batch_id: str) -> None:
+    """Undo a batch whose enqueue failed."""
+    session.execute(delete(Job).where(Job.batch_id == batch_id))
+    session.execute(delete(Batch).where(Batch.id == batch_id))
+    session.commit()
+
+
+def get_batch(session: Session, batch_id: str) -> Batch | None:
+    return session.get(Batch, batch_id)
+
+
+def list_batches(session: Session, *, limit: int, after: str | None = None) -> tuple[list[Batch], bool]:
+    query = select(Batch)
+    if after is not None:
+        anchor = session.get(Batch, after)
+        if anchor is None:
+            raise LookupError(after)
+        query = query.where(tuple_(Batch.created_at, Batch.id) < tuple_(anchor.created_at, anchor.id))
+    rows = list(session.scalars(query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def batch_line_counts(session: Session, batch_id: str) -> dict[str, int]:
+    """Input lines by the status of the job answering them."""
+    rows = session.execute(
+        select(Job.status, func.sum(Job.line_count)).where(Job.batch_id == batch_id).group_by(Job.status)
+    )
+    return {status: int(n) for status, n in rows}
+
+
+def batch_jobs(session: Session, batch_id: str) -> Iterator[Job]:
+    """A batch's jobs in input order, streamed (a batch may have 50,000)."""
+    query = select(Job).where(Job.batch_id == batch_id).order_by(Job.line_number).execution_options(yield_per=500)
+    yield from session.scalars(query)
+
+
+def batches_with_status(session: Session, statuses: Sequence[str]) -> list[Batch]:
+    return list(session.scalars(select(Batch).where(Batch.status.in_(statuses))))
+
+
+def set_batch_status(session: Session, batch_id: str, *, old: Sequence[str], new: str, **values: Any) -> bool:
+    """Move a batch from one of ``old`` to ``new`` (conditional: one scheduler wins)."""
+    changed = session.execute(
+        update(Batch)
+        .execution_options(**NO_SYNC)
+        .where(Batch.id == batch_id, Batch.status.in_(old))
+        .values(status=new, **values)
+    ).rowcount
+    session.commit()
+    return bool(changed)
+
+
+def cancel_queued_batch_jobs(session: Session, batch_id: str, *, error: str) -> list[tuple[str, str, str, int]]:
+    """Queued jobs of a batch to cancelled; returns them for their Redis entries to go too."""
+    now = utcnow()
+    rows = session.execute(
+        update(Job)
+        .execution_options(**NO_SYNC)
+        .where(Job.batch_id == batch_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.CANCELLED, error=error, finished_at=now, cancel_requested_at=now)
+        .returning(Job.id, Job.model, Job.kind, Job.priority)
+    ).all()
+    session.commit()
+    return [(r.id, r.model, r.kind, r.priority) for r in rows]
+
+
+def running_batch_jobs(session: Session, batch_id: str) -> list[tuple[str, str | None]]:
+    rows = session.execute(select(Job.id, Job.worker).where(Job.batch_id == batch_id, Job.status == JobStatus.RUNNING))
+    return [(r.id, r.worker) for r in rows]
+
+
+def mark_batch_cancel_requested(session: Session, batch_id: str) -> None:
+    session.execute(
+        update(Job)
+        .execution_options(**NO_SYNC)
+        .where(Job.batch_id == batch_id, Job.status == JobStatus.RUNNING)
+        .values(cancel_requested_at=utcnow())
+    )
+    session.commit()
