@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import secrets
@@ -34,7 +33,7 @@ from gpuq import store
 from gpuq.cancel import signal_worker
 from gpuq.enqueue import QueueEntry, enqueue_jobs, remove_queued
 from gpuq.errors import RequestError
-from gpuq.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, new_file_id, read_lines
+from gpuq.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, new_file_id, read_lines
 from gpuq.fleet import Fleet, load_fleet
 from gpuq.models import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
 from gpuq.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
@@ -300,7 +299,7 @@ def _write_output_files(session: Session, batch: Batch, directory: Path) -> tupl
     with ok_path.open("wb") as ok_out, err_path.open("wb") as err_out:
         counts = {True: [0, 0], False: [0, 0]}
         for succeeded, line in result_lines(session, batch):
-            data = _jsonl(line)
+            data = jsonl_line(line)
             (ok_out if succeeded else err_out).write(data)
             counts[succeeded][0] += 1
             counts[succeeded][1] += len(data)
@@ -329,10 +328,6 @@ def _write_output_files(session: Session, batch: Batch, directory: Path) -> tupl
         else:
             err_file = file_id
     return ok_file, err_file
-
-
-def _jsonl(line: dict[str, Any]) -> bytes:
-    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
 # ---------------------------------------------------------------- the scheduler's part
@@ -391,4 +386,4 @@ def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
 def results_so_far(session: Session, batch: Batch) -> Iterator[bytes]:
     """The output lines answered so far, as JSONL, while the batch may still be running."""
     for _succeeded, line in result_lines(session, batch):
-        yield _jsonl(line)
+        yield jsonl_line(line)

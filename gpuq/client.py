@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -128,11 +129,9 @@ class GpuqClient:
     def wait_ready(self, *, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
+            with suppress(httpx.TransportError):  # not listening yet: try again below
                 if self._http.get("/readyz").status_code == 200:
                     return
-            except httpx.TransportError:
-                pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gpuq API at {self._http.base_url} not ready after {timeout_s:.0f} s")
             time.sleep(0.1)

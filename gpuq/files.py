@@ -14,6 +14,7 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuq.errors import RequestError
 from gpuq.models import File, utcnow
@@ -138,3 +139,8 @@ def read_lines(path: str) -> Iterator[tuple[int, dict]]:  # type: ignore[type-ar
         for number, raw in enumerate(f, start=1):
             if raw.strip():
                 yield number, json.loads(raw)
+
+
+def jsonl_line(line: dict[str, Any]) -> bytes:
+    """One JSON object as a compact JSONL line."""
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"

@@ -12,7 +12,6 @@ missed ticks never cause several runs.
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from gpuq import batches
 from gpuq.errors import RequestError
-from gpuq.files import PURPOSE_BATCH, LineScanner, files_dir, new_file_id
+from gpuq.files import PURPOSE_BATCH, LineScanner, files_dir, jsonl_line, new_file_id
 from gpuq.models import File, MisfirePolicy, Schedule, ScheduleRun, utcnow
 
 log = logging.getLogger(__name__)
@@ -77,7 +76,7 @@ def _latest_due(schedule: Schedule, now: datetime) -> datetime:
 def store_inline_requests(lines: list[dict[str, Any]], data_dir: Path) -> File:
     """Inline requests become a stored batch file once, at schedule creation, checked as uploads are."""
     scanner = LineScanner()
-    payload = b"".join(_json_line(line) for line in lines)
+    payload = b"".join(jsonl_line(line) for line in lines)
     scanner.feed(payload)
     scanner.finish()
     if scanner.errors:
@@ -98,10 +97,6 @@ def store_inline_requests(lines: list[dict[str, Any]], data_dir: Path) -> File:
         path=str(path),
         created_at=utcnow(),
     )
-
-
-def _json_line(line: dict[str, Any]) -> bytes:
-    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
 def fire(

@@ -31,7 +31,7 @@ def receiver():
             self.end_headers()
 
         def log_message(self, *args):
-            pass
+            """Keep the test output quiet."""
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
