@@ -11,6 +11,9 @@ from redis import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpuq import store
+from gpuq.access import Caller
+from gpuq.errors import RequestError
 from gpuq.settings import Settings
 
 
@@ -36,3 +39,37 @@ async def get_db(state: Annotated[AppState, Depends(get_state)]) -> AsyncIterato
 
 StateDep = Annotated[AppState, Depends(get_state)]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]
+
+
+async def get_caller(request: Request, db: SessionDep) -> Caller:
+    """The caller's API key, from ``Authorization: Bearer <key>`` (what the OpenAI client sends)."""
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise RequestError(
+            401,
+            "this endpoint needs an API key: send the header `Authorization: Bearer <key>` "
+            "(an admin creates keys with `gpuq keys create` or POST /v1/keys)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    key = await db.run_sync(store.find_active_key, secret)
+    if key is None:
+        raise RequestError(
+            401, "the API key is not valid: it is unknown or was revoked", headers={"WWW-Authenticate": "Bearer"}
+        )
+    return Caller.of(key)
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def get_admin(caller: CallerDep) -> Caller:
+    caller.require_admin()
+    return caller
+
+
+AdminDep = Annotated[Caller, Depends(get_admin)]
+# For routers whose every route is for admins: APIRouter(dependencies=ADMIN_ONLY).
+ADMIN_ONLY = [Depends(get_admin)]
+# For routers whose every route needs some valid key.
+KEY_REQUIRED = [Depends(get_caller)]

@@ -30,7 +30,7 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
 
 
 async def _request_error(_request: Request, exc: RequestError) -> JSONResponse:
-    return JSONResponse({"detail": exc.message}, status_code=exc.status)
+    return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

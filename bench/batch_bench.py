@@ -22,7 +22,6 @@ from redis import Redis
 from sqlalchemy import func, insert, select
 
 from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
-from gpuq.client import GpuqClient
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.local_processes import GpuqProcesses
 from gpuq.models import Job, utcnow
@@ -168,7 +167,7 @@ def embed_gpuq(
     try:
         _api, url = processes.start_api()
         processes.start_worker()
-        with GpuqClient(url) as client:
+        with processes.client(url) as client:
             client.wait(client.submit({"kind": "embed", "model": BUNDLED_MODEL_NAME, "input": "warm up"})["id"])
             if grouped:
                 path = workdir / "embed.jsonl"

@@ -22,7 +22,6 @@ from rq.registry import FinishedJobRegistry
 from sqlalchemy import func, select
 
 from gpuq.bundled import BUNDLED_MODEL_NAME
-from gpuq.client import GpuqClient
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.local_processes import GpuqProcesses
 from gpuq.models import Job
@@ -87,7 +86,7 @@ def run_gpuq(database_url: str, redis_url: str, workdir: Path, jobs: int) -> Dis
     try:
         _api, url = processes.start_api()
         processes.start_worker()
-        with GpuqClient(url) as client:
+        with processes.client(url) as client:
             client.wait(client.submit({"kind": "noop", "model": BUNDLED_MODEL_NAME})["id"])  # warm both
             with sessions() as session:
                 before = session.scalar(select(func.count()).select_from(Job).where(Job.status == "succeeded"))

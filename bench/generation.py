@@ -16,7 +16,6 @@ import llama_cpp
 from sqlalchemy import func, select
 
 from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
-from gpuq.client import GpuqClient
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.local_processes import GpuqProcesses
 from gpuq.models import Job, utcnow
@@ -99,7 +98,7 @@ def run_gpuq(
     try:
         _api, url = processes.start_api()
         processes.start_worker(gpus=gpus)
-        with GpuqClient(url) as client:
+        with processes.client(url) as client:
             client.wait(client.submit(jobs[0] | {"max_tokens": 1})["id"])  # loads the model
             started = utcnow()
             ids = [j["id"] for j in client.submit_many(jobs)]

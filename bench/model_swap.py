@@ -25,7 +25,6 @@ from rq.registry import FinishedJobRegistry
 from sqlalchemy import func, select
 
 from gpuq.bundled import require_bundled_model_path
-from gpuq.client import GpuqClient
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.local_processes import GpuqProcesses
 from gpuq.models import Job, utcnow
@@ -56,7 +55,7 @@ def run_gpuq(database_url: str, redis_url: str, workdir: Path) -> SwapResult:
     processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
     try:
         _api, url = processes.start_api()
-        with GpuqClient(url) as client:
+        with processes.client(url) as client:
             for name in MODELS:
                 (workdir / "models" / f"{name}.gguf").symlink_to(require_bundled_model_path())
                 client.register_model({"name": name, "path": f"{name}.gguf", "vram_mib": VRAM_MIB})

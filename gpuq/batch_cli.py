@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
+from gpuq.admin_key import cli_api_key, read_key_file
 from gpuq.client import ApiError, GpuqClient
-from gpuq.settings import Settings
+from gpuq.settings import Settings, get_settings
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -51,7 +52,7 @@ def summary(batch: dict) -> str:  # type: ignore[type-arg]
 
 
 def submit(url: str, path: str, *, wait: bool, priority: str) -> None:
-    with GpuqClient(url) as client:
+    with GpuqClient(url, api_key=cli_api_key(get_settings())) as client:
         try:
             file = client.upload(path)
             batch = client.create_batch(file["id"], endpoint=first_endpoint(path), priority=priority)
@@ -73,7 +74,7 @@ def run_batch(settings: Settings, input_path: str, output_path: str, *, workers:
         with (
             embedded_system(settings, workers=workers) as system,
             serve_api(system.settings) as url,
-            GpuqClient(url) as client,
+            GpuqClient(url, api_key=system.admin_key or read_key_file(system.settings.data_dir)) as client,
         ):
             client.wait_ready()
             file = client.upload(input_path)

@@ -129,7 +129,15 @@ def _group_embeddings(lines: list[_Line]) -> Iterator[list[_Line]]:
             yield group
 
 
-def plan_batch_jobs(session: Session, *, path: str, batch_id: str, priority: int) -> list[store.NewJob]:
+def plan_batch_jobs(
+    session: Session,
+    *,
+    path: str,
+    batch_id: str,
+    priority: int,
+    owner: str | None = None,
+    api_key_id: str | None = None,
+) -> list[store.NewJob]:
     """Every line checked, then turned into jobs; RequestError(400) lists the bad lines."""
     models: dict[str, Model | None] = {}
     lines, errors = _parse_lines(path, models, lambda name: store.get_model(session, name))
@@ -153,6 +161,8 @@ def plan_batch_jobs(session: Session, *, path: str, batch_id: str, priority: int
             custom_id=custom_id,
             line_count=count,
             line_number=first.number,
+            owner=owner,
+            api_key_id=api_key_id,
         )
 
     jobs = [job(line.kind, line.request, line, 1, line.custom_id) for line in lines if line.kind != JobKind.EMBED]
@@ -182,9 +192,13 @@ def start_batch(
     priority: int,
     timeout_s: int,
     webhook_url: str | None = None,
+    owner: str | None = None,
+    api_key_id: str | None = None,
 ) -> Batch:
     """Check every line, then write the batch and its jobs and queue them (or nothing).
-    Synchronous: the API runs it in a worker thread, the scheduler in its own loop."""
+    The batch and its jobs belong to ``owner``; ``api_key_id`` is the key that asked, whose
+    queued-jobs limit they count against. Synchronous: the API runs it in a worker thread,
+    the scheduler in its own loop."""
     if endpoint not in ENDPOINTS:
         raise RequestError(400, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
     window_s = completion_window_s(completion_window)
@@ -196,7 +210,9 @@ def start_batch(
             400, f"file {input_file_id} has purpose {file.purpose!r}; a batch needs a file with purpose 'batch'"
         )
     batch_id = new_batch_id()
-    jobs = plan_batch_jobs(session, path=file.path, batch_id=batch_id, priority=priority)
+    jobs = plan_batch_jobs(
+        session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
+    )
     now = utcnow()
     batch = Batch(
         id=batch_id,
@@ -211,6 +227,7 @@ def start_batch(
         in_progress_at=now,
         expires_at=now + timedelta(seconds=window_s),
         webhook_url=webhook_url,
+        owner=owner,
     )
     store.insert_batch(session, batch, jobs)
     try:
@@ -369,7 +386,9 @@ def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
             "output_file_id": output,
             "error_file_id": errors,
         }
-        session.add(new_delivery(f"batch.{final.value}", batch.webhook_url, event, batch_id=batch.id))
+        session.add(
+            new_delivery(f"batch.{final.value}", batch.webhook_url, event, batch_id=batch.id, owner=batch.owner)
+        )
     store.set_batch_status(
         session,
         batch.id,

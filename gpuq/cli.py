@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from gpuq.client import DEFAULT_URL, ApiError, GpuqClient
+from gpuq.keys_cli import keys
 from gpuq.settings import get_settings
 
 url_option = click.option(
@@ -143,17 +144,27 @@ def db() -> None:
 def db_upgrade(revision: str) -> None:
     """Apply migrations and register the bundled model."""
     from gpuq import migrate
+    from gpuq.admin_key import key_file
     from gpuq.embedded import prepare_database
 
     settings = get_settings()
     if revision == "head":
-        prepare_database(settings)
+        new_key = prepare_database(settings)
+        if new_key is not None:
+            click.echo(f"created the first admin API key (shown once; also in {key_file(settings.data_dir)}):")
+            click.echo(f"    {new_key}")
     else:
         migrate.upgrade(settings.database_url, revision)
     click.echo(f"database at {revision}: {settings.database_url}")
 
 
 # ---------------------------------------------------------------- client commands
+
+
+def connect(url: str) -> GpuqClient:
+    from gpuq.admin_key import cli_api_key
+
+    return GpuqClient(url, api_key=cli_api_key(get_settings()))
 
 
 def _fail(exc: ApiError) -> None:
@@ -192,7 +203,7 @@ def submit(
         prompt = " ".join(text)
         job |= {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
         job |= {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             created = client.submit(job)
             if not wait:
@@ -228,7 +239,7 @@ def _print_result(job: dict[str, Any]) -> None:
 @click.option("--limit", default=20, show_default=True)
 def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | None, limit: int) -> None:
     """List recent jobs as a table."""
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             page = client.jobs(status=list(statuses) or None, model=model, kind=kind, limit=limit)
         except ApiError as exc:
@@ -259,7 +270,7 @@ def models(ctx: click.Context, url: str) -> None:
     ctx.obj = url
     if ctx.invoked_subcommand is not None:
         return
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         data = client.models()
     _table(
         ("NAME", "KINDS", "CONTEXT", "SIZE", "PATH"),
@@ -278,7 +289,7 @@ def models(ctx: click.Context, url: str) -> None:
 @click.pass_obj
 def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], context_length: int | None) -> None:
     """Register NAME for the GGUF file PATH (relative to the models directory)."""
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             model = client.register_model(
                 {"name": name, "path": path, "kinds": list(kinds), "context_length": context_length}
@@ -297,7 +308,7 @@ def rules() -> None:
 @rules.command("list")
 @url_option
 def rules_list(url: str) -> None:
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         data = client.rules()
     _table(
         ("ID", "PREC", "EFFECT", "MODEL", "KIND", "SELECTOR"),
@@ -352,7 +363,7 @@ def rules_add(
         "gpu_indices": [int(i) for i in gpu_indices.split(",")] if gpu_indices else None,
         "gpu_uuids": gpu_uuids.split(",") if gpu_uuids else None,
     }
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             saved = client.add_rule(body)
         except ApiError as exc:
@@ -367,7 +378,7 @@ def rules_add(
 @url_option
 @click.argument("rule_id", type=int)
 def rules_delete(url: str, rule_id: int) -> None:
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             client.delete_rule(rule_id)
         except ApiError as exc:
@@ -380,7 +391,7 @@ def rules_delete(url: str, rule_id: int) -> None:
 @click.option("--kind", type=click.Choice(["generate", "embed"]), default="generate", show_default=True)
 def rules_preview(url: str, model: str, kind: str) -> None:
     """Where may MODEL run, and why."""
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             result = client.preview(model, kind)
         except ApiError as exc:
@@ -420,7 +431,7 @@ def batch_submit(url: str, path: str, wait: bool, priority: str) -> None:
 def batch_status(url: str, batch_id: str, follow: bool) -> None:
     from gpuq import batch_cli
 
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             found = batch_cli.follow(client, batch_id) if follow else client.batch(batch_id)
         except ApiError as exc:
@@ -435,7 +446,7 @@ def batch_status(url: str, batch_id: str, follow: bool) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="write here, not to stdout")
 def batch_results(url: str, batch_id: str, output: str | None) -> None:
     """Output and error lines answered so far (all of them once the batch has ended)."""
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             text = client.batch_results(batch_id)
         except ApiError as exc:
@@ -453,7 +464,7 @@ def batch_results(url: str, batch_id: str, output: str | None) -> None:
 def batch_cancel(url: str, batch_id: str) -> None:
     from gpuq.batch_cli import summary
 
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             click.echo(summary(client.cancel_batch(batch_id)))
         except ApiError as exc:
@@ -468,7 +479,7 @@ def schedules() -> None:
 @schedules.command("list")
 @url_option
 def schedules_list(url: str) -> None:
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         data = client.schedules()["data"]
     _table(
         ("ID", "NAME", "CRON", "TZ", "ENABLED", "MISFIRE", "NEXT"),
@@ -499,7 +510,7 @@ def schedules_add(url: str, name: str, cron: str, path: str, timezone: str, misf
     """Run the batch file PATH on CRON (e.g. '0 2 * * *'); the file is uploaded once."""
     from gpuq.batch_cli import first_endpoint
 
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         try:
             file = client.upload(path)
             created = client.schedules(
@@ -526,7 +537,7 @@ def schedules_add(url: str, name: str, cron: str, path: str, timezone: str, misf
 @click.option("-n", default=5, show_default=True)
 def schedules_preview(url: str, schedule_id: int, n: int) -> None:
     """The next N fire times."""
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         for time_ in client.schedules("GET", f"/{schedule_id}/preview", params={"n": n})["next"]:
             click.echo(time_)
 
@@ -536,7 +547,7 @@ def schedules_preview(url: str, schedule_id: int, n: int) -> None:
 @click.argument("schedule_id", type=int)
 def schedules_runs(url: str, schedule_id: int) -> None:
     """Past runs with their batch's status."""
-    with GpuqClient(url) as client:
+    with connect(url) as client:
         data = client.schedules("GET", f"/{schedule_id}/runs")["data"]
     _table(
         ("FIRE TIME", "TRIGGER", "BATCH", "STATUS", "ERROR"),
@@ -549,7 +560,7 @@ def _schedule_action(action: str, method: str = "POST") -> None:
     @url_option
     @click.argument("schedule_id", type=int)
     def command(url: str, schedule_id: int) -> None:
-        with GpuqClient(url) as client:
+        with connect(url) as client:
             try:
                 client.schedules(method, f"/{schedule_id}" + ("" if method == "DELETE" else f"/{action}"))
             except ApiError as exc:
@@ -592,6 +603,8 @@ def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     for row in (headers, *rows):
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
+
+main.add_command(keys)
 
 if __name__ == "__main__":
     main()

@@ -21,8 +21,9 @@ class ApiError(Exception):
 
 
 class GpuqClient:
-    def __init__(self, base_url: str = DEFAULT_URL, *, timeout_s: float = 60.0) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout_s: float = 60.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self._http.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from redis import Redis
 
 from gpuq import migrate
+from gpuq.admin_key import ensure_admin_key, key_file
 from gpuq.aging import promote_aged_jobs
 from gpuq.batches import advance_batches
 from gpuq.db import sync_engine, sync_sessions
@@ -33,14 +34,17 @@ WORKER_STOP_TIMEOUT_S = 30
 SCHEDULER_TICK_S = 1.0
 
 
-def prepare_database(settings: Settings) -> None:
-    """Bring the schema to the latest migration and register the bundled model."""
+def prepare_database(settings: Settings) -> str | None:
+    """Bring the schema to the latest migration, register the bundled model, and create the
+    first admin key if there is none (returned, to be shown once)."""
     migrate.upgrade(settings.database_url)
-    if settings.register_bundled_model:
-        engine = sync_engine(settings.database_url)
-        with sync_sessions(engine)() as session:
+    engine = sync_engine(settings.database_url)
+    with sync_sessions(engine)() as session:
+        if settings.register_bundled_model:
             register_bundled_model(session)
-        engine.dispose()
+        new_key = ensure_admin_key(session, settings.data_dir)
+    engine.dispose()
+    return new_key
 
 
 def spawn_supervisor(settings: Settings, *, cpu_workers: int) -> subprocess.Popen[bytes]:
@@ -94,6 +98,7 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
 class EmbeddedSystem:
     settings: Settings
     supervisor: subprocess.Popen[bytes] | None = None
+    admin_key: str | None = None  # the first admin key, when this start created it
 
 
 @contextmanager
@@ -109,7 +114,8 @@ def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[Embedde
     system = EmbeddedSystem(settings)
     scheduler = threading.Thread(target=run_scheduler, args=(settings, stop), name="scheduler", daemon=True)
     try:
-        prepare_database(settings)
+        system.admin_key = prepare_database(settings)
+        _announce_admin_key(system.admin_key, settings)
         system.supervisor = spawn_supervisor(settings, cpu_workers=workers)
         scheduler.start()
         yield system
@@ -125,3 +131,15 @@ def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[Embedde
             scheduler.join(timeout=5)
         if private is not None:
             private.stop()
+
+
+def _announce_admin_key(new_key: str | None, settings: Settings) -> None:
+    where = key_file(settings.data_dir)
+    if new_key is not None:
+        print(
+            f"\nCreated the first admin API key (shown once; also saved to {where}, mode 600):\n\n    {new_key}\n\n"
+            "Send it as `Authorization: Bearer <key>`. CLI commands on this machine read it from that file.\n",
+            flush=True,
+        )
+    elif where.is_file():
+        log.info("admin API key: in %s", where)

@@ -10,12 +10,16 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from redis import Redis
 from rq.worker import Worker
 
+from gpuq import store
 from gpuq.client import GpuqClient
+from gpuq.db import sync_engine, sync_sessions
+from gpuq.models import Role
 from gpuq.redis_server import free_port
 
 START_TIMEOUT_S = 60.0
@@ -53,6 +57,21 @@ class GpuqProcesses:
     workdir: Path
     settings: dict[str, str] = field(default_factory=dict)
     processes: list[Process] = field(default_factory=list)
+
+    @cached_property
+    def admin_key(self) -> str:
+        """An admin API key in this system's database, made on first use."""
+        engine = sync_engine(self.database_url)
+        try:
+            with sync_sessions(engine)() as session:
+                _key, secret = store.create_api_key(session, name="local-processes", owner="admin", role=Role.ADMIN)
+        finally:
+            engine.dispose()
+        return secret
+
+    def client(self, url: str) -> GpuqClient:
+        """A client of the API at ``url`` holding the admin key."""
+        return GpuqClient(url, api_key=self.admin_key)
 
     def env(self) -> dict[str, str]:
         return {

@@ -6,7 +6,18 @@ import enum
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -82,7 +93,20 @@ class Job(Base):
 
     worker: Mapped[str | None] = mapped_column(String(255))
     device: Mapped[str | None] = mapped_column(String(255))
+    # Where it ran, as stats filter on it: the worker's host and its (first) GPU.
+    host: Mapped[str | None] = mapped_column(String(255))
+    gpu_uuid: Mapped[str | None] = mapped_column(String(96))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+
+    # Who asked: the tenant that owns it and the API key that submitted it (null for rows
+    # from before keys existed, which only admins see).
+    owner: Mapped[str | None] = mapped_column(String(128))
+    api_key_id: Mapped[str | None] = mapped_column(String(40))
+
+    # Measured on a real GPU through NVML while the job ran; null on the CPU or a
+    # simulated GPU, where there is nothing to measure.
+    gpu_seconds: Mapped[float | None] = mapped_column(Float)
+    energy_j: Mapped[float | None] = mapped_column(Float)
 
     # A job of a batch answers one input line (custom_id), or, for grouped embedding
     # lines, several: their custom_ids are in the request and line_count says how many.
@@ -96,6 +120,9 @@ class Job(Base):
         Index("ix_jobs_model_created", "model", "created_at"),
         Index("ix_jobs_created", "created_at"),
         Index("ix_jobs_batch_status", "batch_id", "status"),
+        Index("ix_jobs_owner_created", "owner", "created_at"),
+        Index("ix_jobs_key_status", "api_key_id", "status"),
+        Index("ix_jobs_finished", "finished_at"),
     )
 
     @property
@@ -198,6 +225,7 @@ class File(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     line_count: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -228,6 +256,7 @@ class Batch(Base):
     output_file_id: Mapped[str | None] = mapped_column(String(40))
     error_file_id: Mapped[str | None] = mapped_column(String(40))
     webhook_url: Mapped[str | None] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
     in_progress_at: Mapped[datetime | None]
@@ -238,7 +267,11 @@ class Batch(Base):
     cancelling_at: Mapped[datetime | None]
     cancelled_at: Mapped[datetime | None]
 
-    __table_args__ = (Index("ix_batches_status", "status"), Index("ix_batches_created", "created_at"))
+    __table_args__ = (
+        Index("ix_batches_status", "status"),
+        Index("ix_batches_created", "created_at"),
+        Index("ix_batches_owner_created", "owner", "created_at"),
+    )
 
 
 class MisfirePolicy(enum.StrEnum):
@@ -263,6 +296,7 @@ class Schedule(Base):
     misfire: Mapped[str] = mapped_column(String(16))
     next_fire_at: Mapped[datetime]
     last_fired_at: Mapped[datetime | None]
+    owner: Mapped[str | None] = mapped_column(String(128))  # its runs' batches belong to this tenant
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -306,10 +340,59 @@ class WebhookDelivery(Base):
     last_status_code: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(Text)
     delivered_at: Mapped[datetime | None]
+    owner: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
         Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
         Index("ix_webhook_deliveries_job", "job_id"),
         Index("ix_webhook_deliveries_batch", "batch_id"),
+    )
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"  # sees and changes everything
+    SUBMITTER = "submitter"  # submits work; sees and cancels only its own tenant's
+
+
+class ApiKey(Base):
+    """An API key. Only a SHA-256 of the secret is stored: the secret is shown once, at creation.
+
+    Keys are 256-bit random strings, so a plain hash is as safe as a slow one here and lets
+    a request be authenticated with one indexed lookup.
+    """
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    owner: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))  # enough of the secret to recognise it in a list
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    max_submissions_per_minute: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class GpuSample(Base):
+    """A GPU's telemetry at one moment, kept for the utilisation-over-time charts."""
+
+    __tablename__ = "gpu_samples"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96))
+    host: Mapped[str] = mapped_column(String(255))
+    sampled_at: Mapped[datetime]
+    utilization_pct: Mapped[float | None] = mapped_column(Float)
+    memory_used_mib: Mapped[int | None] = mapped_column(Integer)
+    memory_total_mib: Mapped[int | None] = mapped_column(Integer)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
+    power_w: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_gpu_samples_gpu_time", "gpu_uuid", "sampled_at"),
+        Index("ix_gpu_samples_time", "sampled_at"),
     )

@@ -120,6 +120,7 @@ def fire(
             priority=schedule.priority,
             metadata={"schedule": schedule.name, "fire_time": fire_time.isoformat(), "trigger": trigger},
             timeout_s=timeout_s,
+            owner=schedule.owner,
         )
         run.batch_id = batch.id
     except RequestError as exc:

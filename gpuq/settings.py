@@ -7,6 +7,7 @@ setting fails loudly at start instead of being silently ignored.
 from __future__ import annotations
 
 import os
+import socket
 from functools import cached_property
 from pathlib import Path
 
@@ -26,6 +27,9 @@ class Settings(BaseSettings):
     models_dir: Path = Field(Path("./models"), description="Model files registered by path must lie under this folder")
     register_bundled_model: bool = Field(True, description="Register SmolLM2-135M-Instruct at start")
 
+    api_key: str = Field(
+        "", description="the key CLI commands send; empty: the admin key `gpuq up` saved in <data_dir>/admin.key"
+    )
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(1_048_576, description="Larger request bodies get 413")
@@ -71,6 +75,11 @@ class Settings(BaseSettings):
     @cached_property
     def llama_threads(self) -> int:
         return self.worker_threads if self.worker_threads > 0 else max(1, os.cpu_count() or 1)
+
+    @property
+    def host(self) -> str:
+        """This host's name in the fleet, as jobs, GPUs and stats name it."""
+        return self.host_label or socket.gethostname()
 
     @property
     def uses_embedded_redis(self) -> bool:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuq import store
+from gpuq.access import Caller
 from gpuq.enqueue import QueueEntry, enqueue_jobs
 from gpuq.errors import RequestError
 from gpuq.fleet import Fleet, load_fleet
@@ -139,8 +140,10 @@ def _tokenizer(model: Model) -> VocabTokenizer:
         ) from None
 
 
-async def submit_jobs(db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int) -> list[Accepted]:
-    """Validate and accept jobs, all or none."""
+async def submit_jobs(
+    db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int, caller: Caller
+) -> list[Accepted]:
+    """Validate and accept jobs, all or none, owned by the caller's tenant."""
     models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
     prompt_tokens = await to_thread.run_sync(
         lambda: [check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)]
@@ -148,7 +151,7 @@ async def submit_jobs(db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], 
     fleet = await db.run_sync(load_fleet)
     for i, spec in enumerate(specs):
         check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
-    earlier = await _earlier_jobs(db, specs)
+    earlier = await _earlier_jobs(db, specs, caller.owner)
     new = [
         store.NewJob(
             id=store.new_job_id(),
@@ -159,6 +162,8 @@ async def submit_jobs(db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], 
             request_hash=s.request_hash,
             idempotency_key=s.idempotency_key,
             prompt_tokens=n,
+            owner=caller.owner,
+            api_key_id=caller.key_id,
         )
         for s, n in zip(specs, prompt_tokens, strict=True)
         if s.idempotency_key is None or s.idempotency_key not in earlier
@@ -172,13 +177,13 @@ async def submit_jobs(db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], 
     ]
 
 
-async def _earlier_jobs(db: AsyncSession, specs: Sequence[JobSpec]) -> dict[str, Job]:
-    """Jobs already submitted under the same idempotency keys; a key reused for a different
-    request is an error, not a silent replay."""
+async def _earlier_jobs(db: AsyncSession, specs: Sequence[JobSpec], owner: str) -> dict[str, Job]:
+    """The tenant's jobs already submitted under the same idempotency keys; a key reused for
+    a different request is an error, not a silent replay."""
     keys = [s.idempotency_key for s in specs if s.idempotency_key is not None]
     if len(keys) != len(set(keys)):
         raise RequestError(422, "the same idempotency_key is used twice in one request")
-    earlier = await db.run_sync(store.jobs_by_idempotency_keys, keys)
+    earlier = await db.run_sync(store.jobs_by_idempotency_keys, keys, owner)
     for spec in specs:
         job = earlier.get(spec.idempotency_key or "")
         if job is not None and job.request_hash != spec.request_hash:

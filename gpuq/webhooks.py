@@ -41,7 +41,13 @@ BATCH_SIZE = 50
 
 
 def new_delivery(
-    event: str, url: str, payload: dict[str, Any], *, job_id: str | None = None, batch_id: str | None = None
+    event: str,
+    url: str,
+    payload: dict[str, Any],
+    *,
+    job_id: str | None = None,
+    batch_id: str | None = None,
+    owner: str | None = None,
 ) -> WebhookDelivery:
     now = utcnow()
     return WebhookDelivery(
@@ -50,6 +56,7 @@ def new_delivery(
         url=url,
         job_id=job_id,
         batch_id=batch_id,
+        owner=owner,
         payload=payload,
         status=DeliveryStatus.PENDING.value,
         attempts=0,

@@ -20,9 +20,10 @@ import pytest
 from redis import Redis
 from sqlalchemy.orm import Session
 
-from gpuq import migrate
+from gpuq import migrate, store
 from gpuq.bundled import require_bundled_model_path
 from gpuq.db import sync_engine, sync_sessions
+from gpuq.models import Role
 from gpuq.redis_server import PrivateRedis
 from gpuq.registry import register_bundled_model
 
@@ -152,3 +153,23 @@ def both_databases(func):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def model_path() -> str:
     return str(require_bundled_model_path())
+
+
+@pytest.fixture
+def make_key(database_url: str) -> Iterator:  # type: ignore[type-arg]
+    """Creates API keys in the test's database: ``make_key("submitter", "acme", max_queued_jobs=2)``."""
+    engine = sync_engine(database_url)
+    sessions = sync_sessions(engine)
+
+    def make(role: str = "submitter", owner: str = "acme", **limits: int) -> str:
+        with sessions() as s:
+            _key, secret = store.create_api_key(s, name=f"test-{role}-{owner}", owner=owner, role=Role(role), **limits)
+        return secret
+
+    yield make
+    engine.dispose()
+
+
+@pytest.fixture
+def admin_key(make_key) -> str:  # type: ignore[no-untyped-def]
+    return make_key("admin", "admin")  # type: ignore[no-any-return]

@@ -77,6 +77,7 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         writer=writer,
         worker_name=name,
         device=device.label,
+        host=settings.host,
         gpu_uuids=device.gpu_uuids,
         default_keep_alive_s=settings.worker_keep_alive_s,
         on_gpu=device.on_gpu,

@@ -37,6 +37,7 @@ class JobRunner:
         writer: OutcomeWriter,
         worker_name: str,
         device: str,
+        host: str = "",
         gpu_uuids: tuple[str, ...] = (),
         default_keep_alive_s: float = -1,
         on_gpu: bool = False,
@@ -49,6 +50,7 @@ class JobRunner:
         self._writer = writer
         self.worker_name = worker_name
         self.device = device
+        self.host = host
         self.gpu_uuids = gpu_uuids
         self._default_keep_alive_s = default_keep_alive_s
         self._on_gpu = on_gpu
@@ -57,7 +59,14 @@ class JobRunner:
 
     def run(self, job_id: str, cancel: threading.Event) -> None:
         with self._sessions() as session:
-            claimed = store.claim_job(session, job_id, worker=self.worker_name, device=self.device)
+            claimed = store.claim_job(
+                session,
+                job_id,
+                worker=self.worker_name,
+                device=self.device,
+                host=self.host or None,
+                gpu_uuid=self.gpu_uuids[0] if self.gpu_uuids else None,
+            )
         if claimed is None:
             log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
             return
@@ -69,6 +78,7 @@ class JobRunner:
             status=JobStatus.SUCCEEDED,
             finished_at=utcnow(),
             webhook_url=claimed.request.get("webhook_url"),
+            owner=claimed.owner,
         )
         started = time.perf_counter()
         try:

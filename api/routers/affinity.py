@@ -6,7 +6,7 @@ from fnmatch import fnmatchcase
 
 from fastapi import APIRouter, Response, status
 
-from api.deps import SessionDep
+from api.deps import ADMIN_ONLY, SessionDep
 from api.schemas import PlacementPreview, PreviewGpu, RuleCreate, RulePublic, RuleSaved, RulesPublic
 from gpuq import store
 from gpuq.errors import RequestError
@@ -14,7 +14,7 @@ from gpuq.fleet import load_fleet, rule_of
 from gpuq.models import AffinityRule, JobKind
 from gpuq.placement import Candidate, PlacementRequest, preview
 
-router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"])
+router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"], dependencies=ADMIN_ONLY)
 
 
 @router.get("", response_model=RulesPublic)

@@ -8,28 +8,39 @@ from anyio import to_thread
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from api.deps import SessionDep, StateDep
+from api.deps import CallerDep, SessionDep, StateDep
 from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
 from gpuq import batches, store
+from gpuq.access import Caller
 from gpuq.errors import RequestError
+from gpuq.limits import admit
+from gpuq.models import Batch
 from gpuq.queues import Priority
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 
-async def _object(db: SessionDep, batch_id: str) -> BatchObject:
+async def visible_batch(db: SessionDep, caller: Caller, batch_id: str) -> Batch:
     db.expire_all()
     batch = await db.run_sync(store.get_batch, batch_id)
-    if batch is None:
+    if batch is None or not caller.may_see(batch.owner):
         raise RequestError(404, f"batch {batch_id!r} does not exist")
+    return batch
+
+
+async def _object(db: SessionDep, batch: Batch) -> BatchObject:
     counts = await db.run_sync(lambda s: batches.request_counts(s, batch))
     return BatchObject.of(batch, counts)
 
 
 @router.post("", response_model=BatchObject)
-async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep) -> BatchObject:
+async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, caller: CallerDep) -> BatchObject:
     """Run every line of an uploaded file. Lines are checked first; an invalid one fails the
     request (400, with line numbers) and nothing is created."""
+    file = await db.run_sync(store.get_file, body.input_file_id)
+    if file is None or not caller.may_see(file.owner):
+        raise RequestError(404, f"file {body.input_file_id!r} does not exist")
+    await admit(db, state.redis, caller, queued_jobs=file.line_count, submissions=1)
 
     def start() -> str:
         with state.sync_sessions() as session:
@@ -43,52 +54,57 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep) -> Ba
                 priority=Priority.parse(body.priority).value,
                 timeout_s=state.settings.job_timeout_s,
                 webhook_url=str(body.webhook_url) if body.webhook_url else None,
+                owner=caller.owner,
+                api_key_id=caller.key_id,
             ).id
 
     batch_id = await to_thread.run_sync(start)
-    return await _object(db, batch_id)
+    return await _object(db, await visible_batch(db, caller, batch_id))
 
 
 @router.get("/{batch_id}", response_model=BatchObject)
-async def read_batch(batch_id: str, db: SessionDep) -> BatchObject:
-    return await _object(db, batch_id)
+async def read_batch(batch_id: str, db: SessionDep, caller: CallerDep) -> BatchObject:
+    return await _object(db, await visible_batch(db, caller, batch_id))
 
 
 @router.get("", response_model=BatchesPublic)
 async def list_batches(
-    db: SessionDep, limit: Annotated[int, Query(ge=1, le=100)] = 20, after: str | None = None
+    db: SessionDep,
+    caller: CallerDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
 ) -> BatchesPublic:
+    """Newest first; submitters see their own tenant's batches."""
     try:
-        rows, has_more = await db.run_sync(lambda s: store.list_batches(s, limit=limit, after=after))
+        rows, has_more = await db.run_sync(
+            lambda s: store.list_batches(s, limit=limit, after=after, owner=caller.tenant_filter)
+        )
     except LookupError:
         raise RequestError(400, f"`after` names batch {after!r}, which does not exist") from None
-    data = [await _object(db, b.id) for b in rows]
+    data = [await _object(db, b) for b in rows]
     return BatchesPublic(
         data=data, has_more=has_more, first_id=data[0].id if data else None, last_id=data[-1].id if data else None
     )
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchObject)
-async def cancel_batch(batch_id: str, db: SessionDep, state: StateDep) -> BatchObject:
+async def cancel_batch(batch_id: str, db: SessionDep, state: StateDep, caller: CallerDep) -> BatchObject:
+    await visible_batch(db, caller, batch_id)
     await db.run_sync(lambda s: batches.cancel_batch(s, state.redis, batch_id))
-    return await _object(db, batch_id)
+    return await _object(db, await visible_batch(db, caller, batch_id))
 
 
 @router.get("/{batch_id}/progress", response_model=BatchProgress)
-async def batch_progress(batch_id: str, db: SessionDep) -> BatchProgress:
+async def batch_progress(batch_id: str, db: SessionDep, caller: CallerDep) -> BatchProgress:
     """gpuq's own view: input lines per job status, throughput so far and an ETA."""
-    batch = await db.run_sync(store.get_batch, batch_id)
-    if batch is None:
-        raise RequestError(404, f"batch {batch_id!r} does not exist")
+    batch = await visible_batch(db, caller, batch_id)
     by_status = await db.run_sync(lambda s: store.batch_line_counts(s, batch_id))
     return BatchProgress.of(batch, by_status)
 
 
 @router.get("/{batch_id}/results")
-async def batch_results(batch_id: str, db: SessionDep, state: StateDep) -> StreamingResponse:
+async def batch_results(batch_id: str, db: SessionDep, caller: CallerDep) -> StreamingResponse:
     """The output lines answered so far (successes and errors), as JSONL, while it runs."""
-    batch = await db.run_sync(store.get_batch, batch_id)
-    if batch is None:
-        raise RequestError(404, f"batch {batch_id!r} does not exist")
+    batch = await visible_batch(db, caller, batch_id)
     lines = await db.run_sync(lambda s: list(batches.results_so_far(s, batch)))
     return StreamingResponse(iter(lines), media_type="application/jsonl")

@@ -8,11 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Form, UploadFile
 from fastapi.responses import FileResponse
 
-from api.deps import SessionDep, StateDep
+from api.deps import CallerDep, SessionDep, StateDep
 from api.schemas import FileObject
 from gpuq import store
+from gpuq.access import Caller
 from gpuq.errors import RequestError
 from gpuq.files import files_dir, store_upload
+from gpuq.models import File
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -20,7 +22,9 @@ CHUNK_BYTES = 1 << 20
 
 
 @router.post("", response_model=FileObject)
-async def upload_file(file: UploadFile, purpose: Annotated[str, Form()], db: SessionDep, state: StateDep) -> FileObject:
+async def upload_file(
+    file: UploadFile, purpose: Annotated[str, Form()], db: SessionDep, state: StateDep, caller: CallerDep
+) -> FileObject:
     """Upload a JSONL batch file (multipart, `purpose=batch`). Checked line by line as it is
     stored; a file with bad lines is refused with their numbers and nothing is kept."""
 
@@ -34,22 +38,23 @@ async def upload_file(file: UploadFile, purpose: Annotated[str, Form()], db: Ses
         purpose=purpose,
         directory=files_dir(state.settings.data_dir),
     )
+    stored.owner = caller.owner
     return FileObject.of(await db.run_sync(lambda s: store.save_file(s, stored)))
 
 
-async def _file(db: SessionDep, file_id: str):  # type: ignore[no-untyped-def]
+async def visible_file(db: SessionDep, caller: Caller, file_id: str) -> File:
     found = await db.run_sync(store.get_file, file_id)
-    if found is None:
+    if found is None or not caller.may_see(found.owner):
         raise RequestError(404, f"file {file_id!r} does not exist")
     return found
 
 
 @router.get("/{file_id}", response_model=FileObject)
-async def read_file(file_id: str, db: SessionDep) -> FileObject:
-    return FileObject.of(await _file(db, file_id))
+async def read_file(file_id: str, db: SessionDep, caller: CallerDep) -> FileObject:
+    return FileObject.of(await visible_file(db, caller, file_id))
 
 
 @router.get("/{file_id}/content")
-async def file_content(file_id: str, db: SessionDep) -> FileResponse:
-    found = await _file(db, file_id)
+async def file_content(file_id: str, db: SessionDep, caller: CallerDep) -> FileResponse:
+    found = await visible_file(db, caller, file_id)
     return FileResponse(found.path, media_type="application/jsonl", filename=found.filename)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from anyio import to_thread
 from fastapi import APIRouter
 
-from api.deps import SessionDep, StateDep
+from api.deps import ADMIN_ONLY, SessionDep, StateDep
 from api.schemas import GpuPublic, GpusPublic
 from gpuq import store, telemetry
 from gpuq.errors import RequestError
 
-router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
+router = APIRouter(prefix="/v1/gpus", tags=["gpus"], dependencies=ADMIN_ONLY)
 
 
 @router.get("", response_model=GpusPublic)

@@ -7,12 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from api.deps import SessionDep, StateDep
+from api.deps import CallerDep, SessionDep, StateDep
 from api.schemas import JobCreate, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from gpuq import store
+from gpuq.access import Caller
 from gpuq.cancel import cancel_job
 from gpuq.errors import RequestError
-from gpuq.models import JobKind, JobStatus
+from gpuq.limits import admit
+from gpuq.models import Job, JobKind, JobStatus
 from gpuq.queues import Priority
 from gpuq.submit import submit_jobs
 
@@ -25,41 +27,51 @@ async def create_job(
     db: SessionDep,
     state: StateDep,
     response: Response,
+    caller: CallerDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JobPublic:
     """Queue one job. An `Idempotency-Key` header (or `idempotency_key` field) makes retries safe:
     the same key and body return the first job (200) instead of queueing another."""
     if idempotency_key and body.idempotency_key is None:
         body = body.model_copy(update={"idempotency_key": idempotency_key})
-    [accepted] = await submit_jobs(db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s)
+    await admit(db, state.redis, caller, queued_jobs=1, submissions=1)
+    [accepted] = await submit_jobs(
+        db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s, caller=caller
+    )
     if not accepted.created:
         response.status_code = status.HTTP_200_OK
     return JobPublic.of(accepted.job)
 
 
 @router.post("/bulk", status_code=status.HTTP_202_ACCEPTED, response_model=JobsAccepted)
-async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep) -> JobsAccepted:
+async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller: CallerDep) -> JobsAccepted:
     """Queue many jobs in one request: all are accepted, or none (the error names the index)."""
     limit = state.settings.max_jobs_per_request
     if len(body.jobs) > limit:
         raise RequestError(422, f"{len(body.jobs)} jobs in one request; at most {limit}")
+    await admit(db, state.redis, caller, queued_jobs=len(body.jobs), submissions=len(body.jobs))
     accepted = await submit_jobs(
-        db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s
+        db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
     )
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
 
 
-@router.get("/{job_id}", response_model=JobPublic)
-async def read_job(job_id: str, db: SessionDep) -> JobPublic:
+async def visible_job(db: SessionDep, caller: Caller, job_id: str) -> Job:
     job = await db.run_sync(store.get_job, job_id)
-    if job is None:
+    if job is None or not caller.may_see(job.owner):
         raise RequestError(404, f"job {job_id!r} does not exist")
-    return JobPublic.of(job)
+    return job
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+async def read_job(job_id: str, db: SessionDep, caller: CallerDep) -> JobPublic:
+    return JobPublic.of(await visible_job(db, caller, job_id))
 
 
 @router.get("", response_model=JobsPublic)
 async def list_jobs(
     db: SessionDep,
+    caller: CallerDep,
     status_: Annotated[list[JobStatus] | None, Query(alias="status")] = None,
     model: str | None = None,
     kind: JobKind | None = None,
@@ -68,8 +80,13 @@ async def list_jobs(
     created_before: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     after: str | None = None,
+    owner: str | None = None,
+    host: str | None = None,
+    gpu: str | None = None,
+    batch_id: str | None = None,
 ) -> JobsPublic:
-    """Newest first. Filters combine; `status` may repeat. Page with `after` = `next_after`."""
+    """Newest first. Filters combine; `status` may repeat. Page with `after` = `next_after`.
+    Submitters see their own tenant's jobs; admins see all, or one tenant's with `owner`."""
     try:
         prio = Priority.parse(priority).value if priority is not None else None
     except ValueError as exc:
@@ -84,6 +101,10 @@ async def list_jobs(
         priority=prio,
         created_after=created_after,
         created_before=created_before,
+        owner=caller.owner if not caller.is_admin else owner,
+        host=host,
+        gpu_uuid=gpu,
+        batch_id=batch_id,
     )
     try:
         jobs, has_more = await db.run_sync(lambda s: store.list_jobs(s, flt, limit=limit, after=after))
@@ -95,8 +116,9 @@ async def list_jobs(
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-async def cancel(job_id: str, db: SessionDep, state: StateDep, response: Response) -> JobPublic:
+async def cancel(job_id: str, db: SessionDep, state: StateDep, response: Response, caller: CallerDep) -> JobPublic:
     """A queued job is cancelled at once (200); a running one stops at its next token (202)."""
+    await visible_job(db, caller, job_id)
     job = await cancel_job(db, state.redis, job_id)
     if job.status == JobStatus.RUNNING:
         response.status_code = status.HTTP_202_ACCEPTED

@@ -5,13 +5,13 @@ from __future__ import annotations
 from anyio import to_thread
 from fastapi import APIRouter, status
 
-from api.deps import SessionDep, StateDep
+from api.deps import ADMIN_ONLY, KEY_REQUIRED, SessionDep, StateDep
 from api.schemas import ModelCreate, ModelPublic, ModelsPublic
 from gpuq import store
 from gpuq.errors import RequestError
 from gpuq.registry import InvalidModel, build_model, resolve_model_path
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=KEY_REQUIRED)
 
 
 @router.get("", response_model=ModelsPublic)
@@ -27,7 +27,7 @@ async def read_model(name: str, db: SessionDep) -> ModelPublic:
     return ModelPublic.of(model)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic, dependencies=ADMIN_ONLY)
 async def register_model(body: ModelCreate, db: SessionDep, state: StateDep) -> ModelPublic:
     """Register (or re-register) a GGUF file under the models directory by name."""
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Query, Response, status
 
-from api.deps import SessionDep, StateDep
+from api.deps import ADMIN_ONLY, AdminDep, SessionDep, StateDep
 from api.schemas import (
     FireTimes,
     ScheduleCreate,
@@ -23,7 +23,7 @@ from gpuq.errors import RequestError
 from gpuq.models import Schedule, utcnow
 from gpuq.queues import Priority
 
-router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"], dependencies=ADMIN_ONLY)
 
 
 def _priority(name: str) -> int:
@@ -46,7 +46,7 @@ async def list_schedules(db: SessionDep) -> SchedulesPublic:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic)
-async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep) -> SchedulePublic:
+async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep, caller: AdminDep) -> SchedulePublic:
     """The cron, time zone and batch are checked now (a dry run of the batch's lines), so a
     schedule that could never run is a 422 today, not a failed run tonight."""
     schedules.zone(body.timezone)
@@ -83,6 +83,7 @@ async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep)
         enabled=body.enabled,
         misfire=body.misfire,
         next_fire_at=next_fire_at,
+        owner=body.owner or caller.owner,
         created_at=utcnow(),
     )
     return SchedulePublic.of(await db.run_sync(lambda s: store.save_schedule(s, schedule)))

@@ -51,8 +51,13 @@ def get_batch(session: Session, batch_id: str) -> Batch | None:
     return session.get(Batch, batch_id)
 
 
-def list_batches(session: Session, *, limit: int, after: str | None = None) -> tuple[list[Batch], bool]:
+def list_batches(
+    session: Session, *, limit: int, after: str | None = None, owner: str | None = None
+) -> tuple[list[Batch], bool]:
+    """Newest first, keyset-paginated; ``owner`` narrows to one tenant's."""
     query = select(Batch)
+    if owner is not None:
+        query = query.where(Batch.owner == owner)
     if after is not None:
         anchor = session.get(Batch, after)
         if anchor is None:

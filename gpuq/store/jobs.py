@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy import ColumnElement, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuq.models import (
@@ -43,6 +43,8 @@ class NewJob:
     custom_id: str | None = None
     line_count: int = 1
     line_number: int | None = None
+    owner: str | None = None
+    api_key_id: str | None = None
 
 
 def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
@@ -64,6 +66,8 @@ def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
             "custom_id": j.custom_id,
             "line_count": j.line_count,
             "line_number": j.line_number,
+            "owner": j.owner,
+            "api_key_id": j.api_key_id,
         }
         for j in jobs
     ]
@@ -84,11 +88,12 @@ def delete_queued_jobs(session: Session, ids: Sequence[str]) -> None:
     session.commit()
 
 
-def jobs_by_idempotency_keys(session: Session, keys: Iterable[str]) -> dict[str, Job]:
+def jobs_by_idempotency_keys(session: Session, keys: Iterable[str], owner: str | None) -> dict[str, Job]:
+    """The tenant's jobs by idempotency key: another tenant's keys are not ours to replay."""
     keys = list(keys)
     if not keys:
         return {}
-    jobs = session.scalars(select(Job).where(Job.idempotency_key.in_(keys)))
+    jobs = session.scalars(select(Job).where(Job.idempotency_key.in_(keys), Job.owner == owner))
     return {j.idempotency_key: j for j in jobs if j.idempotency_key}
 
 
@@ -107,6 +112,30 @@ class JobFilter:
     priority: int | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    owner: str | None = None
+    host: str | None = None
+    gpu_uuid: str | None = None
+    batch_id: str | None = None
+
+
+def _conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
+    equal = (
+        (Job.model, flt.model),
+        (Job.kind, flt.kind),
+        (Job.priority, flt.priority),
+        (Job.owner, flt.owner),
+        (Job.host, flt.host),
+        (Job.gpu_uuid, flt.gpu_uuid),
+        (Job.batch_id, flt.batch_id),
+    )
+    conditions = [column == value for column, value in equal if value is not None]
+    if flt.statuses:
+        conditions.append(Job.status.in_(flt.statuses))
+    if flt.created_after is not None:
+        conditions.append(Job.created_at >= flt.created_after)
+    if flt.created_before is not None:
+        conditions.append(Job.created_at < flt.created_before)
+    return conditions
 
 
 def list_jobs(session: Session, flt: JobFilter, *, limit: int, after: str | None = None) -> tuple[list[Job], bool]:
@@ -114,19 +143,7 @@ def list_jobs(session: Session, flt: JobFilter, *, limit: int, after: str | None
 
     Returns the page and whether more rows follow.
     """
-    query = select(Job)
-    if flt.statuses:
-        query = query.where(Job.status.in_(flt.statuses))
-    if flt.model is not None:
-        query = query.where(Job.model == flt.model)
-    if flt.kind is not None:
-        query = query.where(Job.kind == flt.kind)
-    if flt.priority is not None:
-        query = query.where(Job.priority == flt.priority)
-    if flt.created_after is not None:
-        query = query.where(Job.created_at >= flt.created_after)
-    if flt.created_before is not None:
-        query = query.where(Job.created_at < flt.created_before)
+    query = select(Job).where(*_conditions(flt))
     if after is not None:
         anchor = session.get(Job, after)
         if anchor is None:
@@ -178,9 +195,18 @@ class ClaimedJob:
     request: dict[str, Any]
     attempts: int
     started_at: datetime
+    owner: str | None = None
 
 
-def claim_job(session: Session, job_id: str, *, worker: str, device: str) -> ClaimedJob | None:
+def claim_job(
+    session: Session,
+    job_id: str,
+    *,
+    worker: str,
+    device: str,
+    host: str | None = None,
+    gpu_uuid: str | None = None,
+) -> ClaimedJob | None:
     """Queued to running for this worker. None if someone cancelled or ran it first."""
     now = utcnow()
     row = session.execute(
@@ -192,15 +218,17 @@ def claim_job(session: Session, job_id: str, *, worker: str, device: str) -> Cla
             started_at=now,
             worker=worker,
             device=device,
+            host=host,
+            gpu_uuid=gpu_uuid,
             attempts=Job.attempts + 1,
             error=None,
         )
-        .returning(Job.kind, Job.model, Job.priority, Job.request, Job.attempts)
+        .returning(Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner)
     ).one_or_none()
     session.commit()
     if row is None:
         return None
-    return ClaimedJob(job_id, row.kind, row.model, row.priority, row.request, row.attempts, now)
+    return ClaimedJob(job_id, row.kind, row.model, row.priority, row.request, row.attempts, now, row.owner)
 
 
 @dataclass(slots=True)
@@ -218,6 +246,7 @@ class Outcome:
     load_ms: int | None = None
     run_ms: int | None = None
     webhook_url: str | None = None
+    owner: str | None = None  # of the job: its webhook delivery log belongs to this tenant
 
     def as_values(self) -> dict[str, Any]:
         values = {
@@ -249,7 +278,11 @@ def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
         if changed and outcome.webhook_url:  # the event commits with the state it reports
             session.add(
                 new_delivery(
-                    f"job.{outcome.status.value}", outcome.webhook_url, _job_event(outcome), job_id=outcome.job_id
+                    f"job.{outcome.status.value}",
+                    outcome.webhook_url,
+                    _job_event(outcome),
+                    job_id=outcome.job_id,
+                    owner=outcome.owner,
                 )
             )
     session.commit()

@@ -12,8 +12,13 @@ from gpuq.models import (
 # ---------------------------------------------------------------- webhooks
 
 
-def list_deliveries(session: Session, *, job_id: str | None, batch_id: str | None, limit: int) -> list[WebhookDelivery]:
+def list_deliveries(
+    session: Session, *, job_id: str | None, batch_id: str | None, limit: int, owner: str | None = None
+) -> list[WebhookDelivery]:
+    """Newest first; ``owner`` narrows to one tenant's deliveries."""
     query = select(WebhookDelivery)
+    if owner is not None:
+        query = query.where(WebhookDelivery.owner == owner)
     if job_id is not None:
         query = query.where(WebhookDelivery.job_id == job_id)
     if batch_id is not None:

@@ -22,9 +22,14 @@ def settings(database_url: str, redis_url: str, tmp_path) -> Settings:
     )
 
 
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
 @pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as c:
+def client(settings: Settings, admin_key: str) -> Iterator[TestClient]:
+    """The API in-process, every request sent with an admin key."""
+    with TestClient(create_app(settings), headers=bearer(admin_key)) as c:
         yield c
 
 

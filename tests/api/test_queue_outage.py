@@ -4,15 +4,16 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from gpuq.redis_server import PrivateRedis
+from tests.api.conftest import bearer
 from tests.conftest import both_databases
 
 
 @both_databases
-def test_a_submission_while_redis_is_down_is_a_503_and_leaves_no_row(settings, job_rows, tmp_path):
+def test_a_submission_while_redis_is_down_is_a_503_and_leaves_no_row(settings, job_rows, tmp_path, admin_key):
     private = PrivateRedis(tmp_path / "redis", persist=False)
     url = private.start()
     app = create_app(settings.model_copy(update={"redis_url": url}))
-    with TestClient(app) as client:
+    with TestClient(app, headers=bearer(admin_key)) as client:
         ok = client.post("/v1/jobs", json={"kind": "noop", "model": "smollm2-135m"})
         assert ok.status_code == 202
         private.stop()

@@ -27,7 +27,7 @@ def _running_system(backend: str, workdir: Path, redis_server_url: str, db_index
         try:
             _api, url = processes.start_api()
             _worker, worker_name = processes.start_worker()
-            with GpuqClient(url) as client:
+            with processes.client(url) as client:
                 yield RunningSystem(processes, client, url, worker_name)
         finally:
             processes.stop_all()

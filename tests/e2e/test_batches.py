@@ -13,7 +13,6 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from gpuq.client import GpuqClient
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.models import Job, Schedule, utcnow
 
@@ -26,7 +25,7 @@ def openai_client(processes):
     processes.settings |= {"GPUQ_RECONCILE_INTERVAL_S": "60"}
     _api, url = processes.start_api()
     processes.start_scheduler()
-    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    client = OpenAI(base_url=f"{url}/v1", api_key=processes.admin_key, max_retries=0)
     yield client, url
     client.close()
 
@@ -72,7 +71,7 @@ def test_a_mixed_batch_runs_to_completion_with_output_and_error_files(openai_cli
     client, _url = openai_client
     fragile = processes.workdir / "models" / "fragile.gguf"
     fragile.symlink_to(model_path)
-    with GpuqClient(_url) as gpuq:
+    with processes.client(_url) as gpuq:
         gpuq.register_model({"name": "fragile", "path": "fragile.gguf"})
     lines = [
         chat("q1", "What is 2+2?"),

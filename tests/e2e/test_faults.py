@@ -7,7 +7,6 @@ import time
 from redis import Redis
 from rq.registry import StartedJobRegistry
 
-from gpuq.client import GpuqClient
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.reconciler import reconcile_once
 
@@ -40,7 +39,7 @@ def _wait_for_status(client, job_id, status, timeout_s=60.0):
 
 def test_higher_priority_jobs_run_first(processes):
     _api, url = processes.start_api()
-    with GpuqClient(url) as client:
+    with processes.client(url) as client:
         low = [client.submit(NOOP | {"priority": "low"})["id"] for _ in range(3)]
         normal = [client.submit(NOOP | {"priority": "normal"})["id"] for _ in range(3)]
         high = [client.submit(NOOP | {"priority": "high"})["id"] for _ in range(3)]
@@ -52,7 +51,7 @@ def test_higher_priority_jobs_run_first(processes):
 
 def test_a_redis_that_restarts_empty_is_rebuilt_from_sql(processes):
     _api, url = processes.start_api()
-    with GpuqClient(url) as client:
+    with processes.client(url) as client:
         ids = [client.submit(NOOP | {"priority": p})["id"] for p in ("high", "normal", "low")]
         Redis.from_url(processes.redis_url).flushdb()  # Redis lost everything
         assert sorted(_reconcile(processes).requeued) == sorted(ids)
@@ -65,7 +64,7 @@ def test_a_long_job_keeps_heartbeating_and_is_never_taken_for_abandoned(processe
     _api, url = processes.start_api()
     _worker, worker_name = processes.start_worker()
     redis = Redis.from_url(processes.redis_url)
-    with GpuqClient(url) as client:
+    with processes.client(url) as client:
         job = client.submit(LONG | {"max_tokens": 300})
         _wait_for_status(client, job["id"], "running")
         started = time.monotonic()
@@ -86,7 +85,7 @@ def test_a_job_on_a_crashed_worker_is_retried_on_another(processes):
     processes.settings |= {"GPUQ_WORKER_TTL_S": "2", "GPUQ_WORKER_HEARTBEAT_INTERVAL_S": "0.5"}
     _api, url = processes.start_api()
     crashing, crashed_name = processes.start_worker("doomed")
-    with GpuqClient(url) as client:
+    with processes.client(url) as client:
         job = client.submit(LONG | {"max_tokens": 200})
         _wait_for_status(client, job["id"], "running")
         crashing.kill()  # SIGKILL: no cleanup, no goodbye
@@ -102,7 +101,7 @@ def test_a_model_file_that_fails_to_load_fails_its_job_and_the_worker_carries_on
     link = processes.workdir / "models" / "fragile.gguf"
     link.symlink_to(model_path)
     _api, url = processes.start_api()
-    with GpuqClient(url) as client:
+    with processes.client(url) as client:
         client.register_model({"name": "fragile", "path": "fragile.gguf"})
         doomed = client.submit({"kind": "generate", "model": "fragile", "prompt": "hi", "max_tokens": 4})
         os.unlink(link)  # the file disappears before any worker loads it
@@ -117,7 +116,7 @@ def test_a_model_file_that_fails_to_load_fails_its_job_and_the_worker_carries_on
 def test_a_sigterm_lets_the_running_job_finish_before_the_worker_exits(processes):
     _api, url = processes.start_api()
     worker, _name = processes.start_worker()
-    with GpuqClient(url) as client:
+    with processes.client(url) as client:
         job = client.submit(LONG | {"max_tokens": 64})
         _wait_for_status(client, job["id"], "running")
         stopper = threading.Thread(target=worker.stop)

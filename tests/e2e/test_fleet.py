@@ -10,8 +10,6 @@ import pytest
 from redis import Redis
 from rq.worker import Worker
 
-from gpuq.client import GpuqClient
-
 MODEL = "smollm2-135m"
 FLEET = {
     "GPUQ_SIMULATED_GPUS": "24,24,48,80",
@@ -28,7 +26,7 @@ def fleet(processes):
     processes.settings |= FLEET
     _api, url = processes.start_api()
     _supervisor, workers = processes.start_supervisor(expected_workers=4)
-    with GpuqClient(url) as client:
+    with processes.client(url) as client:
         gpus = {g["index"]: g["uuid"] for g in client.gpus()}
         yield client, gpus, workers
 

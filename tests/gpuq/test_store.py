@@ -60,12 +60,13 @@ def test_outcomes_are_written_only_for_the_worker_that_holds_the_job(session):
 
 
 @both_databases
-def test_an_idempotency_key_can_be_stored_once(session):
-    store.insert_jobs(session, [make_job(idempotency_key="k1")])
+def test_an_idempotency_key_can_be_stored_once_and_is_found_only_by_its_tenant(session):
+    store.insert_jobs(session, [make_job(idempotency_key="k1", owner="acme")])
     with pytest.raises(IntegrityError):
-        store.insert_jobs(session, [make_job(idempotency_key="k1")])
+        store.insert_jobs(session, [make_job(idempotency_key="k1", owner="acme")])
     session.rollback()
-    assert list(store.jobs_by_idempotency_keys(session, ["k1", "k2"])) == ["k1"]
+    assert list(store.jobs_by_idempotency_keys(session, ["k1", "k2"], "acme")) == ["k1"]
+    assert store.jobs_by_idempotency_keys(session, ["k1"], "globex") == {}
 
 
 @both_databases

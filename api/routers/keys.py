@@ -1,0 +1,60 @@
+"""/v1/keys: API keys. Admins create, list and revoke them; any key may ask who it is."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from api.deps import AdminDep, CallerDep, SessionDep
+from api.schemas import KeyCreate, KeyCreated, KeyPublic, KeysPublic
+from gpuq import store
+from gpuq.errors import RequestError
+from gpuq.models import Role
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
+async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCreated:
+    """The response holds the secret; gpuq keeps only its hash and cannot show it again."""
+    key, secret = await db.run_sync(
+        lambda s: store.create_api_key(
+            s,
+            name=body.name,
+            owner=body.owner,
+            role=body.role,
+            max_queued_jobs=body.max_queued_jobs,
+            max_submissions_per_minute=body.max_submissions_per_minute,
+        )
+    )
+    return KeyCreated(**KeyPublic.of(key).model_dump(), key=secret)
+
+
+@router.get("", response_model=KeysPublic)
+async def list_keys(db: SessionDep, _admin: AdminDep, include_revoked: Annotated[bool, Query()] = False) -> KeysPublic:
+    keys = await db.run_sync(lambda s: store.list_api_keys(s, include_revoked=include_revoked))
+    return KeysPublic(data=[KeyPublic.of(k) for k in keys])
+
+
+@router.get("/me", response_model=KeyPublic)
+async def who_am_i(db: SessionDep, caller: CallerDep) -> KeyPublic:
+    """The calling key: its tenant, role and limits."""
+    key = await db.run_sync(store.get_api_key, caller.key_id)
+    assert key is not None  # it authenticated this very request
+    return KeyPublic.of(key)
+
+
+@router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def revoke_key(key_id: str, db: SessionDep, _admin: AdminDep) -> Response:
+    """The key stops working at once. The last active admin key cannot be revoked: that
+    would lock every admin out (create another admin key first)."""
+    key = await db.run_sync(store.get_api_key, key_id)
+    if key is None or key.revoked_at is not None:
+        raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
+    if key.role == Role.ADMIN:
+        admins = [k for k in await db.run_sync(store.list_api_keys) if k.role == Role.ADMIN]
+        if len(admins) == 1:
+            raise RequestError(409, f"key {key_id} is the last active admin key; create another admin key first")
+    await db.run_sync(store.revoke_api_key, key_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,139 @@
+"""OpenAI-compatible files and batches, and gpuq's batch progress."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+
+from api.schemas.common import unix_time
+from gpuq.models import FINAL_STATUSES, Batch, File, utcnow
+from gpuq.queues import Priority
+
+
+class FileObject(BaseModel):
+    """OpenAI's file object."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["processed"] = "processed"
+    status_details: None = None
+
+    @classmethod
+    def of(cls, file: File) -> FileObject:
+        return cls(
+            id=file.id,
+            bytes=file.bytes,
+            created_at=int(file.created_at.timestamp()),
+            filename=file.filename,
+            purpose=file.purpose,
+        )
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # the openai client may add fields gpuq does not use
+
+    input_file_id: str = Field(min_length=1)
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    priority: str = Field("low", description="gpuq extension: batches default below interactive jobs")
+    webhook_url: HttpUrl | None = Field(None, description="gpuq extension: POSTed a signed event when it ends")
+
+    @field_validator("priority")
+    @classmethod
+    def _known_priority(cls, value: str) -> str:
+        Priority.parse(value)
+        return value.lower()
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchObject(BaseModel):
+    """OpenAI's batch object."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: None = None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+    owner: str | None = Field(None, description="gpuq: the tenant it belongs to")
+
+    @classmethod
+    def of(cls, batch: Batch, counts: dict[str, int]) -> BatchObject:
+        return cls(
+            id=batch.id,
+            endpoint=batch.endpoint,
+            input_file_id=batch.input_file_id,
+            completion_window=batch.completion_window,
+            status=batch.status,
+            output_file_id=batch.output_file_id,
+            error_file_id=batch.error_file_id,
+            created_at=int(batch.created_at.timestamp()),
+            in_progress_at=unix_time(batch.in_progress_at),
+            expires_at=unix_time(batch.expires_at),
+            finalizing_at=unix_time(batch.finalizing_at),
+            completed_at=unix_time(batch.completed_at),
+            failed_at=unix_time(batch.failed_at),
+            expired_at=unix_time(batch.expired_at),
+            cancelling_at=unix_time(batch.cancelling_at),
+            cancelled_at=unix_time(batch.cancelled_at),
+            owner=batch.owner,
+            request_counts=RequestCounts(**counts),
+            metadata=batch.batch_metadata,
+        )
+
+
+class BatchesPublic(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class BatchProgress(BaseModel):
+    id: str
+    status: str
+    total: int
+    lines_by_status: dict[str, int]
+    lines_per_s: float | None = Field(description="throughput observed since the batch started")
+    eta_s: float | None = Field(description="seconds to finish the rest at that throughput")
+
+    @classmethod
+    def of(cls, batch: Batch, by_status: dict[str, int]) -> BatchProgress:
+        done = sum(n for status, n in by_status.items() if status in FINAL_STATUSES)
+        elapsed = (utcnow() - batch.in_progress_at).total_seconds() if batch.in_progress_at else 0.0
+        rate = done / elapsed if done and elapsed > 0 else None
+        remaining = batch.total - done
+        return cls(
+            id=batch.id,
+            status=batch.status,
+            total=batch.total,
+            lines_by_status=by_status,
+            lines_per_s=round(rate, 3) if rate else None,
+            eta_s=round(remaining / rate, 1) if rate and remaining > 0 else (0.0 if remaining == 0 else None),
+        )

@@ -1,0 +1,202 @@
+"""Jobs: what users submit and what they read back."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
+
+from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_EMBED_INPUTS, MAX_STOP_SEQUENCES, Strict
+from gpuq.models import Job, JobKind
+from gpuq.queues import Priority
+from gpuq.submit import JobSpec
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class JobBase(Strict):
+    model: str = Field(min_length=1, max_length=128)
+    keep_alive: float | None = Field(
+        None,
+        ge=-1,
+        le=7 * 24 * 3600,
+        description="seconds the model stays loaded after this job (as Ollama's keep_alive); -1 forever, 0 unload now",
+    )
+    priority: str = Field("normal", description="high, normal or low")
+    idempotency_key: str | None = Field(None, min_length=1, max_length=255)
+    webhook_url: HttpUrl | None = Field(None, description="POSTed a signed event when the job ends")
+
+    @field_validator("priority")
+    @classmethod
+    def _known_priority(cls, value: str) -> str:
+        Priority.parse(value)  # raises ValueError with the list of choices
+        return value.lower()
+
+    def spec(self, request: dict[str, Any], kind: JobKind) -> JobSpec:
+        if self.keep_alive is not None:
+            request = request | {"keep_alive": self.keep_alive}
+        if self.webhook_url is not None:
+            request = request | {"webhook_url": str(self.webhook_url)}
+        return JobSpec(
+            kind=kind,
+            model=self.model,
+            priority=Priority.parse(self.priority).value,
+            request=request,
+            idempotency_key=self.idempotency_key,
+        )
+
+
+class GenerateJobCreate(JobBase):
+    kind: Literal["generate"]
+    prompt: str | None = Field(None, min_length=1)
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    max_tokens: int = Field(256, ge=1, le=MAX_CONTEXT_TOKENS)
+    temperature: float = Field(0.8, ge=0.0, le=2.0)
+    top_p: float = Field(0.9, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateJobCreate:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of `prompt` (text) or `messages` (chat)")
+        if self.messages is not None and not any(m.content for m in self.messages):
+            raise ValueError("`messages` are all empty: at least one needs content")
+        return self
+
+    def to_spec(self) -> JobSpec:
+        request: dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": self.stop,
+        }
+        if self.prompt is not None:
+            request["prompt"] = self.prompt
+        else:
+            request["messages"] = [m.model_dump() for m in self.messages or []]
+        return self.spec(request, JobKind.GENERATE)
+
+
+class EmbedJobCreate(JobBase):
+    kind: Literal["embed"]
+    input: str | list[str] = Field(description="one text, or a list of texts")
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, value: str | list[str]) -> str | list[str]:
+        texts = [value] if isinstance(value, str) else value
+        if not texts:
+            raise ValueError("`input` is an empty list: give at least one text")
+        if len(texts) > MAX_EMBED_INPUTS:
+            raise ValueError(f"`input` has {len(texts)} texts; at most {MAX_EMBED_INPUTS} per job")
+        for i, text in enumerate(texts):
+            if not text:
+                raise ValueError(f"`input[{i}]` is empty")
+        return value
+
+    def to_spec(self) -> JobSpec:
+        texts = [self.input] if isinstance(self.input, str) else self.input
+        return self.spec({"input": texts}, JobKind.EMBED)
+
+
+class NoopJobCreate(JobBase):
+    """Goes through the whole dispatch path without a model call (probes, benchmarks)."""
+
+    kind: Literal["noop"]
+
+    def to_spec(self) -> JobSpec:
+        return self.spec({}, JobKind.NOOP)
+
+
+JobCreate = Annotated[GenerateJobCreate | EmbedJobCreate | NoopJobCreate, Field(discriminator="kind")]
+
+
+class JobsCreate(Strict):
+    jobs: list[JobCreate] = Field(min_length=1)
+
+
+class JobSummary(BaseModel):
+    id: str
+    kind: str
+    model: str
+    priority: str
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    queue_wait_ms: int | None
+    load_ms: int | None
+    run_ms: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    worker: str | None
+    device: str | None
+    attempts: int
+    error: str | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    owner: str | None
+    host: str | None
+    gpu_uuid: str | None
+    batch_id: str | None
+    gpu_seconds: float | None = Field(description="GPU time measured through NVML; null on CPU or simulated GPUs")
+    energy_j: float | None = Field(description="energy drawn by its GPU while it ran; null where not measured")
+
+    @classmethod
+    def of(cls, job: Job) -> JobSummary:
+        return cls(**_job_fields(job))
+
+
+class JobPublic(JobSummary):
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobPublic:
+        return cls(**_job_fields(job), request=job.request, result=job.result)
+
+
+def _job_fields(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "model": job.model,
+        "priority": Priority(job.priority).label,
+        "status": job.status,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "queue_wait_ms": job.queue_wait_ms,
+        "load_ms": job.load_ms,
+        "run_ms": job.run_ms,
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.completion_tokens,
+        "worker": job.worker,
+        "device": job.device,
+        "attempts": job.attempts or 0,
+        "error": job.error,
+        "cancel_requested": job.cancel_requested_at is not None,
+        "idempotency_key": job.idempotency_key,
+        "owner": job.owner,
+        "host": job.host,
+        "gpu_uuid": job.gpu_uuid,
+        "batch_id": job.batch_id,
+        "gpu_seconds": job.gpu_seconds,
+        "energy_j": job.energy_j,
+    }
+
+
+class JobsPublic(BaseModel):
+    data: list[JobSummary]
+    has_more: bool
+    next_after: str | None = Field(None, description="pass as `after` for the next page")
+
+
+class JobsAccepted(BaseModel):
+    data: list[JobPublic]

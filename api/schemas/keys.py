@@ -1,0 +1,56 @@
+"""API keys: creating one (the secret is in that response only) and listing them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from api.schemas.common import Strict
+from gpuq.models import ApiKey, Role
+
+
+class KeyCreate(Strict):
+    name: str = Field(min_length=1, max_length=128, description="what the key is for, e.g. 'nightly-evals'")
+    owner: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$", description="the tenant it acts for")
+    role: Role = Role.SUBMITTER
+    max_queued_jobs: int | None = Field(None, ge=1, description="jobs it may have queued at once; null: no limit")
+    max_submissions_per_minute: int | None = Field(
+        None, ge=1, description="jobs (or batches) it may submit a minute; null: no limit"
+    )
+
+
+class KeyPublic(BaseModel):
+    id: str
+    name: str
+    owner: str
+    role: Role
+    prefix: str = Field(description="the secret's first characters, to recognise it")
+    max_queued_jobs: int | None
+    max_submissions_per_minute: int | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, key: ApiKey) -> KeyPublic:
+        return cls(
+            id=key.id,
+            name=key.name,
+            owner=key.owner,
+            role=Role(key.role),
+            prefix=key.key_prefix,
+            max_queued_jobs=key.max_queued_jobs,
+            max_submissions_per_minute=key.max_submissions_per_minute,
+            created_at=key.created_at,
+            last_used_at=key.last_used_at,
+            revoked_at=key.revoked_at,
+        )
+
+
+class KeyCreated(KeyPublic):
+    key: str = Field(description="the secret: shown in this response only, store it now")
+
+
+class KeysPublic(BaseModel):
+    data: list[KeyPublic]

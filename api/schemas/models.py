@@ -1,0 +1,59 @@
+"""The model registry's shapes (the list is OpenAI's model list)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from api.schemas.common import MAX_CONTEXT_TOKENS, Strict
+from gpuq.models import Model, ModelKind
+
+
+class ModelCreate(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    path: str = Field(min_length=1, description="GGUF file, relative to (or inside) the models directory")
+    kinds: list[ModelKind] = Field(default_factory=lambda: [ModelKind.GENERATE], min_length=1)
+    context_length: int | None = Field(None, ge=1, le=MAX_CONTEXT_TOKENS)
+    vram_mib: int | None = Field(
+        None, ge=1, description="measured GPU memory the model needs; overrides gpuq's estimate for placement"
+    )
+
+
+class ModelPublic(BaseModel):
+    """OpenAI's model object (``id``, ``object``, ``created``, ``owned_by``) plus gpuq's fields."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "gpuq"
+    path: str
+    kinds: list[str]
+    context_length: int
+    context_length_trained: int
+    size_bytes: int
+    architecture: str
+    vram_estimate_mib: int
+    vram_override_mib: int | None
+    vram_mib: int = Field(description="what placement uses: the override if set, else the estimate")
+
+    @classmethod
+    def of(cls, model: Model) -> ModelPublic:
+        return cls(
+            id=model.name,
+            created=int(model.created_at.timestamp()),
+            path=model.path,
+            kinds=model.kinds,
+            context_length=model.context_length,
+            context_length_trained=model.context_length_trained,
+            size_bytes=model.size_bytes,
+            architecture=model.architecture,
+            vram_estimate_mib=model.vram_estimate_mib,
+            vram_override_mib=model.vram_override_mib,
+            vram_mib=model.vram_mib,
+        )
+
+
+class ModelsPublic(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelPublic]

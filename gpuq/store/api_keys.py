@@ -1,0 +1,90 @@
+"""API keys: creating, finding by secret, listing and revoking them."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from gpuq.access import hash_secret, new_secret
+from gpuq.models import ApiKey, Role, utcnow
+
+# last_used_at is for humans auditing keys: writing it once a minute is precise enough
+# and spares a write on every request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def create_api_key(
+    session: Session,
+    *,
+    name: str,
+    owner: str,
+    role: Role,
+    max_queued_jobs: int | None = None,
+    max_submissions_per_minute: int | None = None,
+) -> tuple[ApiKey, str]:
+    """Store a new key and return it with its secret, which is not kept anywhere."""
+    secret = new_secret()
+    key = ApiKey(
+        id=f"key_{secrets.token_hex(8)}",
+        name=name,
+        owner=owner,
+        role=role.value,
+        key_hash=hash_secret(secret),
+        key_prefix=secret[:12],
+        max_queued_jobs=max_queued_jobs,
+        max_submissions_per_minute=max_submissions_per_minute,
+        created_at=utcnow(),
+    )
+    session.add(key)
+    session.commit()
+    return key, secret
+
+
+def find_active_key(session: Session, secret: str) -> ApiKey | None:
+    """The unrevoked key with this secret, its last use noted; None for anything else."""
+    key = session.scalars(
+        select(ApiKey).where(ApiKey.key_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
+    ).one_or_none()
+    if key is None:
+        return None
+    now = utcnow()
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        key.last_used_at = now
+        session.commit()
+    return key
+
+
+def list_api_keys(session: Session, *, include_revoked: bool = False) -> list[ApiKey]:
+    stmt = select(ApiKey).order_by(ApiKey.created_at)
+    if not include_revoked:
+        stmt = stmt.where(ApiKey.revoked_at.is_(None))
+    return list(session.scalars(stmt))
+
+
+def get_api_key(session: Session, key_id: str) -> ApiKey | None:
+    return session.get(ApiKey, key_id)
+
+
+def revoke_api_key(session: Session, key_id: str) -> bool:
+    """True if the key existed and was active; it stops working at once."""
+    changed = session.execute(
+        update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
+    ).rowcount
+    session.commit()
+    return bool(changed)
+
+
+def has_admin_key(session: Session) -> bool:
+    return (
+        session.scalars(
+            select(ApiKey.id).where(ApiKey.role == Role.ADMIN.value, ApiKey.revoked_at.is_(None)).limit(1)
+        ).first()
+        is not None
+    )
+
+
+def known_owners(session: Session) -> set[str]:
+    return set(session.scalars(select(ApiKey.owner).distinct()))
