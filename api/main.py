@@ -11,7 +11,7 @@ from redis import Redis
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
-from api.routers import affinity, batches, files, gpus, health, jobs, keys, models, schedules, webhooks
+from api.routers import affinity, batches, dashboard, files, gpus, health, jobs, keys, models, schedules, webhooks
 from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         schedules.router,
         webhooks.router,
         keys.router,
+        dashboard.router,
     )
     for router in routers:
         app.include_router(router)
