@@ -12,6 +12,7 @@ from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
 from api.routers import affinity, batches, dashboard, files, gpus, health, jobs, keys, models, schedules, webhooks
+from api.routers import metrics as metrics_router
 from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         webhooks.router,
         keys.router,
         dashboard.router,
+        metrics_router.router,
     )
     for router in routers:
         app.include_router(router)

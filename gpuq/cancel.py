@@ -13,7 +13,7 @@ from redis import Redis
 from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuq import store
+from gpuq import metrics, store
 from gpuq.enqueue import QueueEntry, remove_queued
 from gpuq.errors import RequestError
 from gpuq.models import Job, JobStatus
@@ -26,6 +26,8 @@ async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
     if job.status == JobStatus.QUEUED and await db.run_sync(store.cancel_queued_job, job_id):
         entry = QueueEntry(job.id, job.model, job.kind, job.priority)
         await to_thread.run_sync(lambda: remove_queued(redis, [entry]))
+        cancelled = metrics.FinishedJob(job.model, job.kind, JobStatus.CANCELLED.value)
+        await to_thread.run_sync(lambda: metrics.record_finished_jobs(redis, [cancelled]))
         return await _get(db, job_id)
     job = await _get(db, job_id)  # a worker may have claimed it meanwhile
     # SQL first: once signalled, the worker may record the job cancelled at once, and the

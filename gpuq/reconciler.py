@@ -20,9 +20,9 @@ from rq.job import Job as RQJob
 from rq.worker import Worker
 from sqlalchemy.orm import Session
 
-from gpuq import store
+from gpuq import metrics, store
 from gpuq.enqueue import QueueEntry, enqueue_jobs
-from gpuq.models import utcnow
+from gpuq.models import JobStatus, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ def _recover_from_dead_workers(
             error = f"worker {worker} stopped responding while running this job; gave up after {attempts} attempts"
             if store.fail_abandoned_job(session, job_id, worker=worker, error=error):
                 report.failed.append(job_id)
+                metrics.record_finished_jobs(redis, [metrics.FinishedJob(model, kind, JobStatus.FAILED.value)])
         elif store.return_to_queue(session, job_id, worker=worker):
             back.append(QueueEntry(job_id, model, kind, priority))
     if back:

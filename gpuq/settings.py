@@ -40,6 +40,13 @@ class Settings(BaseSettings):
         "", description="comma-separated GiB sizes, e.g. 24,24,48,80: a SIMULATED inventory instead of NVML"
     )
     host_label: str = Field("", description="this host's name in the fleet; empty means the hostname")
+    gpu_sample_interval_s: float = Field(
+        30.0, gt=0, description="how often a supervisor writes its GPUs' telemetry to SQL (gpu_samples)"
+    )
+    gpu_sample_retention_days: float = Field(30.0, gt=0, description="gpu_samples older than this are deleted")
+    energy_sample_interval_s: float = Field(
+        0.5, gt=0, description="power sampling period on GPUs without NVML's energy counter"
+    )
     priority_aging_s: float = Field(
         300.0, ge=0, description="a job waiting this long moves up one priority; 0 turns aging off"
     )

@@ -9,12 +9,13 @@ import socket
 
 from redis import Redis
 
-from gpuq import store
+from gpuq import metrics, store
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.gpus import nvml_inventory
 from gpuq.settings import Settings
 from worker.catalog import ModelCatalog
 from worker.device import detect_device
+from worker.energy import energy_meter_for
 from worker.engine import LoadedModel
 from worker.faults import GpuHealth, hand_back_to_queue, too_small_models
 from worker.model_cache import ModelCache, ModelSpec
@@ -61,8 +62,13 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
     )
     catalog.refresh()
     budget = catalog.slot.memory_total_mib if catalog.slot is not None and catalog.slot.memory_total_mib else None
-    cache = ModelCache(load, max_loaded=settings.worker_max_loaded_models, budget_mib=budget)
-    writer = OutcomeWriter(sessions)
+    cache = ModelCache(
+        load,
+        max_loaded=settings.worker_max_loaded_models,
+        budget_mib=budget,
+        on_load=lambda spec, seconds: metrics.record_model_load(redis, spec.name, seconds),
+    )
+    writer = OutcomeWriter(sessions, redis=redis)
     name = worker_name(slot)
 
     def mark_unhealthy(reason: str) -> None:
@@ -85,6 +91,7 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
             sessions, redis, worker=name, gpu_uuids=device.gpu_uuids, timeout_s=settings.job_timeout_s
         ),
         health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
+        energy=energy_meter_for(device, sample_interval_s=settings.energy_sample_interval_s),
     )
     worker = GpuqWorker(
         runner=runner,

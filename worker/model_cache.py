@@ -37,11 +37,15 @@ class ModelSpec:
 
 
 Loader = Callable[[ModelSpec], LoadedModel]
+OnLoad = Callable[[ModelSpec, float], object]  # (what was loaded, seconds it took)
 
 
 class ModelCache:
-    def __init__(self, loader: Loader, *, max_loaded: int, budget_mib: int | None = None) -> None:
+    def __init__(
+        self, loader: Loader, *, max_loaded: int, budget_mib: int | None = None, on_load: OnLoad | None = None
+    ) -> None:
         self._loader = loader
+        self._on_load = on_load  # the worker counts loads and their time in the metrics
         self._max_loaded = max_loaded
         self._budget_mib = budget_mib
         self._loaded: OrderedDict[tuple[str, bool], tuple[ModelSpec, LoadedModel]] = OrderedDict()
@@ -59,7 +63,10 @@ class ModelCache:
             self._unload(next(iter(self._loaded)))
         started = time.perf_counter()
         model = self._loader(spec)
-        load_ms = int((time.perf_counter() - started) * 1000)
+        load_s = time.perf_counter() - started
+        load_ms = int(load_s * 1000)
+        if self._on_load is not None:
+            self._on_load(spec, load_s)
         self._loaded[spec.key] = (spec, model)
         log.info("loaded %s (%s) in %d ms", spec.name, "embed" if spec.embedding else "generate", load_ms)
         return model, max(load_ms, 1)

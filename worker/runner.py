@@ -17,8 +17,10 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
+from gpuq.metrics import FinishedJob
 from gpuq.models import JobKind, JobStatus, utcnow
 from worker.catalog import ModelInfo
+from worker.energy import NOT_MEASURED, EnergyMeter
 from worker.engine import JobCancelled, LoadedModel
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
 from worker.model_cache import ModelCache, ModelSpec
@@ -43,6 +45,7 @@ class JobRunner:
         on_gpu: bool = False,
         hand_back: Callable[[store.ClaimedJob, str], None] | None = None,
         health: GpuHealth | None = None,
+        energy: EnergyMeter | None = None,
     ) -> None:
         self._sessions = sessions
         self._models = models
@@ -56,6 +59,7 @@ class JobRunner:
         self._on_gpu = on_gpu
         self._hand_back = hand_back
         self._health = health
+        self._energy = energy  # None on the CPU or a simulated GPU: nothing to measure
 
     def run(self, job_id: str, cancel: threading.Event) -> None:
         with self._sessions() as session:
@@ -81,6 +85,26 @@ class JobRunner:
             owner=claimed.owner,
         )
         started = time.perf_counter()
+        # Measured around the whole job, model load included; two NVML reads per job (or a
+        # sampling thread on GPUs without an energy counter), nothing per token.
+        energy = self._energy.start() if self._energy is not None else None
+        try:
+            handed_back = not self._execute(claimed, model, cancel, outcome)
+        finally:
+            measured = energy.stop() if energy is not None else NOT_MEASURED
+        if handed_back:
+            return
+        if self._health is not None:
+            self._health.record(outcome.error)
+        outcome.finished_at = utcnow()
+        outcome.run_ms = int((time.perf_counter() - started) * 1000) - (outcome.load_ms or 0)
+        outcome.gpu_seconds, outcome.energy_j = measured.gpu_seconds, measured.energy_j
+        self._writer.submit(outcome, _finished(claimed, outcome))
+
+    def _execute(
+        self, claimed: store.ClaimedJob, model: ModelInfo | None, cancel: threading.Event, outcome: store.Outcome
+    ) -> bool:
+        """Runs the job into ``outcome``; False when it was handed back to its queue instead."""
         try:
             if claimed.kind == JobKind.NOOP:
                 outcome.result = {}
@@ -89,22 +113,18 @@ class JobRunner:
             else:
                 self._run_model_job(claimed, model, cancel, outcome)
         except HandBack as exc:
-            log.warning("handing job %s back: %s", job_id, exc)
+            log.warning("handing job %s back: %s", claimed.id, exc)
             if self._hand_back is not None:
                 self._hand_back(claimed, str(exc))
-                return
+                return False
             outcome.status, outcome.error = JobStatus.FAILED, str(exc)
         except JobCancelled:
             outcome.status = JobStatus.CANCELLED
         except Exception as exc:  # a job's failure is recorded, never raised into the worker loop
-            log.exception("job %s failed", job_id)
+            log.exception("job %s failed", claimed.id)
             outcome.status = JobStatus.FAILED
             outcome.error = f"{type(exc).__name__}: {exc}"
-        if self._health is not None:
-            self._health.record(outcome.error)
-        outcome.finished_at = utcnow()
-        outcome.run_ms = int((time.perf_counter() - started) * 1000) - (outcome.load_ms or 0)
-        self._writer.submit(outcome)
+        return True
 
     def _run_model_job(
         self, claimed: store.ClaimedJob, model: ModelInfo, cancel: threading.Event, outcome: store.Outcome
@@ -154,3 +174,16 @@ class JobRunner:
         outcome.completion_tokens = generation.completion_tokens
         if generation.finish_reason == "cancelled":
             outcome.status = JobStatus.CANCELLED
+
+
+def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
+    """What the metrics count for this job, once its outcome is written."""
+    wait_s = (claimed.started_at - claimed.created_at).total_seconds() if claimed.created_at else None
+    return FinishedJob(
+        model=claimed.model,
+        kind=claimed.kind,
+        status=outcome.status.value,
+        queue_wait_s=wait_s,
+        run_s=outcome.run_ms / 1000 if outcome.run_ms is not None else None,
+        completion_tokens=outcome.completion_tokens,
+    )

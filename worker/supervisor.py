@@ -6,6 +6,11 @@ Slots: one per GPU (or ``slots_per_gpu``), plus one per GPU group that a registe
 model needs because no single GPU of the host holds it; group slots come and go as
 models are registered, re-registered or removed, and as rules change.
 
+Telemetry goes two ways: live readings to Redis every ``TELEMETRY_INTERVAL_S`` (short TTL,
+for the API and ``/metrics``), and history to SQL (``gpu_samples``) every
+``GPUQ_GPU_SAMPLE_INTERVAL_S``, pruned past ``GPUQ_GPU_SAMPLE_RETENTION_DAYS``, for the
+utilisation-over-time charts.
+
 Workers are spawned, never forked, each as a fresh ``gpuq worker`` process whose
 environment already has ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES``
 set to its GPUs' UUIDs, so CUDA is first touched with the right devices visible.
@@ -22,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from redis import Redis
 from rq.worker import Worker
@@ -30,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store, telemetry
 from gpuq.fleet import Fleet, load_fleet
 from gpuq.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
-from gpuq.models import Gpu, Model
+from gpuq.models import Gpu, Model, utcnow
 from gpuq.placement import PlacementRequest, group_for
 from gpuq.settings import Settings
 
@@ -193,13 +199,26 @@ class Supervisor:
                 child.restarts += 1
                 self._start(child)
 
-    def publish_telemetry(self) -> None:
+    def read_gpus(self) -> tuple[tuple[GpuInfo, ...], dict[str, list[str]]]:
+        """Fresh readings of this host's GPUs, and the models loaded on each."""
         loaded = self._loaded_by_gpu()
         if self.inventory.source == "nvml":
             fresh = discover_gpus(host=self.inventory.host).gpus
         else:
             fresh = tuple(self._simulated_reading(g, loaded.get(g.uuid, [])) for g in self.inventory.gpus)
+        return fresh, loaded
+
+    def publish_telemetry(self, readings: tuple[tuple[GpuInfo, ...], dict[str, list[str]]] | None = None) -> None:
+        fresh, loaded = readings or self.read_gpus()
         telemetry.publish(self.redis, fresh, loaded=loaded)
+
+    def record_samples(self, gpus: Sequence[GpuInfo]) -> None:
+        """History in SQL: a row per GPU now, and rows past the retention deleted (cheap: an
+        index on the time; done here so no other process has to be scheduled for it)."""
+        now = utcnow()
+        with self.sessions() as session:
+            store.record_gpu_samples(session, self.inventory.host, gpus, at=now)
+            store.prune_gpu_samples(session, before=now - timedelta(days=self.settings.gpu_sample_retention_days))
 
     def _loaded_by_gpu(self) -> dict[str, list[str]]:
         loaded: dict[str, list[str]] = {}
@@ -221,17 +240,25 @@ class Supervisor:
 
     def run(self) -> None:
         self.start()
-        next_telemetry = 0.0
+        next_telemetry = next_sample = 0.0
         while not self._stop.wait(LOOP_INTERVAL_S):
             self.check()
-            if time.monotonic() >= next_telemetry:
-                next_telemetry = time.monotonic() + TELEMETRY_INTERVAL_S
-                try:
-                    self.publish_telemetry()
+            now = time.monotonic()
+            telemetry_due, sample_due = now >= next_telemetry, now >= next_sample
+            if not (telemetry_due or sample_due):
+                continue
+            try:
+                readings = self.read_gpus()
+                if telemetry_due:
+                    next_telemetry = now + TELEMETRY_INTERVAL_S
+                    self.publish_telemetry(readings)
                     if self.inventory.gpus:
                         self.plan_groups()
-                except Exception:
-                    log.exception("publishing telemetry or planning GPU groups failed; will retry")
+                if sample_due:
+                    next_sample = now + self.settings.gpu_sample_interval_s
+                    self.record_samples(readings[0])
+            except Exception:
+                log.exception("publishing telemetry, recording samples or planning GPU groups failed; will retry")
         self.drain()
 
     def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:

@@ -42,6 +42,11 @@ from gpuq.store.fleet import (
     set_gpu_health,
     upsert_gpus,
 )
+from gpuq.store.gpu_samples import (
+    gpu_samples,
+    prune_gpu_samples,
+    record_gpu_samples,
+)
 from gpuq.store.jobs import (
     ClaimedJob,
     JobFilter,
@@ -60,6 +65,7 @@ from gpuq.store.jobs import (
     new_job_id,
     queued_jobs_created_before,
     record_outcomes,
+    record_outcomes_written,
     return_to_queue,
     running_jobs,
 )
@@ -105,6 +111,7 @@ __all__ = [
     "get_model",
     "get_rule",
     "get_schedule",
+    "gpu_samples",
     "has_admin_key",
     "insert_batch",
     "insert_jobs",
@@ -121,8 +128,11 @@ __all__ = [
     "mark_batch_cancel_requested",
     "mark_cancel_requested",
     "new_job_id",
+    "prune_gpu_samples",
     "queued_jobs_created_before",
+    "record_gpu_samples",
     "record_outcomes",
+    "record_outcomes_written",
     "return_to_queue",
     "revoke_api_key",
     "running_batch_jobs",

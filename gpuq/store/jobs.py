@@ -196,6 +196,7 @@ class ClaimedJob:
     attempts: int
     started_at: datetime
     owner: str | None = None
+    created_at: datetime | None = None  # when it was submitted: queue wait = started_at - created_at
 
 
 def claim_job(
@@ -223,12 +224,14 @@ def claim_job(
             attempts=Job.attempts + 1,
             error=None,
         )
-        .returning(Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner)
+        .returning(Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner, Job.created_at)
     ).one_or_none()
     session.commit()
     if row is None:
         return None
-    return ClaimedJob(job_id, row.kind, row.model, row.priority, row.request, row.attempts, now, row.owner)
+    return ClaimedJob(
+        job_id, row.kind, row.model, row.priority, row.request, row.attempts, now, row.owner, row.created_at
+    )
 
 
 @dataclass(slots=True)
@@ -247,6 +250,9 @@ class Outcome:
     run_ms: int | None = None
     webhook_url: str | None = None
     owner: str | None = None  # of the job: its webhook delivery log belongs to this tenant
+    # Measured through NVML on a real GPU (worker/energy.py); None on the CPU or a simulated GPU.
+    gpu_seconds: float | None = None
+    energy_j: float | None = None
 
     def as_values(self) -> dict[str, Any]:
         values = {
@@ -257,6 +263,8 @@ class Outcome:
             "completion_tokens": self.completion_tokens,
             "load_ms": self.load_ms,
             "run_ms": self.run_ms,
+            "gpu_seconds": self.gpu_seconds,
+            "energy_j": self.energy_j,
         }
         if self.prompt_tokens is not None:
             values["prompt_tokens"] = self.prompt_tokens
@@ -266,7 +274,12 @@ class Outcome:
 def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
     """Write final states in one transaction. Only rows still running on that worker change,
     so a job the reconciler has meanwhile handed to another worker is not overwritten."""
-    written = 0
+    return len(record_outcomes_written(session, outcomes))
+
+
+def record_outcomes_written(session: Session, outcomes: Sequence[Outcome]) -> set[str]:
+    """``record_outcomes``, returning the ids of the rows it changed (the metrics count only those)."""
+    written: set[str] = set()
     for outcome in outcomes:
         changed = session.execute(
             update(Job)
@@ -274,7 +287,8 @@ def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
             .where(Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker)
             .values(**outcome.as_values())
         ).rowcount
-        written += changed
+        if changed:
+            written.add(outcome.job_id)
         if changed and outcome.webhook_url:  # the event commits with the state it reports
             session.add(
                 new_delivery(
