@@ -123,6 +123,10 @@ class Job(Base):
         Index("ix_jobs_owner_created", "owner", "created_at"),
         Index("ix_jobs_key_status", "api_key_id", "status"),
         Index("ix_jobs_finished", "finished_at"),
+        # Stats filtered by where jobs ran, and the failures list (migration 0007).
+        Index("ix_jobs_gpu_finished", "gpu_uuid", "finished_at"),
+        Index("ix_jobs_host_finished", "host", "finished_at"),
+        Index("ix_jobs_status_finished", "status", "finished_at"),
     )
 
     @property
@@ -396,3 +400,44 @@ class GpuSample(Base):
         Index("ix_gpu_samples_gpu_time", "gpu_uuid", "sampled_at"),
         Index("ix_gpu_samples_time", "sampled_at"),
     )
+
+
+class JobStatsDaily(Base):
+    """Finished jobs summed per UTC day and per combination of the stats filters: what long
+    stats windows read instead of a million job rows. Rebuilt from ``jobs`` by
+    ``gpuq.stats_rollup``; only whole days that ended a grace period ago are rolled up."""
+
+    __tablename__ = "job_stats_daily"
+
+    day: Mapped[datetime] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    priority: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)  # "" for jobs without one
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)  # "" where it never ran
+    gpu_uuid: Mapped[str] = mapped_column(String(96), primary_key=True)  # "" on the CPU
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    jobs: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    run_ms: Mapped[int] = mapped_column(BigInteger)  # of jobs with completion tokens: tokens/s
+    generated_run_ms: Mapped[int] = mapped_column(BigInteger)
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+    gpu_seconds_jobs: Mapped[int] = mapped_column(Integer)  # how many jobs had a figure
+    energy_j: Mapped[float] = mapped_column(Float)
+    energy_jobs: Mapped[int] = mapped_column(Integer)
+
+
+class JobLatencyDaily(Base):
+    """Histograms of queue wait and run time per UTC day, model, kind and priority, in
+    log-spaced bins (``gpuq.stats_rollup.latency_bin``): percentiles of long windows."""
+
+    __tablename__ = "job_latency_daily"
+
+    day: Mapped[datetime] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    priority: Mapped[int] = mapped_column(Integer, primary_key=True)
+    metric: Mapped[str] = mapped_column(String(8), primary_key=True)  # "wait" or "run"
+    bin: Mapped[int] = mapped_column(Integer, primary_key=True)
+    jobs: Mapped[int] = mapped_column(Integer)
