@@ -1,0 +1,254 @@
+"""The admin dashboard in headless Chromium, against real gpuq processes.
+
+One system for the module: the API, and a supervisor running two workers on simulated GPUs
+(24 and 80 GiB), seeded through the API with jobs that succeed, fail and are cancelled, a
+schedule run once, and its batch. One browser for the module; a fresh tab per test.
+Screenshots go to test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+
+from gpuq.client import GpuqClient
+from gpuq.local_processes import GpuqProcesses
+from tests.conftest import REDIS_DB, fresh_database, migrate_and_register, redis_db
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smollm2-135m"
+CHROMIUM = os.environ.get("GPUQ_TEST_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+PAGES = ["", "/jobs", "/batches", "/schedules", "/rules", "/workers"]
+# Playwright's own timeout for each expectation; the page polls the API every 5 s.
+WAIT_MS = 15_000
+
+
+@dataclass
+class Seeded:
+    url: str
+    admin_key: str
+    submitter_key: str
+    client: GpuqClient
+    succeeded: list[str]
+    failed: str
+    cancelled: list[str]
+
+
+def _seed(processes: GpuqProcesses, url: str, client: GpuqClient, model_path: str) -> Seeded:
+    """Jobs in every final state. A model whose file disappears before any worker loads it
+    fails its job; jobs cancelled before any worker runs stay cancelled."""
+    link = processes.workdir / "models" / "fragile.gguf"
+    link.symlink_to(model_path)
+    client.register_model({"name": "fragile", "path": "fragile.gguf"})
+    doomed = client.submit({"kind": "generate", "model": "fragile", "prompt": "hi", "max_tokens": 4})
+    link.unlink()
+    cancelled = [client.cancel(client.submit({"kind": "noop", "model": MODEL})["id"])["id"] for _ in range(2)]
+    succeeded = [client.submit({"kind": "noop", "model": MODEL, "priority": "high"})["id"] for _ in range(3)]
+    processes.start_supervisor(expected_workers=2)
+    for job_id in [doomed["id"], *succeeded]:
+        client.wait(job_id, timeout_s=120)
+    request = {"custom_id": "e1", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "hi"}}
+    schedule = client.schedules(
+        "POST", json={"name": "nightly-embed", "cron": "0 2 * * *", "endpoint": "/v1/embeddings", "requests": [request]}
+    )
+    client.schedules("POST", f"/{schedule['id']}/run")
+    submitter = httpx.post(
+        f"{url}/v1/keys",
+        json={"name": "dashboard-test", "owner": "acme", "role": "submitter"},
+        headers={"Authorization": f"Bearer {processes.admin_key}"},
+    ).json()["key"]
+    return Seeded(url, processes.admin_key, submitter, client, succeeded, doomed["id"], cancelled)
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, model_path: str) -> Iterator[Seeded]:
+    workdir = tmp_path_factory.mktemp("dashboard")
+    (workdir / "models").mkdir()
+    with fresh_database("sqlite", workdir) as database_url, redis_db(redis_server_url, REDIS_DB - 1) as redis_url:
+        migrate_and_register(database_url)
+        processes = GpuqProcesses(database_url, redis_url, workdir, settings={"GPUQ_SIMULATED_GPUS": "24,80"})
+        try:
+            _api, url = processes.start_api()
+            with processes.client(url) as client:
+                yield _seed(processes, url, client, model_path)
+        except Exception:
+            print(processes.logs())
+            raise
+        finally:
+            processes.stop_all()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: scripts/install.sh installs it (or set GPUQ_TEST_CHROMIUM)")
+    with sync_playwright() as p:
+        # Debian's Chromium, not a browser downloaded by `playwright install`; no sandbox
+        # because CI runs as root; /dev/shm is small in containers.
+        args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        yield browser
+        browser.close()
+
+
+@dataclass
+class Tab:
+    page: Page
+    errors: list[str]
+
+
+@pytest.fixture
+def tab(browser: Browser) -> Iterator[Tab]:
+    """A fresh tab (its own sessionStorage) that records console errors and uncaught exceptions."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(f"console: {message.text} ({message.location.get('url')})")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    yield Tab(page, errors)
+    context.close()
+
+
+def sign_in(page: Page, url: str, key: str, path: str = "") -> None:
+    page.goto(f"{url}/dashboard{path}")
+    page.fill("#key", key)
+    page.click("#sign-in-form button[type=submit]")
+
+
+def loaded(page: Page) -> None:
+    """Waits until the page has drawn its data once (the "updated" stamp appears)."""
+    expect(page.locator("#updated")).to_contain_text("updated")
+
+
+def screenshot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def job_ids_in_table(page: Page) -> set[str]:
+    return set(page.locator("#jobs tbody tr[data-job]").evaluate_all("rows => rows.map(r => r.dataset.job)"))
+
+
+def test_every_page_loads_with_its_data_and_no_console_errors(system: Seeded, tab: Tab) -> None:
+    page = tab.page
+    sign_in(page, system.url, system.admin_key)
+    loaded(page)
+    cards = page.locator("#gpus .card")
+    expect(cards).to_have_count(2)
+    expect(cards.first).to_contain_text("(simulated)")
+    expect(page.locator("#gpus")).to_contain_text("24576 MiB")
+    expect(page.locator("#failures")).to_contain_text(system.failed)
+    screenshot(page, "overview")
+    for path in PAGES[1:]:
+        page.goto(f"{system.url}/dashboard{path}")  # the key stays in this tab's sessionStorage
+        loaded(page)
+        screenshot(page, path.strip("/"))
+    expect(page.locator("#workers")).to_be_visible()
+
+    page.goto(f"{system.url}/dashboard/schedules")
+    page.get_by_role("button", name="History").click()
+    expect(page.locator("#schedule-runs tbody tr")).to_have_count(1)
+    expect(page.locator("#schedule-next li")).to_have_count(5, timeout=WAIT_MS)
+    screenshot(page, "schedule-history")
+
+    page.goto(f"{system.url}/dashboard/jobs/{system.failed}")
+    expect(page.locator("#job-fields")).to_contain_text("fragile.gguf")  # the error
+    expect(page.locator("#job-prompt")).to_have_text("hi")
+    screenshot(page, "job-failed")
+    page.goto(f"{system.url}/dashboard/jobs/{system.succeeded[0]}")
+    expect(page.locator("#job-fields")).to_contain_text("succeeded")
+    expect(page.locator("#job-timings")).to_contain_text(" ms")
+    assert tab.errors == []
+
+
+def test_the_job_filter_narrows_the_table_to_exactly_the_matching_jobs(system: Seeded, tab: Tab) -> None:
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/jobs")
+    loaded(page)
+    everything = job_ids_in_table(page)
+    assert {system.failed, *system.cancelled, *system.succeeded} <= everything
+
+    page.select_option("#job-filter select[name=status]", "failed")
+    page.click("#job-filter button[type=submit]")
+    expect(page.locator("#jobs tbody tr[data-job]")).to_have_count(1)
+    assert job_ids_in_table(page) == {system.failed}
+    assert "status=failed" in page.url  # the filter is in the address, so it can be shared
+    screenshot(page, "jobs-failed")
+
+    page.select_option("#job-filter select[name=status]", "cancelled")
+    page.click("#job-filter button[type=submit]")
+    expect(page.locator("#jobs tbody tr[data-job]")).to_have_count(2)
+    assert job_ids_in_table(page) == set(system.cancelled)
+
+    page.select_option("#job-filter select[name=status]", "")
+    page.fill("#job-filter input[name=model]", "fragile")
+    page.click("#job-filter button[type=submit]")
+    expect(page.locator("#jobs tbody tr[data-job]")).to_have_count(1)
+    assert job_ids_in_table(page) == {system.failed}
+    assert tab.errors == []
+
+
+def test_the_job_table_refreshes_live_without_reloading_the_page(system: Seeded, tab: Tab) -> None:
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/jobs")
+    loaded(page)
+    page.evaluate("window.sameDocument = true")  # gone if the page were reloaded
+    job = system.client.submit({"kind": "noop", "model": MODEL})
+    expect(page.locator(f'#jobs tr[data-job="{job["id"]}"]')).to_have_count(1)
+    assert page.evaluate("window.sameDocument") is True
+    assert tab.errors == []
+
+
+def test_an_affinity_rule_created_in_the_page_shows_up_in_the_api(system: Seeded, tab: Tab) -> None:
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/rules")
+    loaded(page)
+    form = page.locator("#rule-form")
+    form.locator("input[name=model_pattern]").fill("smollm2-*")
+    form.locator("select[name=kind]").select_option("embed")
+    form.locator("select[name=effect]").select_option("deny")
+    form.locator("input[name=precedence]").fill("5")
+    form.locator("input[name=gpu_indices]").fill("1")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#rules tbody tr[data-rule]")).to_have_count(1)
+
+    [rule] = system.client.rules()
+    assert (rule["model_pattern"], rule["kind"], rule["effect"], rule["precedence"], rule["gpu_indices"]) == (
+        "smollm2-*",
+        "embed",
+        "deny",
+        5,
+        [1],
+    )
+    # The preview in the page applies it: embeddings may run on GPU 0 only.
+    page.select_option("#preview-form select[name=model]", MODEL)
+    page.select_option("#preview-form select[name=kind]", "embed")
+    page.click("#preview-form button[type=submit]")
+    expect(page.locator("#preview-summary")).to_contain_text("may run on 1 of 2 GPUs")
+    screenshot(page, "rules")
+    system.client.delete_rule(rule["id"])
+    assert tab.errors == []
+
+
+def test_a_key_that_is_not_an_admin_key_is_told_so(system: Seeded, tab: Tab) -> None:
+    page = tab.page
+    sign_in(page, system.url, system.submitter_key)
+    expect(page.locator("#message")).to_contain_text("not an admin key")
+    expect(page.locator("#page")).to_be_hidden()
+    expect(page.locator("#sign-in")).to_be_visible()
+    screenshot(page, "not-admin")
+    assert tab.errors == []  # the role is read from /v1/keys/me first: no 403s are provoked
