@@ -107,8 +107,11 @@ function status(text) {
   return el("span", { class: `status status-${text}` }, text);
 }
 
+// Said where an optional endpoint is missing: in a table's body, or in place of a box's content.
 function notAvailable(container, endpoint) {
-  container.replaceChildren(el("p", { class: "note" }, `Not available: this server has no ${endpoint} endpoint yet.`));
+  const text = `Not available: this server has no ${endpoint} endpoint yet.`;
+  if (container.tagName === "TABLE") fillTable(container, [], text);
+  else container.replaceChildren(el("p", { class: "note" }, text));
 }
 
 function showMessage(text, kind = "error") {
@@ -226,10 +229,10 @@ async function drawQueues() {
     fillTable(table, rows);
     return;
   }
-  // Without the stats endpoint: count the job listing, one page of at most 500 per cell.
+  // Without the stats endpoint: count the job listing, one page of at most 100 per cell.
   const count = async (filters) => {
-    const page = await api(`/v1/jobs${query({ ...filters, limit: 500 })}`);
-    return page.has_more ? "500+" : String(page.data.length);
+    const page = await api(`/v1/jobs${query({ ...filters, limit: 100 })}`);
+    return page.has_more ? "100+" : String(page.data.length);
   };
   const rows = await Promise.all(
     ["high", "normal", "low"].map(async (priority) =>
@@ -346,7 +349,8 @@ function resultText(result) {
 }
 
 async function loadJob() {
-  const j = await api(`/v1/jobs/${encodeURIComponent(jobId())}`);
+  const id = encodeURIComponent(jobId());
+  const [j, deliveries] = await Promise.all([api(`/v1/jobs/${id}`), api(`/v1/webhooks/deliveries?job_id=${id}`)]);
   document.title = `gpuq · ${j.id}`;
   fields($("#job-fields"), [
     ["id", j.id],
@@ -376,6 +380,13 @@ async function loadJob() {
   $("#job-prompt").textContent = promptText(j.request);
   $("#job-result").textContent = resultText(j.result);
   $('#job-actions [data-action="cancel"]').disabled = FINAL_JOB_STATUSES.has(j.status);
+  fillTable(
+    $("#job-webhooks"),
+    deliveries.data.map((d) =>
+      row(d.event, d.url, status(d.status), String(d.attempts), d.last_error || String(d.last_status_code ?? ""), when(d.delivered_at)),
+    ),
+    j.request.webhook_url ? "none yet" : "no webhook_url on this job",
+  );
 }
 
 async function loadBatches() {
@@ -417,7 +428,7 @@ async function loadSchedules() {
       when(s.last_fired_at),
       s.priority,
       el(
-        "td",
+        "span",
         { class: "actions" },
         button("History", () => {
           chosenSchedule = s;
@@ -562,10 +573,7 @@ async function loadRules() {
 
 async function loadWorkers() {
   const table = $("#workers");
-  if (!has("/v1/workers")) {
-    notAvailable(table.tBodies[0], "/v1/workers");
-    return;
-  }
+  if (!has("/v1/workers")) return notAvailable(table, "/v1/workers");
   const workers = await api("/v1/workers");
   const post = (path) => () => act(() => api(path, { method: "POST" }));
   const rows = (workers.data || []).map((w) => {
