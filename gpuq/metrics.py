@@ -162,7 +162,10 @@ def _counter(name: str, doc: str, labels: list[str], values: dict[str, str]) -> 
     return family
 
 
-def _histogram(name: str, doc: str, labels: list[str], values: dict[str, str]) -> HistogramMetricFamily:
+def _histogram(
+    name: str, doc: str, labels: list[str], values: dict[str, str], bounds: Sequence[float]
+) -> HistogramMetricFamily:
+    """Every series gets every bucket (zeros included), so quantiles compare across series."""
     per_series: dict[tuple[str, ...], dict[str, Any]] = defaultdict(lambda: {"buckets": {}, "sum": 0.0})
     for field, value in values.items():
         *series, part = field.split(_SEP)
@@ -174,11 +177,9 @@ def _histogram(name: str, doc: str, labels: list[str], values: dict[str, str]) -
     family = HistogramMetricFamily(name, doc, labels=labels)
     for series, entry in sorted(per_series.items()):
         cumulative, buckets = 0, []
-        for bound in sorted(entry["buckets"]):  # +Inf sorts last
-            cumulative += entry["buckets"][bound]
+        for bound in sorted({*map(float, bounds), math.inf, *entry["buckets"]}):  # +Inf sorts last
+            cumulative += entry["buckets"].get(bound, 0)
             buckets.append(("+Inf" if math.isinf(bound) else repr(bound), cumulative))
-        if not buckets or buckets[-1][0] != "+Inf":
-            buckets.append(("+Inf", cumulative))
         family.add_metric(list(series), buckets, entry["sum"])
     return family
 
@@ -221,12 +222,18 @@ class _SnapshotCollector(Collector):
         c = s.counters
         yield _counter("gpuq_jobs", "jobs that reached a final status", ["model", "kind", "status"], c[JOBS_KEY])
         yield _histogram(
-            "gpuq_job_queue_wait_seconds", "from submission to a worker's claim", ["model", "kind"], c[QUEUE_WAIT_KEY]
+            "gpuq_job_queue_wait_seconds",
+            "from submission to a worker's claim",
+            ["model", "kind"],
+            c[QUEUE_WAIT_KEY],
+            QUEUE_WAIT_BUCKETS_S,
         )
-        yield _histogram("gpuq_job_run_seconds", "running, model load excluded", ["model", "kind"], c[RUN_KEY])
+        yield _histogram(
+            "gpuq_job_run_seconds", "running, model load excluded", ["model", "kind"], c[RUN_KEY], RUN_BUCKETS_S
+        )
         yield _counter("gpuq_tokens_generated", "completion tokens generated", ["model"], c[TOKENS_KEY])
         yield _counter("gpuq_model_loads", "models loaded by workers", ["model"], c[LOADS_KEY])
-        yield _histogram("gpuq_model_load_seconds", "time to load a model", ["model"], c[LOAD_TIME_KEY])
+        yield _histogram("gpuq_model_load_seconds", "time to load a model", ["model"], c[LOAD_TIME_KEY], LOAD_BUCKETS_S)
         yield from _gpu_families(s.gpus)
         workers = GaugeMetricFamily("gpuq_workers", "live workers by host and state", labels=["host", "state"])
         for (host, state), n in sorted(s.workers.items()):

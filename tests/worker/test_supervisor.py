@@ -3,6 +3,7 @@
 import itertools
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -83,3 +84,38 @@ def test_draining_lets_workers_finish_on_sigterm(database_url, redis):
     engine.dispose()
     assert supervisor.children[0].process.returncode == 0
     assert 0.4 < time.monotonic() - started < 5
+
+
+def test_a_running_supervisor_records_gpu_samples_and_prunes_old_ones(database_url, redis):
+    from datetime import timedelta
+
+    from gpuq.models import utcnow
+
+    sleeper = "import time; time.sleep(60)"
+    supervisor, _spawned, engine = make_supervisor(database_url, redis, sleeper)
+    supervisor.settings = Settings(
+        database_url=database_url, redis_url="redis://unused", gpu_sample_interval_s=0.5, gpu_sample_retention_days=1
+    )
+    sessions = sync_sessions(engine)
+    uuid = supervisor.inventory.gpus[0].uuid
+    with sessions() as session:  # a sample from before the retention window
+        store.record_gpu_samples(session, "node1", supervisor.inventory.gpus, at=utcnow() - timedelta(days=2))
+    runner = threading.Thread(target=supervisor.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with sessions() as session:
+                rows = store.gpu_samples(session, gpu_uuid=uuid)
+            if len(rows) >= 3:
+                break
+            time.sleep(0.2)
+    finally:
+        supervisor.request_stop()
+        runner.join(timeout=30)
+    engine.dispose()
+    assert len(rows) >= 3  # every 0.5 s, not every 5 s (the Redis telemetry period)
+    assert all(utcnow() - r.sampled_at < timedelta(minutes=1) for r in rows)  # the old one was pruned
+    # What the simulation reports (memory), and nulls for what it does not have.
+    assert {(r.memory_total_mib, r.memory_used_mib, r.host) for r in rows} == {(24 * 1024, 0, "node1")}
+    assert {(r.utilization_pct, r.temperature_c, r.power_w) for r in rows} == {(None, None, None)}

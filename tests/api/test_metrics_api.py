@@ -1,0 +1,107 @@
+"""GET /metrics in-process: admin only, valid exposition, gauges read from Redis now and
+counters rendered from Redis, so every API process (and a restarted one) shows the same."""
+
+from fastapi.testclient import TestClient
+from redis import Redis
+
+from api.main import create_app
+from gpuq import metrics, store, telemetry
+from gpuq.gpus import GpuInfo, simulated_inventory, with_free_memory
+from gpuq.models import Gpu
+from tests.api.conftest import bearer
+from tests.metrics_parsing import samples, total, value
+
+MODEL = "smollm2-135m"
+GEN = {"kind": "generate", "model": MODEL, "prompt": "Hi", "max_tokens": 4}
+MIB = 1 << 20
+REAL = GpuInfo(0, "GPU-real-0", "NVIDIA H100", 81559, 60000, 87, 64, 412.5, "9.0")
+
+
+def test_metrics_need_an_admin_key(settings, make_key):
+    with TestClient(create_app(settings)) as anonymous:
+        assert anonymous.get("/metrics").status_code == 401
+        assert anonymous.get("/metrics", headers=bearer(make_key("submitter"))).status_code == 403
+        ok = anonymous.get("/metrics", headers=bearer(make_key("admin", "ops")))
+    assert ok.status_code == 200
+    assert ok.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert samples(ok.text)  # parses
+
+
+def test_queue_depth_is_what_waits_now_by_model_kind_and_priority(client):
+    for _ in range(3):
+        assert client.post("/v1/jobs", json=GEN).status_code == 202
+    embed = {"kind": "embed", "model": MODEL, "input": "x", "priority": "high"}
+    assert client.post("/v1/jobs", json=embed).status_code == 202
+    parsed = samples(client.get("/metrics").text)
+    assert value(parsed, "gpuq_queue_depth", model=MODEL, kind="generate", priority="normal") == 3
+    assert value(parsed, "gpuq_queue_depth", model=MODEL, kind="embed", priority="high") == 1
+    assert value(parsed, "gpuq_queue_depth", model=MODEL, kind="generate", priority="low") == 0  # shown as 0
+    assert total(parsed, "gpuq_queue_depth") == 4
+    [job] = client.get("/v1/jobs", params={"kind": "embed"}).json()["data"]
+    assert client.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    parsed = samples(client.get("/metrics").text)
+    assert value(parsed, "gpuq_queue_depth", model=MODEL, kind="embed", priority="high") == 0
+    assert value(parsed, "gpuq_jobs_total", model=MODEL, kind="embed", status="cancelled") == 1
+    labels = {v for (_name, ls) in parsed for _k, v in ls}
+    assert not any(v.startswith("job_") for v in labels)  # no job ids in labels
+
+
+def test_gpu_gauges_show_what_each_gpu_reports_and_nothing_invented(client, session, redis_url):
+    simulated = simulated_inventory("node1", [24]).gpus[0]
+    store.upsert_gpus(
+        session,
+        [
+            Gpu(uuid=g.uuid, host="node1", index=g.index, name=g.name, memory_total_mib=g.memory_total_mib, simulated=s)
+            for g, s in ((simulated, True), (REAL, False))
+        ],
+    )
+    session.commit()
+    redis = Redis.from_url(redis_url)
+    telemetry.publish(redis, [with_free_memory(simulated, 512), REAL])
+    parsed = samples(client.get("/metrics").text)
+    sim = {"gpu": simulated.uuid, "host": "node1", "name": simulated.name}
+    assert value(parsed, "gpuq_gpu_memory_total_bytes", **sim) == 24 * 1024 * MIB
+    assert value(parsed, "gpuq_gpu_memory_used_bytes", **sim) == 512 * MIB
+    for name in ("gpuq_gpu_utilization_ratio", "gpuq_gpu_temperature_celsius", "gpuq_gpu_power_watts"):
+        assert value(parsed, name, **sim) is None  # a simulated GPU has no such readings
+    real = {"gpu": REAL.uuid, "host": "node1", "name": REAL.name}
+    assert value(parsed, "gpuq_gpu_utilization_ratio", **real) == 0.87
+    assert value(parsed, "gpuq_gpu_temperature_celsius", **real) == 64
+    assert value(parsed, "gpuq_gpu_power_watts", **real) == 412.5
+    assert value(parsed, "gpuq_gpu_memory_used_bytes", **real) == (81559 - 60000) * MIB
+    redis.delete(*redis.keys("gpuq:gpu:*"))  # the supervisor went quiet: its readings expired
+    parsed = samples(client.get("/metrics").text)
+    assert total(parsed, "gpuq_gpu_memory_total_bytes") == 0
+    redis.close()
+
+
+def test_counters_are_the_same_from_every_api_process_and_after_a_restart(settings, admin_key, redis_url):
+    redis = Redis.from_url(redis_url)
+    metrics.record_finished_jobs(
+        redis,
+        [
+            metrics.FinishedJob(MODEL, "generate", "succeeded", queue_wait_s=0.2, run_s=1.5, completion_tokens=40),
+            metrics.FinishedJob(MODEL, "generate", "succeeded", queue_wait_s=30, run_s=0.3, completion_tokens=2),
+            metrics.FinishedJob(MODEL, "generate", "failed", queue_wait_s=0.01, run_s=0.0),
+        ],
+    )
+    metrics.record_model_load(redis, MODEL, 0.7)
+    redis.close()
+    scrapes = []
+    for _process in range(2):
+        with TestClient(create_app(settings), headers=bearer(admin_key)) as client:
+            scrapes.append(samples(client.get("/metrics").text))
+    assert scrapes[0] == scrapes[1]
+    parsed = scrapes[0]
+    assert value(parsed, "gpuq_jobs_total", model=MODEL, kind="generate", status="succeeded") == 2
+    assert value(parsed, "gpuq_jobs_total", model=MODEL, kind="generate", status="failed") == 1
+    assert value(parsed, "gpuq_tokens_generated_total", model=MODEL) == 42
+    series = {"model": MODEL, "kind": "generate"}
+    assert value(parsed, "gpuq_job_run_seconds_bucket", **series, le="0.25") == 1  # cumulative buckets
+    assert value(parsed, "gpuq_job_run_seconds_bucket", **series, le="0.5") == 2
+    assert value(parsed, "gpuq_job_run_seconds_bucket", **series, le="+Inf") == 3
+    assert value(parsed, "gpuq_job_run_seconds_sum", **series) == 1.8
+    assert value(parsed, "gpuq_job_queue_wait_seconds_bucket", **series, le="1.0") == 2
+    assert value(parsed, "gpuq_job_queue_wait_seconds_count", **series) == 3
+    assert value(parsed, "gpuq_model_loads_total", model=MODEL) == 1
+    assert value(parsed, "gpuq_model_load_seconds_bucket", model=MODEL, le="1.0") == 1

@@ -1,0 +1,117 @@
+"""What a worker records about each job besides its result: energy and GPU-seconds on the
+row, and the Prometheus counters in Redis. Real SQL, Redis, runner, cache, writer and
+model; only NVML is replaced, by a clearly named SIMULATED energy source."""
+
+import threading
+
+import pytest
+from redis import Redis
+
+from gpuq import metrics, store
+from gpuq.db import sync_engine, sync_sessions
+from gpuq.models import JobStatus
+from tests.conftest import both_databases
+from tests.gpuq.test_store import make_job
+from tests.metrics_parsing import samples, total, value
+from tests.worker.simulated_energy import SimulatedEnergySource, constant
+from worker.catalog import ModelInfo
+from worker.energy import EnergyMeter
+from worker.engine import LoadedModel
+from worker.model_cache import ModelCache
+from worker.outcome_writer import OutcomeWriter
+from worker.runner import JobRunner
+
+MODEL = "smollm2-135m"
+GEN = {"prompt": "Count: one, two,", "max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "seed": 1, "stop": []}
+
+
+@pytest.fixture
+def worker(database_url, redis_url):
+    """A runner as worker/main.py wires it, with a simulated 200 W GPU behind the meter."""
+    engine = sync_engine(database_url)
+    sessions = sync_sessions(engine)
+    redis = Redis.from_url(redis_url)
+    writer = OutcomeWriter(sessions, redis=redis)
+    writer.start()
+
+    def models(name):
+        with sessions() as s:
+            m = store.get_model(s, name)
+        return ModelInfo(m.name, m.path, 512, m.vram_mib)
+
+    def load(spec):
+        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=2, gpu_layers=0)
+
+    def on_load(spec, seconds):
+        metrics.record_model_load(redis, spec.name, seconds)
+
+    runner = JobRunner(
+        sessions=sessions,
+        models=models,
+        cache=ModelCache(load, max_loaded=2, on_load=on_load),
+        writer=writer,
+        worker_name="w1",
+        device="cuda:GPU-test-0",
+        gpu_uuids=("GPU-test-0",),
+        energy=EnergyMeter([SimulatedEnergySource(constant(200.0), has_counter=True)]),
+    )
+    yield runner, writer, sessions, redis
+    writer.stop()
+    redis.close()
+    engine.dispose()
+
+
+def scrape(redis: Redis, sessions) -> dict:
+    with sessions() as s:
+        gpus = store.list_gpus(s)
+    snapshot = metrics.read_snapshot(redis, queues=[(MODEL, "generate")], gpus=gpus)
+    return samples(metrics.render(snapshot).decode())
+
+
+@both_databases
+def test_a_gpu_job_records_its_energy_and_gpu_seconds_and_is_counted_once(session, worker):
+    runner, writer, sessions, redis = worker
+    jobs = store.insert_jobs(session, [make_job(request=GEN), make_job(request=GEN)])
+    for job in jobs:
+        runner.run(job.id, threading.Event())
+    assert writer.flush()
+    with sessions() as s:
+        rows = [store.get_job(s, j.id) for j in jobs]
+    for row in rows:
+        assert row.status == "succeeded"
+        assert row.gpu_seconds > 0
+        # 200 W for the job's wall time (the load included), read from the counter
+        assert row.energy_j == pytest.approx(200.0 * row.gpu_seconds, rel=0.05)
+        assert row.gpu_seconds * 1000 >= row.run_ms + (row.load_ms or 0) - 2  # the whole job, ms rounding
+
+    parsed = scrape(redis, sessions)
+    assert value(parsed, "gpuq_jobs_total", model=MODEL, kind="generate", status="succeeded") == 2
+    assert value(parsed, "gpuq_tokens_generated_total", model=MODEL) == sum(r.completion_tokens for r in rows)
+    assert value(parsed, "gpuq_job_run_seconds_count", model=MODEL, kind="generate") == 2
+    assert value(parsed, "gpuq_job_run_seconds_sum", model=MODEL, kind="generate") == pytest.approx(
+        sum(r.run_ms for r in rows) / 1000, abs=0.01
+    )
+    assert value(parsed, "gpuq_job_run_seconds_bucket", model=MODEL, kind="generate", le="+Inf") == 2
+    assert value(parsed, "gpuq_job_queue_wait_seconds_count", model=MODEL, kind="generate") == 2
+    waits = sum(r.queue_wait_ms for r in rows) / 1000
+    assert value(parsed, "gpuq_job_queue_wait_seconds_sum", model=MODEL, kind="generate") == pytest.approx(
+        waits, abs=0.01
+    )
+    assert value(parsed, "gpuq_model_loads_total", model=MODEL) == 1  # the second job found it loaded
+    assert value(parsed, "gpuq_model_load_seconds_count", model=MODEL) == 1
+    assert total(parsed, "gpuq_jobs_total") == 2
+
+
+@both_databases
+def test_a_late_outcome_of_a_job_run_again_elsewhere_is_not_counted(session, worker):
+    runner, writer, sessions, redis = worker
+    [job] = store.insert_jobs(session, [make_job(kind="noop", request={})])
+    with sessions() as s:  # another worker claimed it first (as after a reconciliation)
+        store.claim_job(s, job.id, worker="w-other", device="cpu")
+        store.return_to_queue(s, job.id, worker="w-other")
+        store.claim_job(s, job.id, worker="w-other", device="cpu")
+    runner.run(job.id, threading.Event())  # finds it no longer queued: nothing to count
+    late = store.Outcome(job_id=job.id, worker="w1", status=JobStatus.SUCCEEDED, finished_at=job.created_at)
+    writer.submit(late, metrics.FinishedJob(MODEL, "noop", "succeeded", 0.1, 0.1))
+    assert writer.flush()
+    assert total(scrape(redis, sessions), "gpuq_jobs_total") == 0
