@@ -13,6 +13,7 @@ from api.deps import AppState
 from api.errors import install_error_handlers
 from api.routers import affinity, batches, dashboard, files, gpus, health, jobs, keys, models, schedules, webhooks
 from api.routers import metrics as metrics_router
+from api.routers import stats as stats_router
 from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = (
         health.router,
         jobs.router,
+        stats_router.router,
         models.router,
         gpus.router,
         affinity.router,

@@ -11,12 +11,13 @@ from statistics import median
 
 from redis import Redis
 
-from bench import batch_bench, dispatch, generation, model_swap
+from bench import batch_bench, dispatch, generation, model_swap, stats_bench
 from gpuq import migrate
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.registry import register_bundled_model
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/11"
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @contextmanager
@@ -136,13 +137,19 @@ def bench_embeddings(args: argparse.Namespace) -> None:
     print(f"  ratio grouped / direct                   {median(grouped) / median(direct):7.3f}x   (target >= 0.9x)")
 
 
+def bench_stats(args: argparse.Namespace) -> None:
+    """Needs no Redis: only the SQL history queries are timed."""
+    seeded, timings = stats_bench.run(args.postgres_url, args.stats_rows, args.rounds)
+    print("\n" + stats_bench.report(seeded, timings, args.rounds))
+
+
 def _fmt(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    choices = ["dispatch", "generation", "model-swap", "batch-accept", "embeddings"]
+    choices = ["dispatch", "generation", "model-swap", "batch-accept", "embeddings", "stats"]
     parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
@@ -152,6 +159,10 @@ def main() -> None:
     parser.add_argument("--embed-texts", type=int, default=512, help="texts for the embeddings benchmark")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="a Redis db the benchmark may flush")
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
+    parser.add_argument(
+        "--postgres-url", default=DEFAULT_POSTGRES, help="stats: a PostgreSQL server to create a scratch database on"
+    )
+    parser.add_argument("--stats-rows", type=int, default=1_000_000, help="job rows the stats benchmark seeds")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):
@@ -166,6 +177,8 @@ def main() -> None:
         bench_batch_accept(args)
     if "embeddings" in args.which:
         bench_embeddings(args)
+    if "stats" in args.which:
+        bench_stats(args)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
 from api.deps import CallerDep, SessionDep, StateDep
-from api.schemas import JobCreate, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
+from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from gpuq import store
 from gpuq.access import Caller
 from gpuq.cancel import cancel_job
 from gpuq.errors import RequestError
 from gpuq.limits import admit
 from gpuq.models import Job, JobKind, JobStatus
+from gpuq.queue_position import job_position
 from gpuq.queues import Priority
 from gpuq.submit import submit_jobs
 
@@ -66,6 +68,15 @@ async def visible_job(db: SessionDep, caller: Caller, job_id: str) -> Job:
 @router.get("/{job_id}", response_model=JobPublic)
 async def read_job(job_id: str, db: SessionDep, caller: CallerDep) -> JobPublic:
     return JobPublic.of(await visible_job(db, caller, job_id))
+
+
+@router.get("/{job_id}/position", response_model=JobPosition)
+async def read_position(job_id: str, db: SessionDep, state: StateDep, caller: CallerDep) -> JobPosition:
+    """A queued job's place: jobs ahead of it (in its queue and the higher priorities of its
+    model and kind) and an ETA from the model's recent throughput. Other statuses: position null."""
+    job = await visible_job(db, caller, job_id)
+    position = await db.run_sync(lambda s: job_position(s, state.redis, job))
+    return JobPosition(**asdict(position))
 
 
 @router.get("", response_model=JobsPublic)

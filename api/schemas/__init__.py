@@ -37,6 +37,15 @@ from api.schemas.schedules import (
     ScheduleRunsPublic,
     SchedulesPublic,
 )
+from api.schemas.stats import (
+    JobPosition,
+    StatsEnergy,
+    StatsFailures,
+    StatsGpus,
+    StatsQueues,
+    StatsSummary,
+    StatsThroughput,
+)
 from api.schemas.webhooks import DeliveriesPublic, DeliveryPublic
 
 __all__ = [
@@ -59,6 +68,7 @@ __all__ = [
     "GpusPublic",
     "JobBase",
     "JobCreate",
+    "JobPosition",
     "JobPublic",
     "JobSummary",
     "JobsAccepted",
@@ -85,5 +95,11 @@ __all__ = [
     "ScheduleRunPublic",
     "ScheduleRunsPublic",
     "SchedulesPublic",
+    "StatsEnergy",
+    "StatsFailures",
+    "StatsGpus",
+    "StatsQueues",
+    "StatsSummary",
+    "StatsThroughput",
     "Strict",
 ]
