@@ -30,6 +30,10 @@ def openai_client(processes):
     client.close()
 
 
+def admin(processes):
+    return {"Authorization": f"Bearer {processes.admin_key}"}
+
+
 def line(custom_id, url, body):
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
@@ -140,7 +144,7 @@ def test_cancelling_a_batch_stops_queued_and_running_jobs(openai_client, process
     processes.start_worker()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        progress = httpx.get(f"{url}/v1/batches/{batch.id}/progress").json()
+        progress = httpx.get(f"{url}/v1/batches/{batch.id}/progress", headers=admin(processes)).json()
         if progress["lines_by_status"].get("running"):
             break
         time.sleep(0.1)
@@ -163,7 +167,7 @@ def test_two_schedulers_fire_each_tick_of_a_schedule_exactly_once(processes, tmp
     engine = sync_engine(processes.database_url)
     sessions = sync_sessions(engine)
     body = {"name": "every-minute", "cron": "* * * * *", "requests": [json.loads(chat("q", "Say hi."))]}
-    schedule = httpx.post(f"{url}/v1/schedules", json=body).json()
+    schedule = httpx.post(f"{url}/v1/schedules", json=body, headers=admin(processes)).json()
     for tick in range(2):
         # The clock we control: make the schedule due now instead of waiting a minute.
         with sessions() as session:
@@ -172,17 +176,19 @@ def test_two_schedulers_fire_each_tick_of_a_schedule_exactly_once(processes, tmp
             session.commit()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            runs = httpx.get(f"{url}/v1/schedules/{schedule['id']}/runs").json()["data"]
+            runs = httpx.get(f"{url}/v1/schedules/{schedule['id']}/runs", headers=admin(processes)).json()["data"]
             if len(runs) > tick:
                 break
             time.sleep(0.2)
         time.sleep(2)  # both schedulers have ticked at least once more meanwhile
-    runs = httpx.get(f"{url}/v1/schedules/{schedule['id']}/runs").json()["data"]
+    runs = httpx.get(f"{url}/v1/schedules/{schedule['id']}/runs", headers=admin(processes)).json()["data"]
     assert len(runs) == 2 and len({r["fire_time"] for r in runs}) == 2
     assert all(r["trigger"] == "cron" and r["batch_id"] for r in runs)
     for run in runs:
         deadline = time.monotonic() + 60
-        while httpx.get(f"{url}/v1/batches/{run['batch_id']}").json()["status"] != "completed":
+        while (
+            httpx.get(f"{url}/v1/batches/{run['batch_id']}", headers=admin(processes)).json()["status"] != "completed"
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.3)
     engine.dispose()
@@ -194,22 +200,31 @@ def test_the_cli_submits_follows_and_fetches_a_batch(openai_client, processes, t
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join([chat("x", "Say yes."), embed("y", "hello")]) + "\n")
     cli = [sys.executable, "-m", "gpuq.cli"]
+    env = {**os.environ, "GPUQ_API_KEY": processes.admin_key}
     submitted = subprocess.run(
         [*cli, "batch", "submit", "--url", url, str(path), "--wait"],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
+        env=env,
     )
     batch_id = submitted.stdout.strip()
     assert batch_id.startswith("batch_") and f"{batch_id} completed: 2 completed, 0 failed of 2" in submitted.stderr
     results = subprocess.run(
-        [*cli, "batch", "results", "--url", url, batch_id], capture_output=True, text=True, timeout=60, check=True
+        [*cli, "batch", "results", "--url", url, batch_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
     ).stdout
     assert sorted(json.loads(r)["custom_id"] for r in results.splitlines()) == ["x", "y"]
 
     def gpuq(*args):
-        return subprocess.run([*cli, *args, "--url", url], capture_output=True, text=True, timeout=60, check=True)
+        return subprocess.run(
+            [*cli, *args, "--url", url], capture_output=True, text=True, timeout=60, check=True, env=env
+        )
 
     added = gpuq("schedules", "add", "nightly", "0 2 * * *", str(path), "--timezone", "Europe/Paris").stdout
     schedule_id = added.split()[1]

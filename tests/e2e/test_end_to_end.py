@@ -1,6 +1,7 @@
 """The whole path on real processes: HTTP -> SQL -> Redis/RQ -> worker -> llama.cpp -> SQL."""
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -112,29 +113,41 @@ def test_a_queued_job_cancelled_behind_a_running_one_never_runs(system):
         raise AssertionError("cancelling a cancelled job should be a conflict")
 
 
-def test_the_cli_submits_waits_and_lists(system):
+def test_the_cli_submits_waits_and_lists(system, tmp_path):
     cli = [sys.executable, "-m", "gpuq.cli"]
+    keyless = {**os.environ, "GPUQ_DATA_DIR": str(tmp_path)}  # no admin.key file there
+    env = {**keyless, "GPUQ_API_KEY": system.processes.admin_key}
     out = subprocess.run(
         [*cli, "submit", "--url", system.url, MODEL, "The sky is", "--max-tokens", "8", "--temperature", "0"],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
+        env=env,
     )
     text = out.stdout.strip()
     assert text
     [latest] = system.client.jobs(limit=1)["data"]
     assert system.client.job(latest["id"])["result"]["text"].strip() == text
     table = subprocess.run(
-        [*cli, "jobs", "--url", system.url, "--limit", "3"], capture_output=True, text=True, timeout=60, check=True
+        [*cli, "jobs", "--url", system.url, "--limit", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
     ).stdout
     assert table.splitlines()[0].split()[:5] == ["ID", "KIND", "MODEL", "PRIORITY", "STATUS"]
     assert latest["id"] in table and "succeeded" in table
     models = subprocess.run(
-        [*cli, "models", "--url", system.url], capture_output=True, text=True, timeout=60, check=True
+        [*cli, "models", "--url", system.url], capture_output=True, text=True, timeout=60, check=True, env=env
     ).stdout
     assert "smollm2-135m" in models and "generate,embed" in models
     bad = subprocess.run(
-        [*cli, "submit", "--url", system.url, "nope", "hi"], capture_output=True, text=True, timeout=60
+        [*cli, "submit", "--url", system.url, "nope", "hi"], capture_output=True, text=True, timeout=60, env=env
     )
     assert bad.returncode == 1 and "error: model 'nope' is not registered (see GET /v1/models) (HTTP 404)" in bad.stderr
+    anonymous = subprocess.run(
+        [*cli, "jobs", "--url", system.url], capture_output=True, text=True, timeout=60, env=keyless
+    )
+    assert anonymous.returncode == 1 and "needs an API key" in anonymous.stderr and "(HTTP 401)" in anonymous.stderr
