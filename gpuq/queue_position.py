@@ -53,7 +53,10 @@ def queue_depths(session: Session, redis: Redis, flt: StatsFilter, *, now: datet
             pipe.lindex(_key(name), 0)
         raw = pipe.execute()
     fronts = {raw[2 * i + 1].decode(): q for i, q in enumerate(queues) if raw[2 * i]}
-    created = dict(session.execute(select(Job.id, Job.created_at).where(Job.id.in_(fronts)))) if fronts else {}
+    created = {
+        row.id: row.created_at
+        for row in session.execute(select(Job.id, Job.created_at).where(Job.id.in_(list(fronts))))
+    }
     out = []
     for i, (_name, model, kind, priority) in enumerate(queues):
         depth, front = raw[2 * i], raw[2 * i + 1]
