@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -59,7 +60,9 @@ def _seed(processes: GpuqProcesses, url: str, client: GpuqClient, model_path: st
     schedule = client.schedules(
         "POST", json={"name": "nightly-embed", "cron": "0 2 * * *", "endpoint": "/v1/embeddings", "requests": [request]}
     )
-    client.schedules("POST", f"/{schedule['id']}/run")
+    run = client.schedules("POST", f"/{schedule['id']}/run")
+    [embedding] = client.jobs(batch_id=run["batch_id"])["data"]
+    client.wait(embedding["id"], timeout_s=120)  # a worker now holds the model
     submitter = httpx.post(
         f"{url}/v1/keys",
         json={"name": "dashboard-test", "owner": "acme", "role": "submitter"},
@@ -139,6 +142,12 @@ def screenshot(page: Page, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
+def _workers(system: Seeded) -> list[dict[str, Any]]:
+    response = httpx.get(f"{system.url}/v1/workers", headers={"Authorization": f"Bearer {system.admin_key}"})
+    response.raise_for_status()
+    return response.json()["data"]  # type: ignore[no-any-return]
+
+
 def job_ids_in_table(page: Page) -> set[str]:
     return set(page.locator("#jobs tbody tr[data-job]").evaluate_all("rows => rows.map(r => r.dataset.job)"))
 
@@ -151,17 +160,19 @@ def test_every_page_loads_with_its_data_and_no_console_errors(system: Seeded, ta
     expect(cards).to_have_count(2)
     expect(cards.first).to_contain_text("(simulated)")
     expect(page.locator("#gpus")).to_contain_text("24576 MiB")
+    [holder] = [w for w in _workers(system) if MODEL in w["loaded_models"]]
+    expect(page.locator(f'#gpus .card[data-uuid="{holder["gpu_uuids"][0]}"] .models')).to_contain_text(MODEL)
+    expect(page.locator("#summary")).to_contain_text("1 failed")
+    expect(page.locator("#queues tbody tr[data-priority]")).to_have_count(3)
+    expect(page.locator("#throughput svg polyline")).to_have_count(2)
     expect(page.locator("#failures")).to_contain_text(system.failed)
+    expect(page.locator("#failure-reasons")).to_contain_text("Model path does not exist")
     screenshot(page, "overview")
     for path in PAGES[1:]:
         page.goto(f"{system.url}/dashboard{path}")  # the key stays in this tab's sessionStorage
         loaded(page)
         screenshot(page, path.strip("/"))
-    # The page now on screen is the workers page.
-    if "/v1/workers" in httpx.get(f"{system.url}/openapi.json").json()["paths"]:
-        expect(page.locator("#workers tbody tr[data-worker]")).to_have_count(2)
-    else:
-        expect(page.locator("#workers")).to_contain_text("Not available")
+    expect(page.locator("#workers tbody tr[data-worker]")).to_have_count(2)  # the page now on screen
 
     page.goto(f"{system.url}/dashboard/schedules")
     page.get_by_role("button", name="History").click()
@@ -245,6 +256,23 @@ def test_an_affinity_rule_created_in_the_page_shows_up_in_the_api(system: Seeded
     expect(page.locator("#preview-summary")).to_contain_text("may run on 1 of 2 GPUs")
     screenshot(page, "rules")
     system.client.delete_rule(rule["id"])
+    assert tab.errors == []
+
+
+def test_a_worker_drained_in_the_page_is_drained_in_the_api_and_undrained_again(system: Seeded, tab: Tab) -> None:
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/workers")
+    loaded(page)
+    name = sorted(w["name"] for w in _workers(system))[0]
+    row = page.locator(f'#workers tr[data-worker="{name}"]')
+    row.get_by_role("button", name="Drain", exact=True).click()
+    expect(row.get_by_role("button", name="Undrain", exact=True)).to_be_visible()
+    [worker] = [w for w in _workers(system) if w["name"] == name]
+    assert worker["drained_by"] == ["worker"] and worker["state"] in {"draining", "drained"}
+    screenshot(page, "workers-drained")
+    row.get_by_role("button", name="Undrain", exact=True).click()
+    expect(row.get_by_role("button", name="Drain", exact=True)).to_be_visible()
+    assert [w["drained_by"] for w in _workers(system) if w["name"] == name] == [[]]
     assert tab.errors == []
 
 

@@ -127,19 +127,23 @@ function bar(fraction, label) {
   return el("div", { class: "bar", title: label }, el("div", { class: "bar-fill", style: `width:${pct.toFixed(1)}%` }), el("span", {}, label));
 }
 
-// A line chart of [{t, v}] as inline SVG, drawn by hand: a polyline and min/max labels.
-function lineChart(points, { width = 480, height = 140 } = {}) {
-  const svgNs = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(svgNs, "svg");
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.setAttribute("class", "line-chart");
+// A line chart drawn by hand as inline SVG: one polyline per series, a legend, and labels
+// for the top value and the first and last times. series: [{name, css, points: [{t, v}]}].
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function lineChart(series, { width = 480, height = 150 } = {}) {
+  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "line-chart" });
+  const points = series.flatMap((s) => s.points);
   if (points.length < 2) {
-    const text = document.createElementNS(svgNs, "text");
-    text.setAttribute("x", 10);
-    text.setAttribute("y", height / 2);
-    text.textContent = "not enough data yet";
-    svg.append(text);
-    return svg;
+    chart.append(svg("text", { x: 10, y: height / 2 }, "not enough data yet"));
+    return chart;
   }
   const pad = 24;
   const times = points.map((p) => p.t);
@@ -147,23 +151,16 @@ function lineChart(points, { width = 480, height = 140 } = {}) {
   const top = Math.max(1, ...points.map((p) => p.v));
   const x = (t) => pad + ((t - t0) / (t1 - t0 || 1)) * (width - 2 * pad);
   const y = (v) => height - pad - (v / top) * (height - 2 * pad);
-  const line = document.createElementNS(svgNs, "polyline");
-  line.setAttribute("points", points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" "));
-  svg.append(line);
-  const labels = [
-    [2, pad, String(top)],
-    [2, height - pad, "0"],
-    [pad, height - 4, when(t0 / 1000).slice(11, 16)],
-    [width - pad - 30, height - 4, when(t1 / 1000).slice(11, 16)],
-  ];
-  for (const [lx, ly, text] of labels) {
-    const label = document.createElementNS(svgNs, "text");
-    label.setAttribute("x", lx);
-    label.setAttribute("y", ly);
-    label.textContent = text;
-    svg.append(label);
-  }
-  return svg;
+  series.forEach((s, i) => {
+    const coords = s.points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
+    chart.append(svg("polyline", { points: coords, class: s.css }));
+    chart.append(svg("text", { x: width - pad - 90, y: 12 + 12 * i, class: s.css }, `— ${s.name}`));
+  });
+  chart.append(svg("text", { x: 2, y: pad }, String(top)));
+  chart.append(svg("text", { x: 2, y: height - pad }, "0"));
+  chart.append(svg("text", { x: pad, y: height - 4 }, when(t0 / 1000).slice(11, 16)));
+  chart.append(svg("text", { x: width - pad - 30, y: height - 4 }, when(t1 / 1000).slice(11, 16)));
+  return chart;
 }
 
 // Runs an action from a button; its error, if any, goes to the message line.
@@ -180,27 +177,29 @@ async function act(action, done) {
 // ---------------------------------------------------------------- pages
 
 async function loadOverview() {
-  const [gpus, stats] = await Promise.all([
-    api("/v1/gpus"),
-    has("/v1/stats/gpus") ? api("/v1/stats/gpus") : null,
-  ]);
-  drawGpus(gpus.data, stats);
-  await Promise.all([drawQueues(), drawThroughput(), drawFailures()]);
+  const [gpus, workers] = await Promise.all([api("/v1/gpus"), has("/v1/workers") ? api("/v1/workers") : null]);
+  drawGpus(gpus.data, workers && workers.data);
+  await Promise.all([drawSummary(), drawQueues(), drawThroughput(), drawFailures()]);
 }
 
-function loadedModels(stats, uuid) {
-  const entry = ((stats && stats.data) || []).find((g) => g.uuid === uuid);
-  return entry && entry.loaded_models ? entry.loaded_models.map((m) => (typeof m === "string" ? m : m.name)) : null;
+// Models loaded on each GPU, by UUID, from the workers pinned to it.
+function modelsByGpu(workers) {
+  const models = new Map();
+  for (const w of workers || []) {
+    for (const uuid of w.gpu_uuids) models.set(uuid, [...(models.get(uuid) || []), ...w.loaded_models]);
+  }
+  return models;
 }
 
-function drawGpus(gpus, stats) {
+function drawGpus(gpus, workers) {
+  const models = modelsByGpu(workers);
   const cards = gpus.map((g) => {
     const used = g.memory_free_mib === null ? null : g.memory_total_mib - g.memory_free_mib;
     const memory =
       used === null
         ? el("p", { class: "muted" }, `${g.memory_total_mib} MiB, no live reading`)
         : bar(used / g.memory_total_mib, `${used} / ${g.memory_total_mib} MiB`);
-    const models = loadedModels(stats, g.uuid);
+    const loaded = workers === null ? "" : `models: ${[...new Set(models.get(g.uuid) || [])].join(", ") || "none loaded"}`;
     return el(
       "div",
       { class: `card${g.healthy ? "" : " unhealthy"}`, "data-uuid": g.uuid },
@@ -212,7 +211,7 @@ function drawGpus(gpus, stats) {
         `${g.temperature_c ?? "–"} °C · ${g.power_w === null ? "–" : number(g.power_w, 0)} W · `,
         `${g.utilisation_pct ?? "–"} % busy · ${g.live ? "live" : "no telemetry"}`,
       ),
-      el("p", { class: "small" }, models === null ? "" : `models: ${models.join(", ") || "none loaded"}`),
+      el("p", { class: "small models" }, loaded),
       g.healthy ? "" : el("p", { class: "error" }, `unhealthy: ${g.unhealthy_reason || ""}`),
     );
   });
@@ -221,24 +220,40 @@ function drawGpus(gpus, stats) {
   else box.replaceChildren(el("p", { class: "muted" }, "No GPUs registered: workers run on the CPU."));
 }
 
+async function drawSummary() {
+  const box = $("#summary");
+  if (!has("/v1/stats/summary")) return notAvailable(box, "/v1/stats/summary");
+  const s = await api("/v1/stats/summary");
+  const f = s.finished;
+  const parts = [
+    `Now: ${s.in_flight.queued ?? 0} queued, ${s.in_flight.running ?? 0} running.`,
+    `Last hour: ${f.succeeded ?? 0} succeeded, ${f.failed ?? 0} failed, ${f.cancelled ?? 0} cancelled;`,
+    `queue wait p50 ${number(s.queue_wait.p50_ms)} ms, p95 ${number(s.queue_wait.p95_ms)} ms;`,
+    `run p50 ${number(s.run_time.p50_ms)} ms;`,
+    s.usage.tokens_per_s === null ? "" : `${number(s.usage.tokens_per_s, 1)} tokens/s;`,
+    s.usage.energy_jobs ? `${number(s.usage.energy_j / 3600, 2)} Wh.` : "",
+  ];
+  box.textContent = parts.filter(Boolean).join(" ");
+}
+
 async function drawQueues() {
   const table = $("#queues");
-  if (has("/v1/stats/queues")) {
-    const stats = await api("/v1/stats/queues");
-    const rows = (stats.data || stats.priorities || []).map((q) => row(q.priority, number(q.queued), number(q.running)));
-    fillTable(table, rows);
-    return;
-  }
-  // Without the stats endpoint: count the job listing, one page of at most 100 per cell.
-  const count = async (filters) => {
-    const page = await api(`/v1/jobs${query({ ...filters, limit: 100 })}`);
-    return page.has_more ? "100+" : String(page.data.length);
-  };
-  const rows = await Promise.all(
-    ["high", "normal", "low"].map(async (priority) =>
-      row(priority, await count({ status: "queued", priority }), await count({ status: "running", priority })),
-    ),
-  );
+  if (!has("/v1/stats/queues")) return notAvailable(table, "/v1/stats/queues");
+  const queues = (await api("/v1/stats/queues")).data;
+  const rows = ["high", "normal", "low"].map((priority) => {
+    const mine = queues.filter((q) => q.priority === priority && q.depth > 0);
+    const waited = Math.max(0, ...mine.map((q) => q.front_waiting_s || 0));
+    return el(
+      "tr",
+      { "data-priority": priority },
+      ...[
+        priority,
+        String(mine.reduce((sum, q) => sum + q.depth, 0)),
+        mine.length ? `${number(waited, 1)} s` : "",
+        mine.map((q) => `${q.model} ${q.kind}: ${q.depth}`).join(", "),
+      ].map((c) => el("td", {}, c)),
+    );
+  });
   fillTable(table, rows);
 }
 
@@ -246,19 +261,32 @@ async function drawThroughput() {
   const box = $("#throughput");
   if (!has("/v1/stats/throughput")) return notAvailable(box, "/v1/stats/throughput");
   const series = await api("/v1/stats/throughput");
-  const points = (series.data || series.points || []).map((p) => ({
-    t: new Date(p.t || p.time || p.start).getTime(),
-    v: p.jobs ?? p.count ?? p.value ?? 0,
-  }));
-  box.replaceChildren(lineChart(points));
+  const perMinute = 60 / series.bucket_s;
+  const at = (p) => new Date(p.start).getTime();
+  box.replaceChildren(
+    lineChart([
+      { name: "finished", css: "finished", points: series.data.map((p) => ({ t: at(p), v: p.jobs_per_min })) },
+      { name: "failed", css: "failed", points: series.data.map((p) => ({ t: at(p), v: p.failed * perMinute })) },
+    ]),
+  );
 }
 
 async function drawFailures() {
-  const failed = await api(`/v1/jobs${query({ status: "failed", limit: 10 })}`);
+  const [failed, reasons] = await Promise.all([
+    api(`/v1/jobs${query({ status: "failed", limit: 10 })}`),
+    has("/v1/stats/failures") ? api("/v1/stats/failures?top=10") : null,
+  ]);
+  const jobLink = (id) => link(`/dashboard/jobs/${encodeURIComponent(id)}`, id);
   fillTable(
     $("#failures"),
-    failed.data.map((j) => row(when(j.finished_at), link(`/dashboard/jobs/${encodeURIComponent(j.id)}`, j.id), j.model, j.error || "")),
+    failed.data.map((j) => row(when(j.finished_at), jobLink(j.id), j.model, j.error || "")),
     "no failed jobs",
+  );
+  if (reasons === null) return notAvailable($("#failure-reasons"), "/v1/stats/failures");
+  fillTable(
+    $("#failure-reasons"),
+    reasons.data.map((r) => row(String(r.jobs), r.reason, jobLink(r.latest_job_id))),
+    "no failures in the last hour",
   );
 }
 
@@ -379,7 +407,11 @@ async function loadJob() {
   ]);
   $("#job-prompt").textContent = promptText(j.request);
   $("#job-result").textContent = resultText(j.result);
-  $('#job-actions [data-action="cancel"]').disabled = FINAL_JOB_STATUSES.has(j.status);
+  // Cancel and requeue act on unfinished jobs; retry on failed or cancelled ones.
+  const final = FINAL_JOB_STATUSES.has(j.status);
+  $('#job-actions [data-action="cancel"]').disabled = final;
+  $('#job-actions [data-action="requeue"]').disabled = final;
+  $('#job-actions [data-action="retry"]').disabled = !final || j.status === "succeeded";
   fillTable(
     $("#job-webhooks"),
     deliveries.data.map((d) =>
@@ -572,43 +604,58 @@ async function loadRules() {
 }
 
 async function loadWorkers() {
-  const table = $("#workers");
-  if (!has("/v1/workers")) return notAvailable(table, "/v1/workers");
-  const workers = await api("/v1/workers");
-  const post = (path) => () => act(() => api(path, { method: "POST" }));
-  const rows = (workers.data || []).map((w) => {
+  if (!has("/v1/workers")) {
+    notAvailable($("#workers"), "/v1/workers");
+    return notAvailable($("#hosts"), "/v1/workers");
+  }
+  const { data: workers, drained_hosts: drainedHosts } = await api("/v1/workers");
+  const post = (path, body) => () => act(() => api(path, { method: "POST", body }));
+  const rows = workers.map((w) => {
     const name = encodeURIComponent(w.name);
-    const models = (w.loaded_models || []).map((m) => (typeof m === "string" ? m : m.name));
-    const unload = has("/v1/models/{name}/unload")
-      ? models.map((m) => button(`Unload ${m}`, post(`/v1/models/${encodeURIComponent(m)}/unload`)))
-      : [];
-    const hostDrain =
-      w.host && has("/v1/hosts/{host}/drain")
-        ? [button(`Drain host ${w.host}`, post(`/v1/hosts/${encodeURIComponent(w.host)}/drain`))]
-        : [];
+    const ownDrain = w.drained_by.includes("worker");
+    const held = w.loaded_models.map((m) => button(`Unload ${m}`, post(`/v1/workers/${name}/unload`, { model: m })));
     return el(
       "tr",
       { "data-worker": w.name },
       ...[
         w.name,
-        w.host || "",
-        status(w.draining ? "draining" : w.state || ""),
-        (w.gpus || w.gpu_uuids || []).map((g) => (typeof g === "string" ? g : g.uuid || g.index)).join(", "),
-        models.join(", "),
+        w.host,
+        status(w.state),
+        w.device,
+        w.loaded_models.join(", "),
         w.current_job ? link(`/dashboard/jobs/${encodeURIComponent(w.current_job)}`, w.current_job) : "",
+        String(w.jobs_done),
+        when(w.last_heartbeat),
         el(
           "span",
           { class: "actions" },
-          w.draining
+          ownDrain
             ? button("Undrain", post(`/v1/workers/${name}/undrain`))
             : button("Drain", post(`/v1/workers/${name}/drain`)),
-          ...hostDrain,
-          ...unload,
+          ...held,
         ),
       ].map((c) => el("td", {}, c)),
     );
   });
-  fillTable(table, rows, "no workers running");
+  fillTable($("#workers"), rows, "no workers running");
+
+  // Hosts: those with live workers, and drained ones that have none now.
+  const hosts = [...new Set([...workers.map((w) => w.host), ...drainedHosts])].sort();
+  const hostRows = hosts.map((host) => {
+    const drained = drainedHosts.includes(host);
+    const path = `/v1/hosts/${encodeURIComponent(host)}/${drained ? "undrain" : "drain"}`;
+    return el(
+      "tr",
+      { "data-host": host },
+      ...[
+        host,
+        String(workers.filter((w) => w.host === host).length),
+        drained ? "yes" : "no",
+        button(drained ? "Undrain host" : "Drain host", post(path)),
+      ].map((c) => el("td", {}, c)),
+    );
+  });
+  fillTable($("#hosts"), hostRows, "no hosts");
 }
 
 const PAGES = {
