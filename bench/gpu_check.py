@@ -6,7 +6,10 @@
 3. One worker pinned to the GPU by UUID, end to end (HTTP, Redis, SQLite), against direct
    llama-cpp-python on the same GPU: tokens/s and their ratio; the jobs must record
    `cuda:<uuid>` as their device.
-Exits 2 with a clear message where there is no GPU.
+4. Energy per job: a worker pinned to the GPU runs a long generation; the job's `energy_j`
+   must be > 0 and within a factor of two of NVML's power (sampled here meanwhile) times its
+   `gpu_seconds`, and `/metrics` must show the GPU's power and utilisation gauges.
+Exits 2 with a clear message where there is no GPU, 1 when the energy check fails.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, require_bundled_model_path
 from gpuq.gguf_metadata import read_metadata
@@ -76,7 +82,102 @@ def main() -> int:
         f"tokens/s on the GPU: direct {direct.tokens_per_s:.1f}, gpuq worker pinned by UUID "
         f"{ours.tokens_per_s:.1f}, ratio {ours.tokens_per_s / direct.tokens_per_s:.3f}"
     )
-    return 0
+    return 0 if check_energy(gpu.uuid) else 1
+
+
+class PowerWatch:
+    """NVML power of one GPU, sampled every 0.1 s by this script (independently of gpuq)."""
+
+    def __init__(self, uuid: str) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        self.readings: list[tuple[float, float]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.1):
+            self.readings.append((time.time(), self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000))
+
+    def mean_watts(self, start: float, end: float) -> float | None:
+        inside = [w for t, w in self.readings if start <= t <= end]
+        return sum(inside) / len(inside) if inside else None
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def check_energy(uuid: str) -> bool:
+    import httpx
+
+    from gpuq import migrate, store
+    from gpuq.db import sync_engine, sync_sessions
+    from gpuq.local_processes import GpuqProcesses
+    from gpuq.registry import register_bundled_model
+
+    redis_url = os.environ.get("GPUQ_REDIS_URL", "redis://127.0.0.1:6379/11")
+    with tempfile.TemporaryDirectory(prefix="gpuq-energy-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "models").mkdir()
+        database_url = f"sqlite:///{workdir / 'gpuq.db'}"
+        migrate.upgrade(database_url)
+        engine = sync_engine(database_url)
+        with sync_sessions(engine)() as session:
+            register_bundled_model(session)
+        engine.dispose()
+        processes = GpuqProcesses(database_url, redis_url, workdir)
+        watch = PowerWatch(uuid)
+        try:
+            _api, url = processes.start_api()
+            # The supervisor (NVML discovery, one worker pinned per GPU, telemetry to Redis and SQL).
+            processes.start_supervisor(expected_workers=len(nvml_inventory(os.uname().nodename).gpus))
+            body = {"kind": "generate", "model": "smollm2-135m", "prompt": "Tell a long story.", "max_tokens": 1800}
+            with processes.client(url) as client:
+                ids = [client.submit(body | {"seed": i, "temperature": 0.8})["id"] for i in range(3)]
+                jobs = [client.wait(i, timeout_s=300) for i in ids]
+            scrape = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {processes.admin_key}"}).text
+            engine = sync_engine(database_url)
+            with sync_sessions(engine)() as session:
+                history = store.gpu_samples(session, gpu_uuid=uuid)
+            engine.dispose()
+        finally:
+            watch.stop()
+            processes.stop_all()
+    ok = True
+    for job in jobs:
+        start = _epoch(job["started_at"])
+        end = _epoch(job["finished_at"])
+        watts = watch.mean_watts(start, end)
+        expected = watts * job["gpu_seconds"] if watts and job["gpu_seconds"] else None
+        energy = job["energy_j"]
+        plausible = bool(energy and energy > 0 and expected and 0.5 <= energy / expected <= 2.0)
+        ok &= plausible and job["device"] == f"cuda:{uuid}"
+        print(
+            f"energy of {job['id']} ({job['completion_tokens']} tokens, {job['device']}): {energy} J over "
+            f"{job['gpu_seconds']} GPU-s; NVML mean power then {watts} W -> expected ~{expected} J: "
+            + ("plausible" if plausible else "IMPLAUSIBLE")
+        )
+    gauges = [line for line in scrape.splitlines() if line.startswith(("gpuq_gpu_power_watts", "gpuq_gpu_utilization"))]
+    print("metrics:", *gauges, sep="\n  ")
+    ok &= bool(gauges)
+    last = history[-1] if history else None
+    print(
+        f"gpu_samples rows for the GPU: {len(history)}"
+        + (f"; last: {last.utilization_pct}% busy, {last.memory_used_mib} MiB, {last.power_w} W" if last else "")
+    )
+    ok &= bool(history) and history[-1].power_w is not None
+    print("energy check:", "PASS" if ok else "FAIL")
+    return ok
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
 
 
 if __name__ == "__main__":

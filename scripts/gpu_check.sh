@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of the fleet issue, for a machine with an NVIDIA GPU: builds
 # llama-cpp-python with CUDA, then runs bench/gpu_check.py (NVML discovery, VRAM estimate
-# against NVML after load, a pinned worker's tokens/s against direct llama-cpp-python).
+# against NVML after load, a pinned worker's tokens/s against direct llama-cpp-python, and
+# a job's energy_j against NVML power x time, /metrics GPU gauges, gpu_samples rows).
 # Needs Redis: GPUQ_REDIS_URL, or redis-server on the PATH (a private one is started).
 set -euo pipefail
 cd "$(dirname "$0")/.."
