@@ -75,7 +75,7 @@ class Job(Base):
     model: Mapped[str] = mapped_column(String(128))
     priority: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
-    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))  # unique per owner, see below
     request_hash: Mapped[str] = mapped_column(String(64))
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -121,6 +121,9 @@ class Job(Base):
         Index("ix_jobs_created", "created_at"),
         Index("ix_jobs_batch_status", "batch_id", "status"),
         Index("ix_jobs_owner_created", "owner", "created_at"),
+        # Each tenant has its own idempotency keys: another tenant's key is neither a replay
+        # nor a conflict.
+        Index("uq_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
         Index("ix_jobs_key_status", "api_key_id", "status"),
         Index("ix_jobs_finished", "finished_at"),
         # Stats filtered by where jobs ran, and the failures list (migration 0007).

@@ -42,6 +42,8 @@ def upgrade() -> None:
         jobs.add_column(sa.Column("api_key_id", sa.String(40), nullable=True))
         jobs.add_column(sa.Column("gpu_seconds", sa.Float(), nullable=True))
         jobs.add_column(sa.Column("energy_j", sa.Float(), nullable=True))
+    _drop_global_idempotency_unique()
+    op.create_index("uq_jobs_owner_idempotency_key", "jobs", ["owner", "idempotency_key"], unique=True)
     op.create_index("ix_jobs_owner_created", "jobs", ["owner", "created_at"])
     op.create_index("ix_jobs_key_status", "jobs", ["api_key_id", "status"])
     op.create_index("ix_jobs_finished", "jobs", ["finished_at"])
@@ -65,6 +67,27 @@ def upgrade() -> None:
     op.create_index("ix_gpu_samples_time", "gpu_samples", ["sampled_at"])
 
 
+# 0001 declared the column unique without naming the constraint: PostgreSQL named it
+# itself; on SQLite batch mode reflects it and names it by this convention.
+_SQLITE_NAMES = {"uq": "uq_%(table_name)s_%(column_0_name)s"}
+
+
+def _drop_global_idempotency_unique() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.drop_constraint("jobs_idempotency_key_key", "jobs", type_="unique")
+        return
+    with op.batch_alter_table("jobs", naming_convention=_SQLITE_NAMES) as jobs:
+        jobs.drop_constraint("uq_jobs_idempotency_key", type_="unique")
+
+
+def _restore_global_idempotency_unique() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.create_unique_constraint("jobs_idempotency_key_key", "jobs", ["idempotency_key"])
+        return
+    with op.batch_alter_table("jobs", naming_convention=_SQLITE_NAMES) as jobs:
+        jobs.create_unique_constraint("uq_jobs_idempotency_key", ["idempotency_key"])
+
+
 def downgrade() -> None:
     op.drop_table("gpu_samples")
     op.drop_index("ix_batches_owner_created", "batches")
@@ -74,6 +97,8 @@ def downgrade() -> None:
     op.drop_index("ix_jobs_finished", "jobs")
     op.drop_index("ix_jobs_key_status", "jobs")
     op.drop_index("ix_jobs_owner_created", "jobs")
+    op.drop_index("uq_jobs_owner_idempotency_key", "jobs")
+    _restore_global_idempotency_unique()
     with op.batch_alter_table("jobs") as jobs:
         for column in ("energy_j", "gpu_seconds", "api_key_id", "owner", "gpu_uuid", "host"):
             jobs.drop_column(column)

@@ -1,0 +1,198 @@
+"""API keys, roles and tenants: who may call what, and what each tenant sees."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpuq.models import ApiKey, Job
+from tests.api.conftest import bearer, redis_job_keys
+from tests.conftest import both_databases
+
+MODEL = "smollm2-135m"
+NOOP = {"kind": "noop", "model": MODEL}
+
+
+@pytest.fixture
+def as_key(client: TestClient):
+    """Sends one request with another key than the client's admin key."""
+
+    def send(key: str, method: str, path: str, **kwargs):
+        return client.request(method, path, headers=bearer(key), **kwargs)
+
+    return send
+
+
+def batch_file(client, key):
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "hi"}}
+    return client.post(
+        "/v1/files",
+        files={"file": ("in.jsonl", (json.dumps(line) + "\n").encode())},
+        data={"purpose": "batch"},
+        headers=bearer(key),
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({}, "needs an API key"),
+        ({"Authorization": "Basic dXNlcjpwYXNz"}, "needs an API key"),
+        ({"Authorization": "Bearer gpuq_not-a-key"}, "not valid"),
+    ],
+)
+def test_a_request_without_a_valid_key_is_a_401_and_queues_nothing(settings, redis, headers, message, job_rows):
+    from api.main import create_app
+
+    with TestClient(create_app(settings)) as anonymous:
+        response = anonymous.post("/v1/jobs", json=NOOP, headers=headers)
+        assert anonymous.get("/healthz").status_code == 200  # health checks stay open
+    assert response.status_code == 401 and message in response.json()["detail"]
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert job_rows() == [] and redis_job_keys(redis) == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/v1/gpus", None),
+        ("GET", "/v1/affinity-rules", None),
+        ("POST", "/v1/affinity-rules", {"model_pattern": "*", "effect": "deny"}),
+        ("GET", "/v1/schedules", None),
+        ("GET", "/v1/keys", None),
+        ("POST", "/v1/keys", {"name": "mine", "owner": "acme", "role": "admin"}),
+        ("POST", "/v1/models", {"name": "x", "path": "x.gguf"}),
+    ],
+)
+def test_a_submitter_on_an_admin_endpoint_is_a_403(as_key, make_key, method, path, body, session):
+    submitter = make_key("submitter", "acme")
+    response = as_key(submitter, method, path, json=body)
+    assert response.status_code == 403 and "needs an admin key" in response.json()["detail"]
+    assert session.query(ApiKey).count() == 2  # the admin's and the submitter's: no key was made
+
+
+@both_databases
+def test_tenants_see_only_their_own_jobs_and_another_tenants_job_is_a_404(as_key, make_key, client):
+    acme, globex = make_key("submitter", "acme"), make_key("submitter", "globex")
+    mine = as_key(acme, "POST", "/v1/jobs", json=NOOP).json()
+    theirs = as_key(globex, "POST", "/v1/jobs", json=NOOP).json()
+    assert (mine["owner"], theirs["owner"]) == ("acme", "globex")
+
+    assert [j["id"] for j in as_key(acme, "GET", "/v1/jobs").json()["data"]] == [mine["id"]]
+    hidden = as_key(acme, "GET", f"/v1/jobs/{theirs['id']}")
+    assert hidden.status_code == 404 and hidden.json()["detail"] == f"job {theirs['id']!r} does not exist"
+    assert "globex" not in hidden.text
+    assert as_key(acme, "POST", f"/v1/jobs/{theirs['id']}/cancel").status_code == 404
+    assert client.get(f"/v1/jobs/{theirs['id']}").json()["status"] == "queued"  # untouched
+
+    everyone = {j["id"] for j in client.get("/v1/jobs").json()["data"]}
+    assert everyone == {mine["id"], theirs["id"]}
+    assert [j["id"] for j in client.get("/v1/jobs", params={"owner": "globex"}).json()["data"]] == [theirs["id"]]
+
+
+def test_the_same_idempotency_key_in_two_tenants_makes_two_jobs(as_key, make_key):
+    acme, globex = make_key("submitter", "acme"), make_key("submitter", "globex")
+    body = NOOP | {"idempotency_key": "nightly-1"}
+    first = as_key(acme, "POST", "/v1/jobs", json=body)
+    replay = as_key(acme, "POST", "/v1/jobs", json=body)
+    other = as_key(globex, "POST", "/v1/jobs", json=body)
+    assert (first.status_code, replay.status_code) == (202, 200) and replay.json()["id"] == first.json()["id"]
+    assert other.status_code == 202 and other.json()["id"] != first.json()["id"]
+
+
+@both_databases
+def test_files_and_batches_belong_to_their_tenant(as_key, make_key, client):
+    acme, globex = make_key("submitter", "acme"), make_key("submitter", "globex")
+    file = batch_file(client, acme).json()
+    assert as_key(globex, "GET", f"/v1/files/{file['id']}").status_code == 404
+    assert as_key(globex, "GET", f"/v1/files/{file['id']}/content").status_code == 404
+    stolen = as_key(globex, "POST", "/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/embeddings"})
+    assert stolen.status_code == 404
+
+    batch = as_key(acme, "POST", "/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/embeddings"})
+    assert batch.status_code == 200 and batch.json()["owner"] == "acme"
+    batch_id = batch.json()["id"]
+    for path in (f"/v1/batches/{batch_id}", f"/v1/batches/{batch_id}/progress", f"/v1/batches/{batch_id}/results"):
+        assert as_key(globex, "GET", path).status_code == 404, path
+    assert as_key(globex, "POST", f"/v1/batches/{batch_id}/cancel").status_code == 404
+    assert as_key(globex, "GET", "/v1/batches").json()["data"] == []
+    assert [b["id"] for b in as_key(acme, "GET", "/v1/batches").json()["data"]] == [batch_id]
+    jobs = as_key(acme, "GET", "/v1/jobs", params={"batch_id": batch_id}).json()["data"]
+    assert [j["owner"] for j in jobs] == ["acme"]
+
+
+def test_admins_create_list_and_revoke_keys_and_the_secret_is_shown_once(client, session):
+    created = client.post(
+        "/v1/keys", json={"name": "evals", "owner": "acme", "max_queued_jobs": 5, "max_submissions_per_minute": 60}
+    )
+    assert created.status_code == 201
+    key = created.json()
+    assert key["key"].startswith("gpuq_") and key["role"] == "submitter" and key["max_queued_jobs"] == 5
+    stored = session.get(ApiKey, key["id"])
+    assert key["key"] not in (stored.key_hash, stored.key_prefix) and len(stored.key_hash) == 64
+
+    listed = client.get("/v1/keys").json()["data"]
+    assert key["id"] in {k["id"] for k in listed} and all("key" not in k for k in listed)
+    assert client.get("/v1/keys/me", headers=bearer(key["key"])).json()["owner"] == "acme"
+
+    assert client.delete(f"/v1/keys/{key['id']}").status_code == 204
+    assert client.get("/v1/keys/me", headers=bearer(key["key"])).status_code == 401
+    assert client.delete(f"/v1/keys/{key['id']}").status_code == 404
+
+
+def test_the_last_admin_key_cannot_be_revoked(client):
+    [me] = [k for k in client.get("/v1/keys").json()["data"] if k["role"] == "admin"]
+    response = client.delete(f"/v1/keys/{me['id']}")
+    assert response.status_code == 409 and "last active admin key" in response.json()["detail"]
+    assert client.get("/v1/keys/me").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"name": "x", "owner": "acme", "role": "root"}, "role"),
+        ({"name": "x", "owner": "a b"}, "owner"),
+        ({"name": "x", "owner": "acme", "max_queued_jobs": 0}, "max_queued_jobs"),
+        ({"owner": "acme"}, "name"),
+    ],
+)
+def test_a_bad_key_request_is_a_422_and_creates_nothing(client, session, body, message):
+    response = client.post("/v1/keys", json=body)
+    assert response.status_code == 422 and message in response.json()["detail"]
+    assert session.query(ApiKey).count() == 1
+
+
+@both_databases
+def test_a_key_over_its_queued_jobs_limit_gets_a_429_with_retry_after(as_key, make_key, job_rows, redis):
+    limited = make_key("submitter", "acme", max_queued_jobs=2)
+    assert as_key(limited, "POST", "/v1/jobs/bulk", json={"jobs": [NOOP, NOOP]}).status_code == 202
+    over = as_key(limited, "POST", "/v1/jobs", json=NOOP)
+    assert over.status_code == 429 and int(over.headers["retry-after"]) > 0
+    assert "has 2 jobs queued and may have at most 2" in over.json()["detail"]
+    assert len(job_rows()) == 2 and len(redis_job_keys(redis)) == 2
+    other = make_key("submitter", "acme")  # the limit is the key's, not the tenant's
+    assert as_key(other, "POST", "/v1/jobs", json=NOOP).status_code == 202
+
+
+def test_a_key_over_its_submission_rate_gets_a_429_with_retry_after(as_key, make_key, job_rows):
+    limited = make_key("submitter", "acme", max_submissions_per_minute=3)
+    assert as_key(limited, "POST", "/v1/jobs/bulk", json={"jobs": [NOOP, NOOP]}).status_code == 202
+    assert as_key(limited, "POST", "/v1/jobs", json=NOOP).status_code == 202
+    over = as_key(limited, "POST", "/v1/jobs", json=NOOP)
+    # the bucket refills at 3 a minute: one more job is 20 s away
+    assert over.status_code == 429 and 1 <= int(over.headers["retry-after"]) <= 20
+    assert "may submit 3 jobs a minute" in over.json()["detail"]
+    too_big = as_key(
+        make_key("submitter", "acme", max_submissions_per_minute=3), "POST", "/v1/jobs/bulk", json={"jobs": [NOOP] * 4}
+    )
+    assert too_big.status_code == 429 and "split it" in too_big.json()["detail"]
+    assert len(job_rows()) == 3
+
+
+def test_a_batch_counts_its_lines_against_the_queued_jobs_limit(as_key, make_key, client, session):
+    limited = make_key("submitter", "acme", max_queued_jobs=1)
+    file = batch_file(client, limited).json()
+    assert as_key(limited, "POST", "/v1/jobs", json=NOOP).status_code == 202
+    refused = as_key(limited, "POST", "/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/embeddings"})
+    assert refused.status_code == 429 and "retry-after" in refused.headers
+    assert session.query(Job).filter(Job.batch_id.isnot(None)).count() == 0
