@@ -12,8 +12,10 @@ from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
 from api.routers import affinity, batches, dashboard, files, gpus, health, jobs, keys, models, schedules, webhooks
+from api.routers import job_actions as job_actions_router
 from api.routers import metrics as metrics_router
 from api.routers import stats as stats_router
+from api.routers import workers as workers_router
 from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -46,6 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         health.router,
         jobs.router,
         stats_router.router,
+        job_actions_router.router,
+        workers_router.router,
         models.router,
         gpus.router,
         affinity.router,

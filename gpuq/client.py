@@ -60,6 +60,40 @@ class GpuqClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
 
+    # Admin actions (gpuq/job_actions.py, gpuq/workers.py); retry and the bulk forms are also for owners.
+
+    def retry(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/retry")  # type: ignore[no-any-return]
+
+    def requeue(self, job_id: str) -> dict[str, Any]:
+        """``{"job": ..., "action": "what was done"}``."""
+        return self._call("POST", f"/v1/jobs/{job_id}/requeue")  # type: ignore[no-any-return]
+
+    def retry_jobs(self, **selection: Any) -> dict[str, int]:
+        """``{"matched", "changed"}`` for the jobs selected (status, model, kind, priority, owner, created_*)."""
+        return self._call("POST", "/v1/jobs/retry", json=selection)  # type: ignore[no-any-return]
+
+    def cancel_jobs(self, **selection: Any) -> dict[str, int]:
+        return self._call("POST", "/v1/jobs/cancel", json=selection)  # type: ignore[no-any-return]
+
+    def workers(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/workers")  # type: ignore[no-any-return]
+
+    def drain(self, worker: str, *, undo: bool = False) -> dict[str, Any]:
+        return self._call("POST", f"/v1/workers/{worker}/{'undrain' if undo else 'drain'}")  # type: ignore[no-any-return]
+
+    def drain_host(self, host: str, *, undo: bool = False) -> dict[str, Any]:
+        return self._call("POST", f"/v1/hosts/{host}/{'undrain' if undo else 'drain'}")  # type: ignore[no-any-return]
+
+    def unload(self, model: str, *, worker: str | None = None) -> dict[str, Any]:
+        """From every worker holding it, or from one."""
+        if worker is not None:
+            return self._call("POST", f"/v1/workers/{worker}/unload", json={"model": model})  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/models/{model}/unload")  # type: ignore[no-any-return]
+
+    def clear_gpu(self, uuid: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/gpus/{uuid}/clear")  # type: ignore[no-any-return]
+
     def models(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/models")["data"]  # type: ignore[no-any-return]
 

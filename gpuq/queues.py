@@ -104,3 +104,13 @@ def gpu_telemetry_key(uuid: str) -> str:
 def too_small_key(gpu_uuid: str) -> str:
     """Models that ran out of memory loading on this GPU even alone (a set)."""
     return f"{PREFIX}:too-small:{gpu_uuid}"
+
+
+def drained_hosts_key() -> str:
+    """Hosts an admin has drained (a set): their workers, present and future, take no jobs."""
+    return f"{PREFIX}:drained-hosts"
+
+
+def unload_requests_key(worker: str) -> str:
+    """Models an admin asked this worker to unload (a set, read with its control flags)."""
+    return f"{PREFIX}:unload:{worker}"

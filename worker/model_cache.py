@@ -95,6 +95,13 @@ class ModelCache:
     def loaded_names(self) -> list[str]:
         return sorted({name for name, _ in self._loaded})
 
+    def unload(self, name: str) -> bool:
+        """Unload every instance (generate, embed) of ``name`` now, as an admin asked; True if any was loaded."""
+        keys = [key for key in self._loaded if key[0] == name]
+        for key in keys:
+            self._unload(key)
+        return bool(keys)
+
     def clear(self) -> None:
         for key in list(self._loaded):
             self._unload(key)

@@ -13,11 +13,16 @@ lives in SQL can do less than plain RQ:
 * the queue list is refreshed from the registry and the affinity rules, so a new model
   or a changed rule is served without a restart, and is ordered with the models this
   worker has loaded first within each priority (sticky routing).
+* admin controls (``gpuq/workers.py``): drained (by its own flag or its host's), it
+  finishes its job and takes no more, staying alive and heartbeating; asked to unload a
+  model, it does so at once when idle, else right after its job; told an admin requeued
+  its running job, it stops it and lets the outcome writer settle before its next claim.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -25,6 +30,7 @@ from typing import Any
 
 from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.command import parse_payload
@@ -33,6 +39,7 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.worker import Worker, WorkerStatus
 
+from gpuq import workers as control
 from gpuq.queues import worker_queue_names
 from worker.monitor import JobMonitor
 from worker.runner import JobRunner
@@ -41,6 +48,22 @@ log = logging.getLogger(__name__)
 
 IDLE_WRITE_GAP_S = 1.0
 MAX_REDIS_BACKOFF_S = 30.0
+CONTROL_READ_GAP_S = 1.0  # drain flags and unload requests are re-read at most this often
+DRAINED_WAKE_S = 1.0  # a drained worker checks its flags (and keep_alive expiries) this often
+
+# At the end of a job RQ's job hash is deleted (results live in SQL), unless an admin's
+# requeue or the reconciler has meanwhile enqueued the job again: then the hash belongs
+# to the new queue entry, and deleting it would make RQ skip that entry.
+_DELETE_UNLESS_QUEUED = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def slot_of(worker_name: str) -> str:
+    """``<hostname>.<slot>.<pid>.<hex>`` (see worker/main.py); host names may hold dots."""
+    parts = worker_name.rsplit(".", 3)
+    return parts[1] if len(parts) == 4 else ""
 
 
 class GpuqWorker(SimpleWorker):
@@ -51,6 +74,8 @@ class GpuqWorker(SimpleWorker):
         list_servable: Callable[[], list[tuple[str, str]]],
         loaded_models: Callable[[], list[str]],
         on_idle: Callable[[], object] = lambda: None,
+        unload_model: Callable[[str], object] = lambda _name: None,
+        flush_outcomes: Callable[[], object] = lambda: None,
         worker_ttl_s: int,
         heartbeat_interval_s: float,
         queue_refresh_interval_s: float = 5.0,
@@ -59,6 +84,8 @@ class GpuqWorker(SimpleWorker):
         self._list_servable = list_servable
         self._loaded_models = loaded_models
         self._on_idle = on_idle
+        self._unload_model = unload_model
+        self._flush_outcomes = flush_outcomes
         self._servable = list_servable()
         self._loaded_elsewhere: frozenset[str] = frozenset()
         self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
@@ -75,6 +102,14 @@ class GpuqWorker(SimpleWorker):
         self._suspension_checked_at = 0.0
         self._published_loaded: str | None = None
         self._running: tuple[Job, Execution] | None = None
+        # Held while the model cache is in use (a job, the idle housekeeping); free only
+        # while the worker waits for work, which is when the pub/sub thread may unload.
+        self._cache_lock = threading.Lock()
+        self._control = control.Control()
+        self._control_read_at = float("-inf")
+        self._control_changed = threading.Event()  # set by pub/sub: re-read the flags now
+        self._unloads_pending: set[str] = set()
+        self._requeued_job: str | None = None
         self.monitor = JobMonitor(
             self.connection,
             heartbeat=self._heartbeat_running_job,
@@ -96,11 +131,12 @@ class GpuqWorker(SimpleWorker):
         self.set_state(WorkerStatus.IDLE)
         backoff_s = 1.0
         while True:
-            self._on_idle()  # unload models whose keep_alive ran out
-            self._refresh_queues()
-            self.heartbeat()
-            if self.should_run_maintenance_tasks:
-                self.run_maintenance_tasks()
+            self._housekeeping()
+            if self._control.drained:  # take nothing; stay alive, heartbeat, wait for undrain
+                if timeout is None:
+                    return None
+                self._control_changed.wait(DRAINED_WAKE_S)
+                continue
             if not self._ordered_queues:  # nothing to serve (unhealthy GPU, no allowed model)
                 if timeout is None:
                     return None
@@ -123,8 +159,68 @@ class GpuqWorker(SimpleWorker):
                 backoff_s = min(backoff_s * 2, MAX_REDIS_BACKOFF_S)
                 continue
             if result is not None:
+                if self._put_back_if_drained(*result):
+                    continue
                 log.info("%s: %s", result[1].name, result[0].id)
             return result
+
+    def _housekeeping(self) -> None:
+        """Between jobs and on every idle wake-up: model expiry and unloads, the queue list,
+        heartbeat, RQ's maintenance, and the admin's flags (each throttled where it costs)."""
+        with self._cache_lock:
+            self._on_idle()  # unload models whose keep_alive ran out
+            self._apply_unloads()
+            self._refresh_queues()
+        self.heartbeat()
+        if self.should_run_maintenance_tasks:
+            self.run_maintenance_tasks()
+        self._read_control()
+
+    def _put_back_if_drained(self, job: Job, queue: Queue) -> bool:
+        """A drain may have come while this worker was blocked on its queues: the pub/sub
+        message has set the event, or the flags are re-read (at most once a second, so a
+        flood of jobs costs nothing here). A drained worker puts the job back in front."""
+        self._read_control()
+        if not self._control.drained:
+            return False
+        queue.push_job_id(job.id, at_front=True)
+        log.info("drained: %s goes back to the front of %s", job.id, queue.name)
+        return True
+
+    def _read_control(self) -> None:
+        """Drain flags and unload requests, at most once a second unless pub/sub said they changed."""
+        now = time.monotonic()
+        if now - self._control_read_at < CONTROL_READ_GAP_S and not self._control_changed.is_set():
+            return
+        self._control_changed.clear()
+        self._control_read_at = now
+        try:
+            state = control.read_control(
+                self.connection, worker_key=self.key, worker_name=self.name, host=self.runner.host
+            )
+        except RedisError:
+            log.warning("cannot read drain flags; keeping the last ones", exc_info=True)
+            return
+        if state.drained != self._control.drained:
+            log.info("drained by an admin: taking no jobs" if state.drained else "undrained: taking jobs again")
+        self._control = state
+        if state.unload:
+            with self._cache_lock:
+                self._unloads_pending |= state.unload
+                self._apply_unloads()
+
+    def _apply_unloads(self) -> None:
+        """Unload what an admin asked for; called with the cache lock held, never during a job."""
+        if not self._unloads_pending:
+            return
+        models, self._unloads_pending = sorted(self._unloads_pending), set()
+        for model in models:
+            self._unload_model(model)
+        log.info("unloaded %s as an admin asked", ", ".join(models))
+        with self.connection.pipeline(transaction=False) as pipe:
+            self._publish_loaded(pipe)
+            pipe.execute()
+        control.unload_done(self.connection, self.name, models)
 
     def _refresh_queues(self) -> None:
         """Re-read what this worker serves and what other workers hold every few seconds, and
@@ -155,6 +251,16 @@ class GpuqWorker(SimpleWorker):
     # ------------------------------------------------------------- running a job
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        with self._cache_lock:
+            self._execute_job(job, queue)
+        if self._requeued_job == job.id:
+            # An admin requeued this job while it ran here, and this worker may take it
+            # again next. The stopped run's outcome must be written (and discarded: the
+            # row is queued) before that claim, or it would match the new run.
+            self._requeued_job = None
+            self._flush_outcomes()
+
+    def _execute_job(self, job: Job, queue: Queue) -> None:
         # Plain pipelines, not MULTI/EXEC: each write stands alone, and a half-applied one
         # is repaired from SQL by the reconciler. The worker's own heartbeat is not repeated
         # here; RQ's loop sends it (throttled) between jobs.
@@ -181,18 +287,21 @@ class GpuqWorker(SimpleWorker):
         self._running = None
         with self.connection.pipeline(transaction=False) as pipe:
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
-            pipe.delete(job.key)  # result_ttl=0: the result lives in SQL
+            pipe.eval(_DELETE_UNLESS_QUEUED, 1, job.key)  # result_ttl=0: the result lives in SQL
             self.increment_successful_job_count(pipeline=pipe)
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             self._publish_loaded(pipe)
             pipe.execute()
 
     def _publish_loaded(self, pipe: Pipeline) -> None:
-        """Which models this worker holds, on its RQ worker hash (for telemetry and dashboards)."""
+        """Which models this worker holds, on its RQ worker hash (for telemetry, dashboards
+        and GET /v1/workers)."""
         loaded = ",".join(self._loaded_models())
         if loaded != self._published_loaded:
             self._published_loaded = loaded
-            pipe.hset(self.key, mapping={"gpuq_loaded": loaded, "gpuq_gpus": ",".join(self.runner.gpu_uuids)})
+            pipe.hset(
+                self.key, mapping={control.LOADED_FIELD: loaded, control.GPUS_FIELD: ",".join(self.runner.gpu_uuids)}
+            )
 
     def _heartbeat_running_job(self) -> None:
         running = self._running
@@ -207,11 +316,39 @@ class GpuqWorker(SimpleWorker):
         """RQ's command channel. ``stop-job`` cancels gpuq's running job at its next token;
         RQ's own handler would try to kill a work horse, which a SimpleWorker does not have."""
         payload = parse_payload(message)
-        if payload.get("command") == "stop-job":
+        command = payload.get("command")
+        if command == "stop-job":
             if not self.monitor.cancel(str(payload.get("job_id"))):
                 log.info("stop-job for %s, which is not running here", payload.get("job_id"))
             return
+        if command == control.REQUEUE_COMMAND:
+            job_id = str(payload.get("job_id"))
+            self._requeued_job = job_id  # before the cancel, so execute_job sees it when the run ends
+            if not self.monitor.cancel(job_id):
+                self._requeued_job = None
+                log.info("requeue of %s, which is not running here", job_id)
+            return
+        if command == control.CONTROL_COMMAND:
+            self._control_changed.set()  # the main loop re-reads the flags
+            return
+        if command == control.UNLOAD_COMMAND:
+            self._unload_when_idle(str(payload.get("model")))
+            return
         super().handle_payload(message)
+
+    def _unload_when_idle(self, model: str) -> None:
+        """At once if the worker is waiting for work (the cache lock is free), else the main
+        loop does it right after the job (the flag it re-reads says so too)."""
+        if self._cache_lock.acquire(blocking=False):
+            try:
+                self._unloads_pending.add(model)
+                self._apply_unloads()
+            except RedisError:
+                log.warning("unloaded %s but could not report it; will retry", model, exc_info=True)
+            finally:
+                self._cache_lock.release()
+        else:
+            self._control_changed.set()
 
     # ------------------------------------------------------------- fewer writes
 
@@ -235,6 +372,21 @@ class GpuqWorker(SimpleWorker):
         super().set_state(state, pipeline=pipeline)
 
     # ------------------------------------------------------------- lifecycle
+
+    def register_birth(self) -> None:
+        """RQ's registration, plus what GET /v1/workers shows about a gpuq worker."""
+        super().register_birth()
+        self._published_loaded = ""
+        self.connection.hset(
+            self.key,
+            mapping={
+                control.HOST_FIELD: self.runner.host,
+                control.SLOT_FIELD: slot_of(self.name),
+                control.DEVICE_FIELD: self.runner.device,
+                control.GPUS_FIELD: ",".join(self.runner.gpu_uuids),
+                control.LOADED_FIELD: "",
+            },
+        )
 
     def bootstrap(self, *args: object, **kwargs: object) -> None:
         super().bootstrap(*args, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,114 @@
+"""/v1/workers and /v1/hosts: the live workers, draining and undraining them (one, or a
+whole host), and unloading models (also /v1/models/{name}/unload). Admins only.
+
+The state lives in Redis (see gpuq/workers.py); the job each worker runs comes from SQL,
+the system of record.
+"""
+
+from __future__ import annotations
+
+from anyio import to_thread
+from fastapi import APIRouter
+
+from api.deps import ADMIN_ONLY, SessionDep, StateDep
+from api.schemas.workers import HostDrain, UnloadRequest, UnloadRequested, WorkerPublic, WorkersPublic
+from gpuq import store, workers
+from gpuq.errors import RequestError
+
+router = APIRouter(tags=["workers"], dependencies=ADMIN_ONLY)
+
+
+async def _running_by_worker(db: SessionDep) -> dict[str, str]:
+    return {worker: job_id for job_id, *_, worker, _attempts in await db.run_sync(store.running_jobs) if worker}
+
+
+async def _views(db: SessionDep, state: StateDep, *, host: str | None = None) -> list[WorkerPublic]:
+    live = await to_thread.run_sync(lambda: workers.live_workers(state.redis))
+    running = await _running_by_worker(db)
+    return [WorkerPublic.of(w, running.get(w.name)) for w in live if host is None or w.host == host]
+
+
+async def _live(state: StateDep, name: str) -> workers.LiveWorker:
+    found = await to_thread.run_sync(lambda: workers.find_worker(state.redis, name))
+    if found is None:
+        raise RequestError(404, f"worker {name!r} is not alive (see GET /v1/workers for the live ones)")
+    return found
+
+
+@router.get("/v1/workers", response_model=WorkersPublic)
+async def list_workers(db: SessionDep, state: StateDep) -> WorkersPublic:
+    hosts = await to_thread.run_sync(lambda: workers.drained_hosts(state.redis))
+    return WorkersPublic(data=await _views(db, state), drained_hosts=sorted(hosts))
+
+
+@router.get("/v1/workers/{name}", response_model=WorkerPublic)
+async def read_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
+    worker = await _live(state, name)
+    return WorkerPublic.of(worker, (await _running_by_worker(db)).get(name))
+
+
+async def _drain_worker(name: str, db: SessionDep, state: StateDep, *, drained: bool) -> WorkerPublic:
+    await _live(state, name)
+    if not await to_thread.run_sync(lambda: workers.set_worker_drain(state.redis, name, drained=drained)):
+        raise RequestError(404, f"worker {name!r} stopped while being {'drained' if drained else 'undrained'}")
+    return await read_worker(name, db, state)
+
+
+@router.post("/v1/workers/{name}/drain", response_model=WorkerPublic)
+async def drain_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
+    """The worker finishes its running job and takes no more until undrained (state
+    `draining`, then `drained`); it stays alive. The flag lives as long as the process."""
+    return await _drain_worker(name, db, state, drained=True)
+
+
+@router.post("/v1/workers/{name}/undrain", response_model=WorkerPublic)
+async def undrain_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
+    """Clears the worker's own flag; a worker whose host is drained stays drained (`drained_by`)."""
+    return await _drain_worker(name, db, state, drained=False)
+
+
+async def _drain_host(host: str, db: SessionDep, state: StateDep, *, drained: bool) -> HostDrain:
+    live = await to_thread.run_sync(lambda: workers.live_workers(state.redis))
+    known = {w.host for w in live} | {g.host for g in await db.run_sync(store.list_gpus)}
+    known |= await to_thread.run_sync(lambda: workers.drained_hosts(state.redis))
+    if host not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        raise RequestError(404, f"host {host!r} has no live worker and no GPU on record (known hosts: {listed})")
+    names = [w.name for w in live if w.host == host]
+    changed = await to_thread.run_sync(lambda: workers.set_host_drain(state.redis, host, names, drained=drained))
+    return HostDrain(host=host, drained=drained, changed=changed, workers=await _views(db, state, host=host))
+
+
+@router.post("/v1/hosts/{host}/drain", response_model=HostDrain)
+async def drain_host(host: str, db: SessionDep, state: StateDep) -> HostDrain:
+    """Every worker of the host, including workers started there later, until undrained."""
+    return await _drain_host(host, db, state, drained=True)
+
+
+@router.post("/v1/hosts/{host}/undrain", response_model=HostDrain)
+async def undrain_host(host: str, db: SessionDep, state: StateDep) -> HostDrain:
+    return await _drain_host(host, db, state, drained=False)
+
+
+@router.post("/v1/workers/{name}/unload", response_model=UnloadRequested)
+async def unload_on_worker(name: str, body: UnloadRequest, state: StateDep) -> UnloadRequested:
+    """Unload a model from one worker: at once if it is idle, else right after its job."""
+    worker = await _live(state, name)
+    if body.model not in worker.loaded_models:
+        held = ", ".join(worker.loaded_models) or "nothing"
+        raise RequestError(409, f"worker {name} does not hold model {body.model!r}; it holds {held}")
+    await to_thread.run_sync(lambda: workers.request_unload(state.redis, [name], body.model))
+    return UnloadRequested(model=body.model, workers=[name])
+
+
+@router.post("/v1/models/{name}/unload", response_model=UnloadRequested)
+async def unload_everywhere(name: str, db: SessionDep, state: StateDep) -> UnloadRequested:
+    """Every worker holding the model unloads it (at once if idle, else after its job). The
+    next job for it loads it again: this frees memory, it does not retire the model."""
+    if await db.run_sync(store.get_model, name) is None:
+        raise RequestError(404, f"model {name!r} is not registered (see GET /v1/models)")
+    live = await to_thread.run_sync(lambda: workers.live_workers(state.redis))
+    holders = [w.name for w in live if name in w.loaded_models]
+    if holders:
+        await to_thread.run_sync(lambda: workers.request_unload(state.redis, holders, name))
+    return UnloadRequested(model=name, workers=holders)

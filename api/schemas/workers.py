@@ -1,0 +1,68 @@
+"""Workers and hosts as admins see and steer them: state, drain, unload."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from api.schemas.common import Strict
+from gpuq.workers import LiveWorker
+
+WorkerState = Literal["idle", "busy", "draining", "drained"]
+
+
+class WorkerPublic(BaseModel):
+    name: str
+    host: str
+    slot: str
+    device: str = Field(description="cuda:<uuids>, simulated:<uuid> or cpu")
+    gpu_uuids: list[str]
+    state: WorkerState = Field(
+        description="draining: finishing its job, then taking no more; drained: idle and taking nothing"
+    )
+    current_job: str | None
+    loaded_models: list[str]
+    last_heartbeat: datetime | None
+    started_at: datetime | None
+    jobs_done: int = Field(description="jobs this worker process has run")
+    drained_by: list[Literal["worker", "host"]] = Field(description="whose drain flag holds it: its own, its host's")
+
+    @classmethod
+    def of(cls, worker: LiveWorker, current_job: str | None) -> WorkerPublic:
+        return cls(
+            name=worker.name,
+            host=worker.host,
+            slot=worker.slot,
+            device=worker.device,
+            gpu_uuids=list(worker.gpu_uuids),
+            state=worker.state(current_job),  # type: ignore[arg-type]
+            current_job=current_job,
+            loaded_models=list(worker.loaded_models),
+            last_heartbeat=worker.last_heartbeat,
+            started_at=worker.birth,
+            jobs_done=worker.jobs_done,
+            drained_by=[who for who, on in (("worker", worker.drained_itself), ("host", worker.drained_by_host)) if on],  # type: ignore[misc]
+        )
+
+
+class WorkersPublic(BaseModel):
+    data: list[WorkerPublic]
+    drained_hosts: list[str] = Field(description="hosts whose workers, present and future, take no jobs")
+
+
+class HostDrain(BaseModel):
+    host: str
+    drained: bool
+    changed: bool = Field(description="false when the host already was (or was not) drained")
+    workers: list[WorkerPublic] = Field(description="the host's live workers, as they are now")
+
+
+class UnloadRequest(Strict):
+    model: str = Field(min_length=1, max_length=128)
+
+
+class UnloadRequested(BaseModel):
+    model: str
+    workers: list[str] = Field(description="workers asked to unload it: at once if idle, else after their job")
