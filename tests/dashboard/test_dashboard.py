@@ -28,7 +28,7 @@ MODEL = "smollm2-135m"
 CHROMIUM = os.environ.get("GPUQ_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 PAGES = ["", "/jobs", "/batches", "/schedules", "/rules", "/workers"]
-# Playwright's own timeout for each expectation; the page polls the API every 5 s.
+# How long an action or expectation waits; the page polls the API every 5 s.
 WAIT_MS = 15_000
 
 
@@ -93,6 +93,7 @@ def system(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, mode
 def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: scripts/install.sh installs it (or set GPUQ_TEST_CHROMIUM)")
+    expect.set_options(timeout=WAIT_MS)  # expect() has its own default of 5 s, one refresh period
     with sync_playwright() as p:
         # Debian's Chromium, not a browser downloaded by `playwright install`; no sandbox
         # because CI runs as root; /dev/shm is small in containers.
@@ -177,7 +178,7 @@ def test_every_page_loads_with_its_data_and_no_console_errors(system: Seeded, ta
     page.goto(f"{system.url}/dashboard/schedules")
     page.get_by_role("button", name="History").click()
     expect(page.locator("#schedule-runs tbody tr")).to_have_count(1)
-    expect(page.locator("#schedule-next li")).to_have_count(5, timeout=WAIT_MS)
+    expect(page.locator("#schedule-next li")).to_have_count(5)
     screenshot(page, "schedule-history")
 
     page.goto(f"{system.url}/dashboard/jobs/{system.failed}")
