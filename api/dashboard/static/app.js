@@ -424,7 +424,8 @@ async function loadJob() {
 // Rate and ETA of a running batch, from gpuq's /progress.
 function pace(progress) {
   if (!progress || progress.lines_per_s === null) return "";
-  const eta = progress.eta_s === null ? "" : `, about ${Math.ceil(progress.eta_s / 60)} min left`;
+  const eta =
+    progress.eta_s === null ? "" : progress.eta_s === 0 ? ", finishing" : `, about ${Math.ceil(progress.eta_s / 60)} min left`;
   return ` · ${number(progress.lines_per_s, 1)} lines/s${eta}`;
 }
 
