@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from gpuq.admin_cli import admin
 from gpuq.client import DEFAULT_URL, ApiError, GpuqClient
 from gpuq.keys_cli import keys
 from gpuq.settings import get_settings
@@ -605,6 +606,7 @@ def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 main.add_command(keys)
+main.add_command(admin)
 
 if __name__ == "__main__":
     main()

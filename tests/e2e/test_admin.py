@@ -6,9 +6,11 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from click.testing import CliRunner
 from redis import Redis
 
 from gpuq import store
+from gpuq.cli import main
 from gpuq.client import ApiError, GpuqClient
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.enqueue import QueueEntry, remove_queued
@@ -268,3 +270,28 @@ def _submitter(processes, owner):
 
 def _client(url, key):
     return GpuqClient(url, api_key=key)
+
+
+def test_the_admin_cli_lists_drains_retries_and_reports_refusals(processes):
+    _api, url = processes.start_api()
+    _proc, name = processes.start_worker()
+    runner = CliRunner(env={"GPUQ_API_KEY": processes.admin_key, "GPUQ_API_URL": url})
+
+    def admin(*args):
+        return runner.invoke(main, ["admin", *args])
+
+    with processes.client(url) as client:
+        done = client.wait(client.submit(NOOP)["id"])
+        listing = admin("workers")
+        assert listing.exit_code == 0 and name in listing.output and "idle" in listing.output
+        drained = admin("drain", name)
+        assert drained.exit_code == 0 and f"{name}: drained by worker" in drained.output
+        assert _worker(client, name)["state"] == "drained"
+        assert admin("undrain", name).exit_code == 0 and _worker(client, name)["state"] == "idle"
+
+        refused = admin("retry", done["id"])
+        assert refused.exit_code == 1 and "succeeded" in refused.output and "HTTP 409" in refused.output
+        assert "0 of 0 matching jobs queued again" in admin("retry-failed", "--model", MODEL).output
+        unknown = admin("drain-host", "no-such-host")
+        assert unknown.exit_code == 1 and "HTTP 404" in unknown.output
+        assert "no worker holds it" in admin("unload", MODEL).output  # a noop job loads nothing
