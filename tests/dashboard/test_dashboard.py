@@ -229,7 +229,7 @@ def test_the_job_table_refreshes_live_without_reloading_the_page(system: Seeded,
     assert tab.errors == []
 
 
-def test_an_affinity_rule_created_in_the_page_shows_up_in_the_api(system: Seeded, tab: Tab) -> None:
+def test_an_affinity_rule_created_edited_and_deleted_in_the_page_is_so_in_the_api(system: Seeded, tab: Tab) -> None:
     page = tab.page
     sign_in(page, system.url, system.admin_key, "/rules")
     loaded(page)
@@ -256,7 +256,18 @@ def test_an_affinity_rule_created_in_the_page_shows_up_in_the_api(system: Seeded
     page.click("#preview-form button[type=submit]")
     expect(page.locator("#preview-summary")).to_contain_text("may run on 1 of 2 GPUs")
     screenshot(page, "rules")
-    system.client.delete_rule(rule["id"])
+
+    # Edit it in the same form, then delete it from the table.
+    row = page.locator(f'#rules tr[data-rule="{rule["id"]}"]')
+    row.get_by_role("button", name="Edit").click()
+    expect(form.locator("input[name=gpu_indices]")).to_have_value("1")
+    form.locator("input[name=precedence]").fill("7")
+    form.locator("button[type=submit]").click()
+    expect(row).to_contain_text("7")
+    assert [(r["id"], r["precedence"], r["gpu_indices"]) for r in system.client.rules()] == [(rule["id"], 7, [1])]
+    row.get_by_role("button", name="Delete").click()
+    expect(page.locator("#rules tbody tr[data-rule]")).to_have_count(0)
+    assert system.client.rules() == []
     assert tab.errors == []
 
 
