@@ -117,16 +117,27 @@ def queries(now: datetime) -> list[tuple[str, Callable[[Session, Window], Any]]]
     everything = StatsFilter()
     tenant = StatsFilter(tenant="tenant-0")  # the largest tenant: about 29% of all jobs
     model = StatsFilter(model="llama3-8b")
+    host = StatsFilter(host="host-1")
+    both = StatsFilter(tenant="tenant-0", model="llama3-8b")  # a combination: percentiles from the rows
     return [
         ("summary", lambda s, w: stats.summary(s, w, everything, now=now)),
         ("summary model=llama3-8b", lambda s, w: stats.summary(s, w, model, now=now)),
         ("summary tenant=tenant-0", lambda s, w: stats.summary(s, w, tenant, now=now)),
+        ("summary host=host-1", lambda s, w: stats.summary(s, w, host, now=now)),
+        ("summary tenant-0+llama3-8b", lambda s, w: stats.summary(s, w, both, now=now)),
         ("throughput", lambda s, w: stats.throughput(s, w, everything, stats.choose_bucket(w, None), now=now)),
+        (
+            "throughput tenant=tenant-0",
+            lambda s, w: stats.throughput(s, w, tenant, stats.choose_bucket(w, None), now=now),
+        ),
         ("failures top 10", lambda s, w: stats.failures(s, w, everything, top=10)),
         ("energy by model", lambda s, w: stats.grouped_sums(s, w, everything, ("model",), now=now)),
         ("energy by tenant", lambda s, w: stats.grouped_sums(s, w, everything, ("owner",), now=now)),
         ("gpus: jobs per GPU", lambda s, w: stats.grouped_sums(s, w, everything, ("gpu_uuid", "host"), now=now)),
-        ("gpus: sample series", lambda s, w: stats.gpu_series(s, w, everything, stats.choose_bucket(w, None))),
+        (
+            "gpus: sample series",
+            lambda s, w: stats.gpu_series(s, w, everything, stats.choose_bucket(w, None), now=now),
+        ),
     ]
 
 

@@ -444,3 +444,61 @@ class JobLatencyDaily(Base):
     metric: Mapped[str] = mapped_column(String(8), primary_key=True)  # "wait" or "run"
     bin: Mapped[int] = mapped_column(Integer, primary_key=True)
     jobs: Mapped[int] = mapped_column(Integer)
+
+
+class StatsRolledDay(Base):
+    """One row per UTC day rolled up into every stats rollup table (written in the same
+    transaction): where the rollups end, even over days without a job or a sample."""
+
+    __tablename__ = "stats_rolled_days"
+
+    day: Mapped[datetime] = mapped_column(primary_key=True)
+
+
+class JobLatencyDimDaily(Base):
+    """Queue-wait and run-time histograms per UTC day and per one tenant, host or GPU
+    (``dim`` "tenant", "host" or "gpu"; jobs without that value are not counted): the
+    percentiles of a window filtered by that value alone."""
+
+    __tablename__ = "job_latency_dim_daily"
+
+    day: Mapped[datetime] = mapped_column(primary_key=True)
+    dim: Mapped[str] = mapped_column(String(8), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(8), primary_key=True)  # "wait" or "run"
+    bin: Mapped[int] = mapped_column(Integer, primary_key=True)
+    jobs: Mapped[int] = mapped_column(Integer)
+
+
+class JobStatsHourly(Base):
+    """Finished jobs and tokens per UTC hour, model, kind, priority and status: hourly
+    throughput charts over days without reading every job row."""
+
+    __tablename__ = "job_stats_hourly"
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    priority: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    jobs: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+
+
+class GpuSampleHourly(Base):
+    """``gpu_samples`` per UTC hour and GPU: sums and counts (means stay exact when hours are
+    added up) and maxima, for telemetry charts over weeks."""
+
+    __tablename__ = "gpu_samples_hourly"
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)
+    samples: Mapped[int] = mapped_column(Integer)
+    utilization_sum: Mapped[float] = mapped_column(Float)
+    utilization_n: Mapped[int] = mapped_column(Integer)  # samples that had the figure
+    memory_used_max: Mapped[int | None] = mapped_column(Integer)
+    power_sum: Mapped[float] = mapped_column(Float)
+    power_n: Mapped[int] = mapped_column(Integer)
+    temperature_max: Mapped[float | None] = mapped_column(Float)

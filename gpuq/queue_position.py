@@ -2,17 +2,22 @@
 
 Redis is the work index, so depths and positions are read from the RQ lists themselves
 (one pipeline), and SQL only supplies the times: when the front job was submitted, and
-how fast the model has been finishing jobs lately.
+how fast the model has been finishing jobs lately. Each question is a Redis half and a SQL
+half; the ``*_async`` forms run the Redis half in a worker thread (``anyio.to_thread``)
+and the SQL half in ``AsyncSession.run_sync``, so neither blocks the event loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
+from anyio import to_thread
 from redis import Redis
 from rq import Queue
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from gpuq.aging import gpuq_queues
@@ -39,7 +44,22 @@ class QueueDepth:
 
 def queue_depths(session: Session, redis: Redis, flt: StatsFilter, *, now: datetime | None = None) -> list[QueueDepth]:
     """Every gpuq queue with jobs waiting, highest priority first, then by model and kind."""
-    now = now or utcnow()
+    listed = _read_queues(redis, flt)
+    return _depths(listed, _created(session, listed), now or utcnow())
+
+
+async def queue_depths_async(
+    db: AsyncSession, redis: Redis, flt: StatsFilter, *, now: datetime | None = None
+) -> list[QueueDepth]:
+    listed = await to_thread.run_sync(lambda: _read_queues(redis, flt))
+    created = await db.run_sync(lambda s: _created(s, listed))
+    return _depths(listed, created, now or utcnow())
+
+
+Listed = list[tuple[tuple[str, str, str, Priority], int, str | None]]  # queue, depth, front job id
+
+
+def _read_queues(redis: Redis, flt: StatsFilter) -> Listed:
     queues = [
         q
         for q in gpuq_queues(redis)
@@ -52,17 +72,23 @@ def queue_depths(session: Session, redis: Redis, flt: StatsFilter, *, now: datet
             pipe.llen(_key(name))
             pipe.lindex(_key(name), 0)
         raw = pipe.execute()
-    fronts = {raw[2 * i + 1].decode(): q for i, q in enumerate(queues) if raw[2 * i]}
-    created = {
-        row.id: row.created_at
-        for row in session.execute(select(Job.id, Job.created_at).where(Job.id.in_(list(fronts))))
-    }
+    return [
+        (q, int(raw[2 * i]), raw[2 * i + 1].decode() if raw[2 * i + 1] else None)
+        for i, q in enumerate(queues)
+        if raw[2 * i]
+    ]
+
+
+def _created(session: Session, listed: Listed) -> dict[str, datetime]:
+    fronts = [front for _q, _depth, front in listed if front]
+    if not fronts:
+        return {}
+    return {row.id: row.created_at for row in session.execute(select(Job.id, Job.created_at).where(Job.id.in_(fronts)))}
+
+
+def _depths(listed: Listed, created: dict[str, datetime], now: datetime) -> list[QueueDepth]:
     out = []
-    for i, (_name, model, kind, priority) in enumerate(queues):
-        depth, front = raw[2 * i], raw[2 * i + 1]
-        if not depth:
-            continue
-        front_id = front.decode() if front else None
+    for (_name, model, kind, priority), depth, front_id in listed:
         since = created.get(front_id) if front_id else None
         waiting = round((now - since).total_seconds(), 1) if since else None
         out.append(QueueDepth(model, kind, priority.label, depth, front_id, waiting))
@@ -86,29 +112,53 @@ def job_position(session: Session, redis: Redis, job: Job, *, now: datetime | No
     first in first out within one, so the jobs ahead are those in front of it in its own queue
     plus every job in the higher-priority queues of the same model and kind."""
     if job.status != JobStatus.QUEUED:
-        return Position(job.id, job.status, None, None, None, None, None, None)
-    names = [queue_name(job.model, job.kind, p) for p in Priority]  # high first
+        return _position(job, None, None)
+    place = _find(redis, job.id, job.model, job.kind)
+    now = now or utcnow()
+    return _position(job, place, _per_min(session, job.model, job.kind, now) if place else None)
+
+
+async def job_position_async(db: AsyncSession, redis: Redis, job: Job, *, now: datetime | None = None) -> Position:
+    if job.status != JobStatus.QUEUED:
+        return _position(job, None, None)
+    job_id, model, kind = job.id, job.model, job.kind
+    place = await to_thread.run_sync(lambda: _find(redis, job_id, model, kind))
+    at = now or utcnow()
+    per_min = await db.run_sync(lambda s: _per_min(s, model, kind, at)) if place else None
+    return _position(job, place, per_min)
+
+
+def _find(redis: Redis, job_id: str, model: str, kind: str) -> tuple[str, int, int] | None:
+    """(queue, jobs ahead in it, jobs in higher priorities), or None when it is in no queue."""
+    names = [queue_name(model, kind, p) for p in Priority]  # high first
     with redis.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.lpos(_key(name), job.id)
+            pipe.lpos(_key(name), job_id)
             pipe.llen(_key(name))
-        raw = pipe.execute()
+        raw: list[Any] = pipe.execute()
     found = next((i for i in range(len(names)) if raw[2 * i] is not None), None)
     if found is None:
-        # Queued in SQL but not (yet, or any more) in Redis: the reconciler will enqueue it.
-        return Position(job.id, job.status, None, None, None, None, None, None)
-    in_queue = int(raw[2 * found])
-    higher = sum(int(raw[2 * i + 1]) for i in range(found))
-    ahead = in_queue + higher
-    now = now or utcnow()
+        return None
+    return names[found], int(raw[2 * found]), sum(int(raw[2 * i + 1]) for i in range(found))
+
+
+def _per_min(session: Session, model: str, kind: str, now: datetime) -> float:
     recent = session.scalar(
         select(func.count()).where(
-            Job.model == job.model,
-            Job.kind == job.kind,
+            Job.model == model,
+            Job.kind == kind,
             Job.status.in_((JobStatus.SUCCEEDED, JobStatus.FAILED)),
             Job.finished_at >= now - ETA_RATE_WINDOW,
         )
     )
-    per_min = (recent or 0) / (ETA_RATE_WINDOW.total_seconds() / 60)
+    return (recent or 0) / (ETA_RATE_WINDOW.total_seconds() / 60)
+
+
+def _position(job: Job, place: tuple[str, int, int] | None, per_min: float | None) -> Position:
+    if place is None or per_min is None:
+        # Not queued, or queued in SQL but not (yet, or any more) in Redis: the reconciler will enqueue it.
+        return Position(job.id, job.status, None, None, None, None, None, None)
+    queue, in_queue, higher = place
+    ahead = in_queue + higher
     eta = round(ahead / per_min * 60, 1) if per_min else None
-    return Position(job.id, job.status, names[found], ahead, in_queue, higher, round(per_min, 2), eta)
+    return Position(job.id, job.status, queue, ahead, in_queue, higher, round(per_min, 2), eta)

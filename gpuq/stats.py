@@ -1,11 +1,11 @@
 """Stats over job history: what the admin dashboard asks of SQL.
 
 Every function answers for jobs that *finished* in a window (``gpuq.stats_filters``) and
-reads whole rolled-up days from the daily rollups and everything else from the job rows
-(``gpuq.stats_rollup``), so counts and sums are exact at any window. Percentiles are
-exact (nearest rank) when the window reads only job rows, or when a tenant, host or GPU
-filter is set; otherwise they come from the latency histograms, within
-``MAX_RELATIVE_ERROR`` (4.4%) of the exact value, and say so.
+reads whole rolled-up days from the rollups and everything else from the job (or sample)
+rows (``gpuq.stats_rollup``), so counts, sums, means and maxima are exact at any window.
+Percentiles are exact (nearest rank) when the window reads only job rows, or when a
+tenant, host or GPU filter is combined with another filter; otherwise they come from the
+latency histograms, within ``MAX_RELATIVE_ERROR`` (4.4%) of the exact value, and say so.
 """
 
 from __future__ import annotations
@@ -15,21 +15,32 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, cast, false, func, or_, select
+from sqlalchemy import ColumnElement, and_, false, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from gpuq.errors import RequestError
-from gpuq.models import GpuSample, Job, JobLatencyDaily, JobStatsDaily, JobStatus
+from gpuq.models import (
+    GpuSample,
+    GpuSampleHourly,
+    Job,
+    JobLatencyDaily,
+    JobLatencyDimDaily,
+    JobStatsDaily,
+    JobStatsHourly,
+    JobStatus,
+)
 from gpuq.stats_filters import StatsFilter, Window
 from gpuq.stats_rollup import (
     DAY,
     FINAL,
+    HOUR,
     MAX_RELATIVE_ERROR,
+    bucket_index,
     day_start,
-    epoch_s,
     histogram_rank,
     job_sums,
     latency_bin,
+    latency_bin_sql,
     nearest_rank,
     refresh,
     rolled_until,
@@ -80,15 +91,15 @@ def _raw_rows(p: Plan) -> ColumnElement[bool]:
 
 def _rollup_rows(p: Plan, flt: StatsFilter) -> list[ColumnElement[bool]]:
     r = JobStatsDaily
-    pairs = (
-        (r.model, flt.model),
-        (r.kind, flt.kind),
-        (r.priority, flt.priority),
-        (r.owner, flt.tenant),
-        (r.host, flt.host),
-        (r.gpu_uuid, flt.gpu),
-    )
-    return [r.day >= p.rollup_from, r.day < p.rollup_to] + [c == v for c, v in pairs if v is not None]
+    pairs = ((r.owner, flt.tenant), (r.host, flt.host), (r.gpu_uuid, flt.gpu))
+    return [r.day >= p.rollup_from, r.day < p.rollup_to, *_model_rows(r, flt)] + [
+        c == v for c, v in pairs if v is not None
+    ]
+
+
+def _model_rows(r: Any, flt: StatsFilter) -> list[ColumnElement[bool]]:
+    pairs = ((r.model, flt.model), (r.kind, flt.kind), (r.priority, flt.priority))
+    return [c == v for c, v in pairs if v is not None]
 
 
 @dataclass(slots=True)
@@ -188,26 +199,40 @@ def latency_percentiles(
     """p50/p95/p99 of queue wait (started - created) and run time (run_ms) of finished jobs that ran."""
     p = plan(session, window, now=now)
     dialect = session.get_bind().dialect.name
-    if not p.uses_rollup or flt.needs_raw_latency:
-        rows = Plan(None, None, ((window.since, window.until),))
-        return _exact(session, rows, flt, wait_ms(dialect), dialect), _exact(session, rows, flt, Job.run_ms, dialect)
+    source = flt.latency_source
+    if not p.uses_rollup or source == "rows":
+        return _exact(session, window, flt, dialect)
     histograms: dict[str, Counter[int]] = {"wait": Counter(), "run": Counter()}
-    r = JobLatencyDaily
-    conditions = [r.day >= p.rollup_from, r.day < p.rollup_to] + [
-        c == v for c, v in ((r.model, flt.model), (r.kind, flt.kind), (r.priority, flt.priority)) if v is not None
-    ]
-    for metric, b, n in session.execute(
-        select(r.metric, r.bin, func.sum(r.jobs)).where(*conditions).group_by(r.metric, r.bin)
-    ):
-        histograms[metric][b] += int(n)
-    raw = select(wait_ms(dialect), Job.run_ms).where(
-        _raw_rows(p), Job.status.in_(FINAL), Job.started_at.is_not(None), *flt.job_conditions()
-    )
-    for wait, run in session.execute(raw):
-        if wait is not None:
-            histograms["wait"][latency_bin(max(float(wait), 0.0))] += 1
-        if run is not None:
-            histograms["run"][latency_bin(run)] += 1
+    if source == "dim":
+        [(dim, value)] = flt.scoped
+        d = JobLatencyDimDaily
+        conditions = [d.day >= p.rollup_from, d.day < p.rollup_to, d.dim == dim, d.value == value]
+        metric_bin: tuple[Any, Any, Any] = (d.metric, d.bin, d.jobs)
+    else:
+        r = JobLatencyDaily
+        conditions = [r.day >= p.rollup_from, r.day < p.rollup_to] + [
+            c == v for c, v in ((r.model, flt.model), (r.kind, flt.kind), (r.priority, flt.priority)) if v is not None
+        ]
+        metric_bin = (r.metric, r.bin, r.jobs)
+    metric, b, jobs = metric_bin
+    for name, bin_, n in session.execute(select(metric, b, func.sum(jobs)).where(*conditions).group_by(metric, b)):
+        histograms[name][bin_] += int(n)
+    # The window's edges and the days not rolled up yet, binned the same way.
+    ran = (_raw_rows(p), Job.status.in_(FINAL), Job.started_at.is_not(None), *flt.job_conditions())
+    if dialect == "postgresql":  # in SQL: a few hundred bins come back instead of the rows
+        parts = [
+            select(literal(name), b, func.count()).where(*ran, value.is_not(None)).group_by(b)
+            for name, value in (("wait", wait_ms(dialect)), ("run", Job.run_ms))
+            for b in (latency_bin_sql(value),)
+        ]
+        for name, bin_, n in session.execute(union_all(*parts)):
+            histograms[name][int(bin_)] += int(n)
+    else:
+        for wait, run in session.execute(select(wait_ms(dialect), Job.run_ms).where(*ran)):
+            if wait is not None:
+                histograms["wait"][latency_bin(max(float(wait), 0.0))] += 1
+            if run is not None:
+                histograms["run"][latency_bin(run)] += 1
     return _from_histogram(histograms["wait"]), _from_histogram(histograms["run"])
 
 
@@ -216,20 +241,43 @@ def _from_histogram(bins: Counter[int]) -> Percentiles:
     return Percentiles(sum(bins.values()), values, exact=False, max_relative_error=round(MAX_RELATIVE_ERROR, 4))
 
 
-def _exact(session: Session, p: Plan, flt: StatsFilter, value: Any, dialect: str) -> Percentiles:
-    conditions = (_raw_rows(p), Job.status.in_(FINAL), Job.started_at.is_not(None), value.is_not(None))
-    conditions += tuple(flt.job_conditions())
+def _exact(session: Session, window: Window, flt: StatsFilter, dialect: str) -> tuple[Percentiles, Percentiles]:
+    """Queue-wait and run-time percentiles from the job rows of the window."""
+    conditions = (
+        Job.finished_at >= window.since,
+        Job.finished_at < window.until,
+        Job.status.in_(FINAL),
+        Job.started_at.is_not(None),
+        *flt.job_conditions(),
+    )
+    values = (wait_ms(dialect), Job.run_ms)
     if dialect == "postgresql":
         # percentile_disc is the nearest-rank method: the same definition as the Python path.
+        # Both in one pass over the rows; ordered-set aggregates skip nulls, as count(x) does.
         row = session.execute(
-            select(func.count(), func.percentile_disc(list(PERCENTILES)).within_group(value)).where(*conditions)
+            select(
+                *(func.count(v) for v in values),
+                *(func.percentile_disc(list(PERCENTILES)).within_group(v) for v in values),
+            ).where(*conditions)
         ).one()
-        n, found = row[0], row[1] or [None] * len(PERCENTILES)
+        found = [(row[i], row[2 + i] or [None] * len(PERCENTILES)) for i in range(2)]
     else:
-        ordered = [float(v) for v in session.scalars(select(value).where(*conditions).order_by(value))]
-        n, found = len(ordered), [nearest_rank(ordered, q) for q in PERCENTILES]
-    values = {f"p{round(q * 100)}": _round(v) for q, v in zip(PERCENTILES, found, strict=True)}
-    return Percentiles(n, values, exact=True, max_relative_error=0.0)
+        found = []
+        for value in values:
+            ordered = [
+                float(v) for v in session.scalars(select(value).where(*conditions, value.is_not(None)).order_by(value))
+            ]
+            found.append((len(ordered), [nearest_rank(ordered, q) for q in PERCENTILES]))
+    wait, run = (
+        Percentiles(
+            n,
+            {f"p{round(q * 100)}": _round(v) for q, v in zip(PERCENTILES, at, strict=True)},
+            exact=True,
+            max_relative_error=0.0,
+        )
+        for n, at in found
+    )
+    return wait, run
 
 
 def _round(value: float | None) -> float | None:
@@ -279,22 +327,30 @@ def throughput(
     """Jobs finished and tokens per bucket, buckets aligned to the epoch (days at UTC midnight),
     every bucket of the window present (zeros where nothing finished)."""
     size_s = int(bucket.total_seconds())
-    p = plan(session, window, now=now) if bucket >= DAY else Plan(None, None, ((window.since, window.until),))
     dialect = session.get_bind().dialect.name
-    seconds = epoch_s(Job.finished_at, dialect) / size_s
-    index = func.floor(seconds) if dialect == "postgresql" else cast(seconds, Integer)  # both floor: times > 0
+    # Days read job_stats_daily (every filter); hours read job_stats_hourly, which has no
+    # tenant, host or GPU: those filters narrow the job rows read instead.
+    rollup: Any = None
+    if bucket >= DAY:
+        rollup = JobStatsDaily
+    elif bucket == HOUR and not flt.scoped:
+        rollup = JobStatsHourly
+    p = plan(session, window, now=now) if rollup is not None else Plan(None, None, ((window.since, window.until),))
+    index = bucket_index(Job.finished_at, size_s, dialect)
     counts: dict[int, Counter[str]] = defaultdict(Counter)
     raw = select(index, Job.status, func.count(), func.sum(Job.prompt_tokens), func.sum(Job.completion_tokens))
     raw = raw.where(_raw_rows(p), Job.status.in_(FINAL), *flt.job_conditions()).group_by(index, Job.status)
     for i, status, n, prompt, completion in session.execute(raw):
         counts[int(i)].update({status: n, "prompt": prompt or 0, "completion": completion or 0})
     if p.uses_rollup:
-        r = JobStatsDaily
-        rolled = select(r.day, r.status, func.sum(r.jobs), func.sum(r.prompt_tokens), func.sum(r.completion_tokens))
-        for day, status, n, prompt, completion in session.execute(
-            rolled.where(*_rollup_rows(p, flt)).group_by(r.day, r.status)
-        ):
-            i = int(day.replace(tzinfo=UTC).timestamp()) // size_s
+        r = rollup
+        if rollup is JobStatsDaily:
+            at, conditions = r.day, _rollup_rows(p, flt)
+        else:
+            at, conditions = r.hour, [r.hour >= p.rollup_from, r.hour < p.rollup_to, *_model_rows(r, flt)]
+        rolled = select(at, r.status, func.sum(r.jobs), func.sum(r.prompt_tokens), func.sum(r.completion_tokens))
+        for start, status, n, prompt, completion in session.execute(rolled.where(*conditions).group_by(at, r.status)):
+            i = int(_utc(start).timestamp()) // size_s
             counts[i].update({status: int(n), "prompt": int(prompt), "completion": int(completion)})
     first, last = int(window.since.timestamp()) // size_s, int((window.until.timestamp() - 1e-6) // size_s)
     return [
@@ -363,36 +419,86 @@ class GpuPoint:
 
 
 def gpu_series(
-    session: Session, window: Window, flt: StatsFilter, bucket: timedelta
+    session: Session, window: Window, flt: StatsFilter, bucket: timedelta, *, now: datetime | None = None
 ) -> dict[str, tuple[str, list[GpuPoint]]]:
-    """Per GPU (uuid -> (host, points)): telemetry samples averaged per bucket."""
+    """Per GPU (uuid -> (host, points)): telemetry samples per bucket. Buckets of an hour or
+    more read whole rolled-up days from ``gpu_samples_hourly`` (sums, counts and maxima, so
+    the same figures as from the samples) and the samples for the rest."""
     size_s = int(bucket.total_seconds())
     dialect = session.get_bind().dialect.name
-    seconds = epoch_s(GpuSample.sampled_at, dialect) / size_s
-    index = func.floor(seconds) if dialect == "postgresql" else cast(seconds, Integer)
-    s = GpuSample
-    conditions = [s.sampled_at >= window.since, s.sampled_at < window.until]
-    conditions += [c == v for c, v in ((s.gpu_uuid, flt.gpu), (s.host, flt.host)) if v is not None]
-    rows = session.execute(
-        select(
-            s.gpu_uuid,
-            s.host,
-            index,
-            func.count(),
-            func.avg(s.utilization_pct),
-            func.max(s.memory_used_mib),
-            func.avg(s.power_w),
-            func.max(s.temperature_c),
+    p = plan(session, window, now=now) if bucket >= HOUR else Plan(None, None, ((window.since, window.until),))
+    s, h = GpuSample, GpuSampleHourly
+    parts = []
+    if p.raw:
+        index = bucket_index(s.sampled_at, size_s, dialect)
+        in_raw = or_(*(and_(s.sampled_at >= lo, s.sampled_at < hi) for lo, hi in p.raw))
+        parts.append(
+            select(
+                s.gpu_uuid,
+                s.host,
+                index,
+                func.count(),
+                func.sum(s.utilization_pct),
+                func.count(s.utilization_pct),
+                func.max(s.memory_used_mib),
+                func.sum(s.power_w),
+                func.count(s.power_w),
+                func.max(s.temperature_c),
+            )
+            .where(in_raw, *[c == v for c, v in ((s.gpu_uuid, flt.gpu), (s.host, flt.host)) if v is not None])
+            .group_by(s.gpu_uuid, s.host, index)
         )
-        .where(*conditions)
-        .group_by(s.gpu_uuid, s.host, index)
-        .order_by(s.gpu_uuid, index)
-    )
+    if p.uses_rollup:
+        index = bucket_index(h.hour, size_s, dialect)
+        parts.append(
+            select(
+                h.gpu_uuid,
+                h.host,
+                index,
+                func.sum(h.samples),
+                func.sum(h.utilization_sum),
+                func.sum(h.utilization_n),
+                func.max(h.memory_used_max),
+                func.sum(h.power_sum),
+                func.sum(h.power_n),
+                func.max(h.temperature_max),
+            )
+            .where(
+                h.hour >= p.rollup_from,
+                h.hour < p.rollup_to,
+                *[c == v for c, v in ((h.gpu_uuid, flt.gpu), (h.host, flt.host)) if v is not None],
+            )
+            .group_by(h.gpu_uuid, h.host, index)
+        )
+    acc: dict[tuple[str, str, int], list[Any]] = {}
+    for part in parts:
+        for uuid, host, i, n, util, util_n, mem, power, power_n, temp in session.execute(part):
+            a = acc.setdefault((uuid, host, int(i)), [0, 0.0, 0, None, 0.0, 0, None])
+            a[0] += int(n)
+            a[1] += float(util or 0)
+            a[2] += int(util_n or 0)
+            a[3] = _max(a[3], mem)
+            a[4] += float(power or 0)
+            a[5] += int(power_n or 0)
+            a[6] = _max(a[6], temp)
     out: dict[str, tuple[str, list[GpuPoint]]] = {}
-    for uuid, host, i, n, util, mem, power, temp in rows:
-        point = GpuPoint(datetime.fromtimestamp(int(i) * size_s, UTC), n, _r(util), _r(mem), _r(power), _r(temp))
+    for (uuid, host, i), (n, util, util_n, mem, power, power_n, temp) in sorted(
+        acc.items(), key=lambda kv: (kv[0][0], kv[0][2])
+    ):
+        point = GpuPoint(
+            datetime.fromtimestamp(i * size_s, UTC),
+            n,
+            _r(util / util_n if util_n else None),
+            _r(mem),
+            _r(power / power_n if power_n else None),
+            _r(temp),
+        )
         out.setdefault(uuid, (host, []))[1].append(point)
     return out
+
+
+def _max(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _r(value: Any) -> float | None:

@@ -47,10 +47,23 @@ class StatsFilter:
     gpu: str | None = None
 
     @property
-    def needs_raw_latency(self) -> bool:
-        """Latency histograms are kept per model, kind and priority only; the other filters
-        are answered from the job rows themselves."""
-        return any(v is not None for v in (self.tenant, self.host, self.gpu))
+    def scoped(self) -> list[tuple[str, str]]:
+        """The tenant, host and GPU filters set, as (dimension, value)."""
+        pairs = (("tenant", self.tenant), ("host", self.host), ("gpu", self.gpu))
+        return [(dim, value) for dim, value in pairs if value is not None]
+
+    @property
+    def latency_source(self) -> str:
+        """Which histograms answer this filter's percentiles over rolled-up days: "model"
+        (``job_latency_daily``: any of model, kind and priority), "dim" (``job_latency_dim_daily``:
+        one tenant, host or GPU alone), or "rows" (a tenant, host or GPU combined with another
+        filter: exact from the job rows, which such a filter narrows)."""
+        scoped = self.scoped
+        if not scoped:
+            return "model"
+        if len(scoped) == 1 and self.model is None and self.kind is None and self.priority is None:
+            return "dim"
+        return "rows"
 
     def job_conditions(self) -> list[ColumnElement[bool]]:
         pairs = (

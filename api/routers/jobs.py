@@ -16,7 +16,7 @@ from gpuq.cancel import cancel_job
 from gpuq.errors import RequestError
 from gpuq.limits import admit
 from gpuq.models import Job, JobKind, JobStatus
-from gpuq.queue_position import job_position
+from gpuq.queue_position import job_position_async
 from gpuq.queues import Priority
 from gpuq.submit import submit_jobs
 
@@ -75,7 +75,7 @@ async def read_position(job_id: str, db: SessionDep, state: StateDep, caller: Ca
     """A queued job's place: jobs ahead of it (in its queue and the higher priorities of its
     model and kind) and an ETA from the model's recent throughput. Other statuses: position null."""
     job = await visible_job(db, caller, job_id)
-    position = await db.run_sync(lambda s: job_position(s, state.redis, job))
+    position = await job_position_async(db, state.redis, job)  # Redis in a thread, SQL in run_sync
     return JobPosition(**asdict(position))
 
 

@@ -30,7 +30,7 @@ from api.schemas.stats import (
     UsageSums,
 )
 from gpuq import stats, telemetry
-from gpuq.queue_position import queue_depths
+from gpuq.queue_position import queue_depths_async
 from gpuq.stats import Sums
 from gpuq.stats_filters import StatsFilter, Window, parse_filter, parse_window
 
@@ -215,8 +215,6 @@ async def queues(
 ) -> StatsQueues:
     """Jobs waiting now per model, kind and priority (from the queues), with how long the front one has waited."""
 
-    def run(s: Session) -> list[QueueDepthPublic]:
-        flt = parse_filter(s, model=model, kind=kind, priority=priority)
-        return [QueueDepthPublic(**asdict(d)) for d in queue_depths(s, state.redis, flt)]
-
-    return StatsQueues(data=await db.run_sync(run))
+    flt = await db.run_sync(lambda s: parse_filter(s, model=model, kind=kind, priority=priority))
+    depths = await queue_depths_async(db, state.redis, flt)  # Redis in a thread, SQL in run_sync
+    return StatsQueues(data=[QueueDepthPublic(**asdict(d)) for d in depths])

@@ -12,10 +12,10 @@ from sqlalchemy.orm import Session
 
 from gpuq import stats
 from gpuq.errors import RequestError
-from gpuq.models import Job
+from gpuq.models import GpuSample, GpuSampleHourly, Job, JobStatsHourly
 from gpuq.queue_position import job_position, queue_depths
 from gpuq.stats_filters import MAX_WINDOW, StatsFilter, Window, parse_filter, parse_window
-from gpuq.stats_rollup import MAX_RELATIVE_ERROR, nearest_rank
+from gpuq.stats_rollup import MAX_RELATIVE_ERROR, nearest_rank, refresh, rolled_until
 from tests.conftest import both_databases
 
 NOW = datetime(2026, 11, 20, 12, 30, tzinfo=UTC)
@@ -118,8 +118,20 @@ def test_long_window_reads_rollups_with_exact_counts_and_bounded_percentiles(ses
     for q in (0.5, 0.95, 0.99):
         exact = nearest_rank(sorted(runs), q)
         assert result.run_time.values_ms[f"p{round(q * 100)}"] == pytest.approx(exact, rel=MAX_RELATIVE_ERROR)
-    # A tenant filter reads the rows: exact again, and the same figures as a short query would give.
-    globex = stats.summary(session, window, StatsFilter(tenant="globex"), now=NOW)
+
+    # One tenant, host or GPU alone: its own histograms, within the same bound.
+    for flt, values in (
+        (StatsFilter(tenant="globex"), runs[::4]),
+        (StatsFilter(host="host-1"), runs),
+        (StatsFilter(gpu="GPU-a"), runs),
+    ):
+        scoped = stats.summary(session, window, flt, now=NOW)
+        assert not scoped.run_time.exact and scoped.run_time.jobs == len(values)
+        for q in (0.5, 0.95, 0.99):
+            exact = nearest_rank(sorted(values), q)
+            assert scoped.run_time.values_ms[f"p{round(q * 100)}"] == pytest.approx(exact, rel=MAX_RELATIVE_ERROR)
+    # Combined with another filter: exact from the rows.
+    globex = stats.summary(session, window, StatsFilter(tenant="globex", model=MODEL), now=NOW)
     assert globex.run_time.exact and globex.finished["succeeded"] + globex.finished["failed"] == 50
     assert globex.run_time.values_ms["p50"] == nearest_rank(sorted(runs[::4]), 0.5)
 
@@ -144,6 +156,106 @@ def test_throughput_buckets_count_jobs_and_tokens_per_minute(session: Session) -
     assert (six_ago.succeeded, six_ago.completion_tokens) == (2, 10)
     assert by_start[NOW - timedelta(minutes=2)].failed == 1
     assert sum(p.succeeded + p.failed for p in points) == 3
+
+
+@both_databases
+def test_hourly_throughput_over_days_reads_the_hourly_rollup_and_matches_the_rows(session: Session) -> None:
+    rows = [
+        job(
+            i,
+            NOW - timedelta(minutes=37 * i + 5),
+            status=("succeeded", "failed", "cancelled")[i % 3],
+            tokens=i,
+            owner=("acme", "globex")[i % 2],
+            priority=i % 3,
+            model=MODEL if i % 4 else "other-model",
+        )
+        for i in range(300)  # one every 37 minutes: about 7.7 days
+    ]
+    session.add_all(rows)
+    session.commit()
+    window = Window(NOW - timedelta(days=7, minutes=10), NOW)
+
+    for flt in (StatsFilter(), StatsFilter(model=MODEL, priority=1), StatsFilter(tenant="acme")):
+        points = stats.throughput(session, window, flt, timedelta(hours=1), now=NOW)
+
+        expected: dict[datetime, list[int]] = {}
+        for r in rows:
+            keep = window.since <= r.finished_at < window.until and all(
+                getattr(r, column) == value
+                for column, value in (("model", flt.model), ("priority", flt.priority), ("owner", flt.tenant))
+                if value is not None
+            )
+            if keep:
+                start = r.finished_at.replace(minute=0, second=0, microsecond=0)
+                e = expected.setdefault(start, [0, 0, 0, 0])
+                e[("succeeded", "failed", "cancelled").index(r.status)] += 1
+                e[3] += r.completion_tokens or 0
+        assert len(points) == 7 * 24 + 1
+        got = {p.start: [p.succeeded, p.failed, p.cancelled, p.completion_tokens] for p in points}
+        assert {k: v for k, v in got.items() if any(v)} == expected
+    assert stats.plan(session, window, now=NOW).uses_rollup
+    assert session.query(JobStatsHourly).count() > 0
+
+
+@both_databases
+def test_gpu_series_over_weeks_reads_hourly_rollups_with_the_same_figures_as_the_samples(session: Session) -> None:
+    samples = []
+    for minute in range(0, 12 * 24 * 60, 17):  # 12 days, no job at all: the watermark still moves
+        at = NOW - timedelta(minutes=minute + 1)
+        for g, host in (("GPU-a", "host-1"), ("GPU-b", "host-2")):
+            samples.append(
+                GpuSample(
+                    gpu_uuid=g,
+                    host=host,
+                    sampled_at=at,
+                    utilization_pct=(minute * 7) % 101 if minute % 5 else None,
+                    memory_used_mib=(minute * 13) % 8000,
+                    memory_total_mib=8192,
+                    temperature_c=30 + (minute % 50),
+                    power_w=None if g == "GPU-b" else 50.0 + minute % 300,
+                )
+            )
+    session.add_all(samples)
+    session.commit()
+    window = Window(NOW - timedelta(days=10, hours=3), NOW)
+
+    for bucket in (timedelta(days=1), timedelta(hours=1)):
+        series = stats.gpu_series(session, window, StatsFilter(), bucket, now=NOW)
+        gpu_b = stats.gpu_series(session, window, StatsFilter(gpu="GPU-b"), bucket, now=NOW)
+
+        size = int(bucket.total_seconds())
+        expected: dict[tuple[str, datetime], list[GpuSample]] = {}
+        for x in samples:
+            if window.since <= x.sampled_at < window.until:
+                start = datetime.fromtimestamp(int(x.sampled_at.timestamp()) // size * size, UTC)
+                expected.setdefault((x.gpu_uuid, start), []).append(x)
+
+        def mean(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return round(sum(known) / len(known), 1) if known else None
+
+        want = {
+            key: (
+                len(xs),
+                mean([x.utilization_pct for x in xs]),
+                float(max(x.memory_used_mib for x in xs)),
+                mean([x.power_w for x in xs]),
+                float(max(x.temperature_c for x in xs)),
+            )
+            for key, xs in expected.items()
+        }
+        got = {
+            (uuid, p.start): (p.samples, p.utilization_pct, p.memory_used_mib, p.power_w, p.temperature_c)
+            for uuid, (_host, points) in series.items()
+            for p in points
+        }
+        assert got == want
+        assert list(gpu_b) == ["GPU-b"] and gpu_b["GPU-b"][0] == "host-2"
+        assert len(gpu_b["GPU-b"][1]) == len(series["GPU-b"][1])
+    assert rolled_until(session) == datetime(2026, 11, 20, tzinfo=UTC)
+    assert session.query(GpuSampleHourly).count() > 0
+    assert refresh(session, now=NOW) == 0  # up to date: nothing written twice
 
 
 @both_databases
