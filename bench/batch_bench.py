@@ -61,7 +61,8 @@ def accept_gpuq(database_url: str, redis_url: str, workdir: Path, lines: int) ->
     processes = GpuqProcesses(database_url, redis_url, workdir)
     try:
         _api, url = processes.start_api()
-        with httpx.Client(base_url=url, timeout=600) as http:
+        auth = {"Authorization": f"Bearer {processes.admin_key}"}
+        with httpx.Client(base_url=url, timeout=600, headers=auth) as http:
             started = time.perf_counter()
             with path.open("rb") as f:
                 file = http.post("/v1/files", files={"file": (path.name, f)}, data={"purpose": "batch"}).json()
@@ -99,7 +100,7 @@ def accept_bare(database_url: str, redis_url: str, lines: int) -> AcceptResult:
         for i in range(lines)
     ]
     with sync_sessions(engine)() as session:
-        session.execute(insert(Job), rows)
+        session.execute(insert(Job.__table__), rows)  # the same Core insert gpuq uses
         session.commit()
     with redis.pipeline(transaction=False) as pipe:
         for row in rows:

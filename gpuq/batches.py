@@ -35,6 +35,7 @@ from gpuq.enqueue import QueueEntry, enqueue_jobs, remove_queued
 from gpuq.errors import RequestError
 from gpuq.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, new_file_id, read_lines
 from gpuq.fleet import Fleet, load_fleet
+from gpuq.gc_pause import gc_paused
 from gpuq.models import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
 from gpuq.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
 from gpuq.queues import Priority
@@ -209,33 +210,34 @@ def start_batch(
         raise RequestError(
             400, f"file {input_file_id} has purpose {file.purpose!r}; a batch needs a file with purpose 'batch'"
         )
-    batch_id = new_batch_id()
-    jobs = plan_batch_jobs(
-        session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
-    )
-    now = utcnow()
-    batch = Batch(
-        id=batch_id,
-        endpoint=endpoint,
-        input_file_id=input_file_id,
-        completion_window=completion_window,
-        status=BatchStatus.IN_PROGRESS.value,
-        priority=priority,
-        batch_metadata=metadata,
-        total=file.line_count,
-        created_at=now,
-        in_progress_at=now,
-        expires_at=now + timedelta(seconds=window_s),
-        webhook_url=webhook_url,
-        owner=owner,
-    )
-    store.insert_batch(session, batch, jobs)
-    try:
-        enqueue_jobs(redis, [QueueEntry(j.id, j.model, j.kind, j.priority) for j in jobs], timeout_s=timeout_s)
-    except RedisError as exc:
-        store.delete_batch(session, batch_id)
-        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
-    return batch
+    with gc_paused():
+        batch_id = new_batch_id()
+        jobs = plan_batch_jobs(
+            session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
+        )
+        now = utcnow()
+        batch = Batch(
+            id=batch_id,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            status=BatchStatus.IN_PROGRESS.value,
+            priority=priority,
+            batch_metadata=metadata,
+            total=file.line_count,
+            created_at=now,
+            in_progress_at=now,
+            expires_at=now + timedelta(seconds=window_s),
+            webhook_url=webhook_url,
+            owner=owner,
+        )
+        store.insert_batch(session, batch, jobs)
+        try:
+            enqueue_jobs(redis, [QueueEntry(j.id, j.model, j.kind, j.priority) for j in jobs], timeout_s=timeout_s)
+        except RedisError as exc:
+            store.delete_batch(session, batch_id)
+            raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+        return batch
 
 
 def cancel_batch(session: Session, redis: Redis, batch_id: str) -> Batch:

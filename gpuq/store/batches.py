@@ -36,7 +36,7 @@ def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None
     session.add(batch)
     session.flush()
     if jobs:
-        session.execute(insert(Job), _job_rows(jobs))
+        session.execute(insert(Job.__table__), _job_rows(jobs))  # Core: no ORM bookkeeping per row
     session.commit()
 
 

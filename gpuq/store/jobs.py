@@ -77,7 +77,7 @@ def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[Job]:
     """Insert queued rows in one statement and commit; returns them (detached)."""
     rows = _job_rows(jobs)
     if rows:
-        session.execute(insert(Job), rows)
+        session.execute(insert(Job.__table__), rows)  # Core: no ORM bookkeeping per row
     session.commit()
     return [Job(**row) for row in rows]
 
