@@ -196,3 +196,19 @@ def test_a_batch_counts_its_lines_against_the_queued_jobs_limit(as_key, make_key
     refused = as_key(limited, "POST", "/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/embeddings"})
     assert refused.status_code == 429 and "retry-after" in refused.headers
     assert session.query(Job).filter(Job.batch_id.isnot(None)).count() == 0
+
+
+def test_a_tenant_reads_only_its_own_webhook_deliveries(as_key, make_key, client, session):
+    from gpuq.webhooks import new_delivery
+
+    session.add_all(
+        [
+            new_delivery("job.succeeded", "http://hooks.acme/x", {"n": 1}, job_id="job_a", owner="acme"),
+            new_delivery("job.failed", "http://hooks.globex/y", {"n": 2}, job_id="job_g", owner="globex"),
+        ]
+    )
+    session.commit()
+    acme = make_key("submitter", "acme")
+    assert [d["job_id"] for d in as_key(acme, "GET", "/v1/webhooks/deliveries").json()["data"]] == ["job_a"]
+    assert as_key(acme, "GET", "/v1/webhooks/deliveries", params={"job_id": "job_g"}).json()["data"] == []
+    assert {d["job_id"] for d in client.get("/v1/webhooks/deliveries").json()["data"]} == {"job_a", "job_g"}
