@@ -1,7 +1,10 @@
-.PHONY: install demo up test lint bench
+.PHONY: install install-test demo up test lint bench
 
 install:
 	./scripts/install.sh
+
+install-test:
+	./scripts/install.sh --with-browser
 
 demo: install
 	.venv/bin/gpuq demo
@@ -13,7 +16,7 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 
-test: install lint
+test: install-test lint
 	.venv/bin/pytest
 
 bench: install

