@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, false, func, literal, or_, select, union_all
+from sqlalchemy import ColumnElement, and_, false, func, or_, select
 from sqlalchemy.orm import Session
 
 from gpuq.errors import RequestError
@@ -219,21 +219,29 @@ def latency_percentiles(
         histograms[name][bin_] += int(n)
     # The window's edges and the days not rolled up yet, binned the same way.
     ran = (_raw_rows(p), Job.status.in_(FINAL), Job.started_at.is_not(None), *flt.job_conditions())
-    if dialect == "postgresql":  # in SQL: a few hundred bins come back instead of the rows
-        parts = [
-            select(literal(name), b, func.count()).where(*ran, value.is_not(None)).group_by(b)
-            for name, value in (("wait", wait_ms(dialect)), ("run", Job.run_ms))
-            for b in (latency_bin_sql(value),)
-        ]
-        for name, bin_, n in session.execute(union_all(*parts)):
-            histograms[name][int(bin_)] += int(n)
+    _add_row_bins(session, ran, dialect, histograms)
+    return _from_histogram(histograms["wait"]), _from_histogram(histograms["run"])
+
+
+def _add_row_bins(session: Session, ran: tuple[Any, ...], dialect: str, histograms: dict[str, Counter[int]]) -> None:
+    """Add the queue wait and run time of the job rows matching ``ran`` to the histograms."""
+    if dialect == "postgresql":
+        # Binned in SQL, both metrics in one scan: a few hundred bins come back, not the rows.
+        # A row of the wait set has run_bin null; of the run set, wait_bin null (and a job
+        # without a run time makes a row with both null, skipped).
+        wait_bin, run_bin = latency_bin_sql(wait_ms(dialect)), latency_bin_sql(Job.run_ms)
+        binned = select(wait_bin, run_bin, func.count()).where(*ran).group_by(func.grouping_sets(wait_bin, run_bin))
+        for wait, run, n in session.execute(binned):
+            if wait is not None:
+                histograms["wait"][int(wait)] += int(n)
+            elif run is not None:
+                histograms["run"][int(run)] += int(n)
     else:
         for wait, run in session.execute(select(wait_ms(dialect), Job.run_ms).where(*ran)):
             if wait is not None:
                 histograms["wait"][latency_bin(max(float(wait), 0.0))] += 1
             if run is not None:
                 histograms["run"][latency_bin(run)] += 1
-    return _from_histogram(histograms["wait"]), _from_histogram(histograms["run"])
 
 
 def _from_histogram(bins: Counter[int]) -> Percentiles:

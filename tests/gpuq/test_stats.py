@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis import Redis
+from sqlalchemy import literal, select
 from sqlalchemy.orm import Session
 
 from gpuq import stats
@@ -15,7 +16,14 @@ from gpuq.errors import RequestError
 from gpuq.models import GpuSample, GpuSampleHourly, Job, JobStatsHourly
 from gpuq.queue_position import job_position, queue_depths
 from gpuq.stats_filters import MAX_WINDOW, StatsFilter, Window, parse_filter, parse_window
-from gpuq.stats_rollup import MAX_RELATIVE_ERROR, nearest_rank, refresh, rolled_until
+from gpuq.stats_rollup import (
+    MAX_RELATIVE_ERROR,
+    latency_bin,
+    latency_bin_sql,
+    nearest_rank,
+    refresh,
+    rolled_until,
+)
 from tests.conftest import both_databases
 
 NOW = datetime(2026, 11, 20, 12, 30, tzinfo=UTC)
@@ -134,6 +142,15 @@ def test_long_window_reads_rollups_with_exact_counts_and_bounded_percentiles(ses
     globex = stats.summary(session, window, StatsFilter(tenant="globex", model=MODEL), now=NOW)
     assert globex.run_time.exact and globex.finished["succeeded"] + globex.finished["failed"] == 50
     assert globex.run_time.values_ms["p50"] == nearest_rank(sorted(runs[::4]), 0.5)
+
+
+@both_databases
+def test_postgres_bins_values_as_python_does_even_on_bin_edges(session: Session) -> None:
+    if session.get_bind().dialect.name != "postgresql":
+        pytest.skip("edges are binned in SQL on PostgreSQL only")
+    values = sorted({0, 0.5, 1, 3, 999, 1001} | {2**k for k in range(25)} | {round(2 ** (k / 8)) for k in range(200)})
+    got = session.execute(select(*(latency_bin_sql(literal(float(v))) for v in values))).one()
+    assert [int(b) for b in got] == [latency_bin(v) for v in values]
 
 
 @both_databases
