@@ -29,7 +29,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
-from gpuq import store
+from gpuq import metrics, store
 from gpuq.cancel import signal_worker
 from gpuq.enqueue import QueueEntry, enqueue_jobs, remove_queued
 from gpuq.errors import RequestError
@@ -258,6 +258,9 @@ def _stop_jobs(session: Session, redis: Redis, batch_id: str, *, error: str) -> 
     cancelled = store.cancel_queued_batch_jobs(session, batch_id, error=error)
     if cancelled:
         remove_queued(redis, [QueueEntry(*row) for row in cancelled])
+        metrics.record_finished_jobs(
+            redis, [metrics.FinishedJob(model, kind, JobStatus.CANCELLED.value) for _id, model, kind, _p in cancelled]
+        )
     store.mark_batch_cancel_requested(session, batch_id)
     for job_id, worker in store.running_batch_jobs(session, batch_id):
         signal_worker(redis, job_id, worker)

@@ -9,6 +9,7 @@ from api.main import create_app
 from gpuq.batches import advance_batches
 from gpuq.models import Batch, File
 from tests.api.conftest import redis_job_keys
+from tests.metrics_parsing import samples, total
 from tests.conftest import both_databases
 
 MODEL = "smollm2-135m"
@@ -127,6 +128,9 @@ def test_a_batch_is_queued_then_cancelled_then_cancelling_it_again_is_a_conflict
     cancelled = client.post(f"/v1/batches/{batch['id']}/cancel").json()
     assert cancelled["status"] == "cancelling" and cancelled["request_counts"]["failed"] == 4
     assert redis_job_keys(redis) == []
+    scraped = samples(client.get("/metrics").text)  # 3 chat lines and 1 embedding group, counted as cancelled
+    assert total(scraped, "gpuq_jobs_total", status="cancelled", kind="generate") == 3
+    assert total(scraped, "gpuq_jobs_total", status="cancelled", kind="embed") == 1
     assert advance_batches(session, redis, settings.data_dir) == [batch["id"]]
     final = client.get(f"/v1/batches/{batch['id']}").json()
     assert final["status"] == "cancelled" and final["output_file_id"] is None and final["error_file_id"]
