@@ -27,7 +27,7 @@ from rq import Queue
 from rq.job import Job as RQJob
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuq import store
+from gpuq import metrics, store
 from gpuq.cancel import signal_worker
 from gpuq.enqueue import QueueEntry, enqueue_jobs, remove_queued
 from gpuq.errors import RequestError
@@ -156,6 +156,10 @@ async def cancel_matching(db: AsyncSession, redis: Redis, flt: store.JobFilter) 
 
     def tell_redis() -> None:
         remove_queued(redis, [QueueEntry(*row) for row in cancelled])
+        # Counted as single cancels are; a running job is counted when its worker stops it.
+        metrics.record_finished_jobs(
+            redis, [metrics.FinishedJob(model, kind, JobStatus.CANCELLED.value) for _id, model, kind, _p in cancelled]
+        )
         for job_id, worker in stopping:
             signal_worker(redis, job_id, worker)
 
