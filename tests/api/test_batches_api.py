@@ -9,8 +9,8 @@ from api.main import create_app
 from gpuq.batches import advance_batches
 from gpuq.models import Batch, File
 from tests.api.conftest import redis_job_keys
-from tests.metrics_parsing import samples, total
 from tests.conftest import both_databases
+from tests.metrics_parsing import samples, total
 
 MODEL = "smollm2-135m"
 
