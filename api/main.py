@@ -11,11 +11,23 @@ from redis import Redis
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
-from api.routers import affinity, batches, dashboard, files, gpus, health, jobs, keys, models, schedules, webhooks
-from api.routers import job_actions as job_actions_router
-from api.routers import metrics as metrics_router
-from api.routers import stats as stats_router
-from api.routers import workers as workers_router
+from api.routers import (
+    affinity,
+    batches,
+    dashboard,
+    files,
+    gpus,
+    health,
+    job_actions,
+    jobs,
+    keys,
+    metrics,
+    models,
+    schedules,
+    stats,
+    webhooks,
+    workers,
+)
 from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
@@ -47,9 +59,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = (
         health.router,
         jobs.router,
-        stats_router.router,
-        job_actions_router.router,
-        workers_router.router,
+        stats.router,
+        job_actions.router,
+        workers.router,
         models.router,
         gpus.router,
         affinity.router,
@@ -59,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         webhooks.router,
         keys.router,
         dashboard.router,
-        metrics_router.router,
+        metrics.router,
     )
     for router in routers:
         app.include_router(router)
