@@ -149,9 +149,11 @@ def plan_batch_jobs(
         rest = len(errors) - MAX_ERRORS_REPORTED
         raise RequestError(400, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
 
+    ids = iter(store.new_job_ids(len(lines)))  # a job per line at most (embedding lines are grouped)
+
     def job(kind: JobKind, request: dict[str, Any], first: _Line, count: int, custom_id: str | None) -> store.NewJob:
         return store.NewJob(
-            id=store.new_job_id(),
+            id=next(ids),
             kind=kind.value,
             model=first.model,
             priority=priority,

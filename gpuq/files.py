@@ -135,10 +135,11 @@ async def store_upload(chunks: AsyncIterator[bytes], *, filename: str, purpose: 
 
 def read_lines(path: str) -> Iterator[tuple[int, dict]]:  # type: ignore[type-arg]
     """(line number, parsed line) for every non-blank line of a stored batch file."""
-    with open(path, "rb") as f:
+    decode = json.JSONDecoder().decode  # json.loads would also sniff each line's encoding
+    with open(path, encoding="utf-8") as f:
         for number, raw in enumerate(f, start=1):
             if raw.strip():
-                yield number, json.loads(raw)
+                yield number, decode(raw)
 
 
 def jsonl_line(line: dict[str, Any]) -> bytes:

@@ -26,6 +26,13 @@ def new_job_id() -> str:
     return f"job_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
 
 
+def new_job_ids(n: int) -> list[str]:
+    """``n`` ids as ``new_job_id`` makes them, with one clock read and one call for randomness."""
+    prefix = f"job_{int(time.time() * 1000):012x}"
+    random = secrets.token_hex(8 * n)
+    return [prefix + random[i : i + 16] for i in range(0, 16 * n, 16)]
+
+
 # ---------------------------------------------------------------- submitting
 
 
