@@ -18,7 +18,9 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
+from gpuq import store
 from gpuq.client import GpuqClient
+from gpuq.db import sync_engine, sync_sessions
 from gpuq.local_processes import GpuqProcesses
 from tests.conftest import REDIS_DB, fresh_database, migrate_and_register, redis_db
 
@@ -41,6 +43,7 @@ class Seeded:
     succeeded: list[str]
     failed: str
     cancelled: list[str]
+    database_url: str
 
 
 def _seed(processes: GpuqProcesses, url: str, client: GpuqClient, model_path: str) -> Seeded:
@@ -68,7 +71,9 @@ def _seed(processes: GpuqProcesses, url: str, client: GpuqClient, model_path: st
         json={"name": "dashboard-test", "owner": "acme", "role": "submitter"},
         headers={"Authorization": f"Bearer {processes.admin_key}"},
     ).json()["key"]
-    return Seeded(url, processes.admin_key, submitter, client, succeeded, doomed["id"], cancelled)
+    return Seeded(
+        url, processes.admin_key, submitter, client, succeeded, doomed["id"], cancelled, processes.database_url
+    )
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +290,30 @@ def test_a_worker_drained_in_the_page_is_drained_in_the_api_and_undrained_again(
     row.get_by_role("button", name="Undrain", exact=True).click()
     expect(row.get_by_role("button", name="Drain", exact=True)).to_be_visible()
     assert [w["drained_by"] for w in _workers(system) if w["name"] == name] == [[]]
+    assert tab.errors == []
+
+
+def test_a_gpu_marked_unhealthy_is_shown_so_and_cleared_from_the_page(system: Seeded, tab: Tab) -> None:
+    gpus = httpx.get(f"{system.url}/v1/gpus", headers={"Authorization": f"Bearer {system.admin_key}"}).json()["data"]
+    uuid = sorted(g["uuid"] for g in gpus)[0]
+    engine = sync_engine(system.database_url)
+    with sync_sessions(engine)() as session:  # as a worker does after repeated CUDA errors
+        store.set_gpu_health(session, uuid, healthy=False, reason="3 CUDA errors in a row")
+    engine.dispose()
+    page = tab.page
+    sign_in(page, system.url, system.admin_key)
+    card = page.locator(f'#gpus .card[data-uuid="{uuid}"]')
+    expect(card).to_contain_text("unhealthy: 3 CUDA errors in a row")
+    card.get_by_role("button", name="Clear").click()
+    expect(card).not_to_contain_text("unhealthy")
+    [after] = [
+        g
+        for g in httpx.get(f"{system.url}/v1/gpus", headers={"Authorization": f"Bearer {system.admin_key}"}).json()[
+            "data"
+        ]
+        if g["uuid"] == uuid
+    ]
+    assert after["healthy"] is True and after["unhealthy_reason"] is None
     assert tab.errors == []
 
 

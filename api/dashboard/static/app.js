@@ -212,7 +212,16 @@ function drawGpus(gpus, workers) {
         `${g.utilisation_pct ?? "–"} % busy · ${g.live ? "live" : "no telemetry"}`,
       ),
       el("p", { class: "small models" }, loaded),
-      g.healthy ? "" : el("p", { class: "error" }, `unhealthy: ${g.unhealthy_reason || ""}`),
+      g.healthy
+        ? ""
+        : el(
+            "p",
+            { class: "error" },
+            `unhealthy: ${g.unhealthy_reason || ""} `,
+            button("Clear", () =>
+              act(() => api(`/v1/gpus/${encodeURIComponent(g.uuid)}/clear`, { method: "POST" })),
+            ),
+          ),
     );
   });
   const box = $("#gpus");
