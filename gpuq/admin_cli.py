@@ -3,36 +3,23 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from gpuq.client import DEFAULT_URL, ApiError, GpuqClient
-
-url_option = click.option(
-    "--url", envvar="GPUQ_API_URL", default=DEFAULT_URL, show_default=True, help="gpuq API address"
-)
-
-
-def _connect(url: str) -> GpuqClient:
-    # The same as gpuq.cli.connect; not imported from there, because gpuq.cli imports this module.
-    from gpuq.admin_key import cli_api_key
-    from gpuq.settings import get_settings
-
-    return GpuqClient(url, api_key=cli_api_key(get_settings()))
+from gpuq.cli_support import connect, fail, table, url_option
+from gpuq.client import ApiError, GpuqClient
 
 
 def _call(url: str, action: Callable[[GpuqClient], Any]) -> Any:
     """Run one API call; an API refusal is printed with its reason, exit status 1."""
-    with _connect(url) as client:
+    with connect(url) as client:
         try:
             return action(client)
         except ApiError as exc:
-            click.echo(f"error: {exc.detail} (HTTP {exc.status})", err=True)
-            sys.exit(1)
+            fail(exc)
 
 
 def _ago(stamp: str | None) -> str:
@@ -40,12 +27,6 @@ def _ago(stamp: str | None) -> str:
         return ""
     seconds = (datetime.now(UTC) - datetime.fromisoformat(stamp)).total_seconds()
     return f"{max(seconds, 0):.0f}s ago"
-
-
-def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    for row in (headers, *rows):
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _worker_line(w: dict[str, Any]) -> str:
@@ -63,7 +44,7 @@ def admin() -> None:
 def workers(url: str) -> None:
     """Every live worker: state, current job, loaded models, heartbeat, jobs done."""
     listing = _call(url, lambda c: c.workers())
-    _table(
+    table(
         ("NAME", "HOST", "SLOT", "STATE", "JOB", "MODELS", "HEARTBEAT", "DONE", "DEVICE"),
         [
             (

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import click
 
-from gpuq.admin_key import cli_api_key, read_key_file
+from gpuq.admin_key import read_key_file
+from gpuq.cli_support import connect
 from gpuq.client import ApiError, GpuqClient
-from gpuq.settings import Settings, get_settings
+from gpuq.settings import Settings
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -52,7 +53,7 @@ def summary(batch: dict) -> str:  # type: ignore[type-arg]
 
 
 def submit(url: str, path: str, *, wait: bool, priority: str) -> None:
-    with GpuqClient(url, api_key=cli_api_key(get_settings())) as client:
+    with connect(url) as client:
         try:
             file = client.upload(path)
             batch = client.create_batch(file["id"], endpoint=first_endpoint(path), priority=priority)

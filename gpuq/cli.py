@@ -13,13 +13,12 @@ from typing import Any
 import click
 
 from gpuq.admin_cli import admin
-from gpuq.client import DEFAULT_URL, ApiError, GpuqClient
+from gpuq.cli_support import connect, fail, table, url_option
+from gpuq.client import ApiError
 from gpuq.keys_cli import keys
+from gpuq.rules_cli import rules
+from gpuq.schedules_cli import schedules
 from gpuq.settings import get_settings
-
-url_option = click.option(
-    "--url", envvar="GPUQ_API_URL", default=DEFAULT_URL, show_default=True, help="gpuq API address"
-)
 
 
 @click.group()
@@ -104,7 +103,7 @@ def gpus() -> None:
         click.echo(f"{inventory.host}: no GPU found (NVML unavailable); workers run on the CPU")
         return
     click.echo(f"{inventory.host}: {len(inventory.gpus)} GPU(s) from {inventory.source}")
-    _table(
+    table(
         ("INDEX", "UUID", "NAME", "MEMORY", "FREE", "UTIL", "TEMP", "POWER", "CC"),
         [
             (
@@ -162,17 +161,6 @@ def db_upgrade(revision: str) -> None:
 # ---------------------------------------------------------------- client commands
 
 
-def connect(url: str) -> GpuqClient:
-    from gpuq.admin_key import cli_api_key
-
-    return GpuqClient(url, api_key=cli_api_key(get_settings()))
-
-
-def _fail(exc: ApiError) -> None:
-    click.echo(f"error: {exc.detail} (HTTP {exc.status})", err=True)
-    sys.exit(1)
-
-
 @main.command()
 @url_option
 @click.argument("model")
@@ -212,7 +200,7 @@ def submit(
                 return
             done = client.wait(created["id"])
         except ApiError as exc:
-            _fail(exc)
+            fail(exc)
             return
     _print_result(done)
 
@@ -244,7 +232,7 @@ def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | Non
         try:
             page = client.jobs(status=list(statuses) or None, model=model, kind=kind, limit=limit)
         except ApiError as exc:
-            _fail(exc)
+            fail(exc)
             return
     rows = [
         (
@@ -260,7 +248,7 @@ def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | Non
         )
         for j in page["data"]
     ]
-    _table(("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE"), rows)
+    table(("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE"), rows)
 
 
 @main.group(invoke_without_command=True)
@@ -273,7 +261,7 @@ def models(ctx: click.Context, url: str) -> None:
         return
     with connect(url) as client:
         data = client.models()
-    _table(
+    table(
         ("NAME", "KINDS", "CONTEXT", "SIZE", "PATH"),
         [
             (m["id"], ",".join(m["kinds"]), str(m["context_length"]), f"{m['size_bytes'] / 2**20:.0f} MiB", m["path"])
@@ -296,116 +284,9 @@ def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], cont
                 {"name": name, "path": path, "kinds": list(kinds), "context_length": context_length}
             )
         except ApiError as exc:
-            _fail(exc)
+            fail(exc)
             return
     click.echo(f"registered {model['id']} ({', '.join(model['kinds'])}, context {model['context_length']})")
-
-
-@main.group()
-def rules() -> None:
-    """Affinity rules: which GPUs a model may run on."""
-
-
-@rules.command("list")
-@url_option
-def rules_list(url: str) -> None:
-    with connect(url) as client:
-        data = client.rules()
-    _table(
-        ("ID", "PREC", "EFFECT", "MODEL", "KIND", "SELECTOR"),
-        [
-            (str(r["id"]), str(r["precedence"]), r["effect"], r["model_pattern"], r["kind"] or "*", _selector(r))
-            for r in data
-        ],
-    )
-
-
-def _selector(rule: dict[str, Any]) -> str:
-    parts = [
-        f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}"
-        for key in ("gpu_indices", "gpu_uuids", "gpu_name_pattern", "host_pattern", "min_memory_mib")
-        if (value := rule.get(key)) is not None
-    ]
-    return " ".join(parts) or "all GPUs"
-
-
-@rules.command("add")
-@url_option
-@click.option("--model", "model_pattern", required=True, help="glob over model names")
-@click.option("--kind", type=click.Choice(["generate", "embed"]), default=None)
-@click.option("--deny", is_flag=True, help="deny instead of allow")
-@click.option("--gpus", "gpu_indices", default=None, help="GPU indices, e.g. 0,1")
-@click.option("--uuids", "gpu_uuids", default=None, help="GPU UUIDs, comma-separated")
-@click.option("--name", "gpu_name_pattern", default=None, help="glob over GPU names, e.g. '*H100*'")
-@click.option("--host", "host_pattern", default=None, help="glob over host names")
-@click.option("--min-memory-mib", type=int, default=None)
-@click.option("--precedence", type=int, default=0, show_default=True)
-def rules_add(
-    url: str,
-    model_pattern: str,
-    kind: str | None,
-    deny: bool,
-    gpu_indices: str | None,
-    gpu_uuids: str | None,
-    gpu_name_pattern: str | None,
-    host_pattern: str | None,
-    min_memory_mib: int | None,
-    precedence: int,
-) -> None:
-    """Add a rule, e.g. `gpuq rules add --model 'llama-*' --gpus 0,1`."""
-    body = {
-        "model_pattern": model_pattern,
-        "kind": kind,
-        "effect": "deny" if deny else "allow",
-        "precedence": precedence,
-        "gpu_name_pattern": gpu_name_pattern,
-        "host_pattern": host_pattern,
-        "min_memory_mib": min_memory_mib,
-        "gpu_indices": [int(i) for i in gpu_indices.split(",")] if gpu_indices else None,
-        "gpu_uuids": gpu_uuids.split(",") if gpu_uuids else None,
-    }
-    with connect(url) as client:
-        try:
-            saved = client.add_rule(body)
-        except ApiError as exc:
-            _fail(exc)
-            return
-    click.echo(f"rule {saved['rule']['id']} saved")
-    for warning in saved["warnings"]:
-        click.echo(f"warning: {warning}", err=True)
-
-
-@rules.command("delete")
-@url_option
-@click.argument("rule_id", type=int)
-def rules_delete(url: str, rule_id: int) -> None:
-    with connect(url) as client:
-        try:
-            client.delete_rule(rule_id)
-        except ApiError as exc:
-            _fail(exc)
-
-
-@rules.command("preview")
-@url_option
-@click.argument("model")
-@click.option("--kind", type=click.Choice(["generate", "embed"]), default="generate", show_default=True)
-def rules_preview(url: str, model: str, kind: str) -> None:
-    """Where may MODEL run, and why."""
-    with connect(url) as client:
-        try:
-            result = client.preview(model, kind)
-        except ApiError as exc:
-            _fail(exc)
-            return
-    click.echo(f"{result['summary']} (needs {result['vram_mib']} MiB)")
-    _table(
-        ("HOST", "GPU", "NAME", "MAY RUN", "WHY"),
-        [
-            (g["host"], str(g["index"]), g["name"], "yes" if g["may_run"] else "no", "; ".join(g["reasons"]))
-            for g in result["gpus"]
-        ],
-    )
 
 
 @main.group()
@@ -436,7 +317,7 @@ def batch_status(url: str, batch_id: str, follow: bool) -> None:
         try:
             found = batch_cli.follow(client, batch_id) if follow else client.batch(batch_id)
         except ApiError as exc:
-            _fail(exc)
+            fail(exc)
             return
     click.echo(batch_cli.summary(found))
 
@@ -451,7 +332,7 @@ def batch_results(url: str, batch_id: str, output: str | None) -> None:
         try:
             text = client.batch_results(batch_id)
         except ApiError as exc:
-            _fail(exc)
+            fail(exc)
             return
     if output:
         Path(output).write_text(text)
@@ -469,110 +350,7 @@ def batch_cancel(url: str, batch_id: str) -> None:
         try:
             click.echo(summary(client.cancel_batch(batch_id)))
         except ApiError as exc:
-            _fail(exc)
-
-
-@main.group()
-def schedules() -> None:
-    """Cron schedules of batch runs."""
-
-
-@schedules.command("list")
-@url_option
-def schedules_list(url: str) -> None:
-    with connect(url) as client:
-        data = client.schedules()["data"]
-    _table(
-        ("ID", "NAME", "CRON", "TZ", "ENABLED", "MISFIRE", "NEXT"),
-        [
-            (
-                str(s["id"]),
-                s["name"],
-                s["cron"],
-                s["timezone"],
-                "yes" if s["enabled"] else "paused",
-                s["misfire"],
-                s["next_fire_at"],
-            )
-            for s in data
-        ],
-    )
-
-
-@schedules.command("add")
-@url_option
-@click.argument("name")
-@click.argument("cron")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--timezone", default="UTC", show_default=True)
-@click.option("--misfire", type=click.Choice(["skip", "run_once"]), default="skip", show_default=True)
-@click.option("--priority", default="low", show_default=True)
-def schedules_add(url: str, name: str, cron: str, path: str, timezone: str, misfire: str, priority: str) -> None:
-    """Run the batch file PATH on CRON (e.g. '0 2 * * *'); the file is uploaded once."""
-    from gpuq.batch_cli import first_endpoint
-
-    with connect(url) as client:
-        try:
-            file = client.upload(path)
-            created = client.schedules(
-                "POST",
-                json={
-                    "name": name,
-                    "cron": cron,
-                    "timezone": timezone,
-                    "input_file_id": file["id"],
-                    "endpoint": first_endpoint(path),
-                    "misfire": misfire,
-                    "priority": priority,
-                },
-            )
-        except ApiError as exc:
-            _fail(exc)
-            return
-    click.echo(f"schedule {created['id']} {name}: next run {created['next_fire_at']}")
-
-
-@schedules.command("preview")
-@url_option
-@click.argument("schedule_id", type=int)
-@click.option("-n", default=5, show_default=True)
-def schedules_preview(url: str, schedule_id: int, n: int) -> None:
-    """The next N fire times."""
-    with connect(url) as client:
-        for time_ in client.schedules("GET", f"/{schedule_id}/preview", params={"n": n})["next"]:
-            click.echo(time_)
-
-
-@schedules.command("runs")
-@url_option
-@click.argument("schedule_id", type=int)
-def schedules_runs(url: str, schedule_id: int) -> None:
-    """Past runs with their batch's status."""
-    with connect(url) as client:
-        data = client.schedules("GET", f"/{schedule_id}/runs")["data"]
-    _table(
-        ("FIRE TIME", "TRIGGER", "BATCH", "STATUS", "ERROR"),
-        [(r["fire_time"], r["trigger"], r["batch_id"] or "", r["batch_status"] or "", r["error"] or "") for r in data],
-    )
-
-
-def _schedule_action(action: str, method: str = "POST") -> None:
-    @schedules.command(action, help=f"{action.capitalize()} a schedule.")
-    @url_option
-    @click.argument("schedule_id", type=int)
-    def command(url: str, schedule_id: int) -> None:
-        with connect(url) as client:
-            try:
-                client.schedules(method, f"/{schedule_id}" + ("" if method == "DELETE" else f"/{action}"))
-            except ApiError as exc:
-                _fail(exc)
-                return
-        click.echo(f"schedule {schedule_id}: {action} done")
-
-
-for _action in ("pause", "resume", "run"):
-    _schedule_action(_action)
-_schedule_action("delete", "DELETE")
+            fail(exc)
 
 
 @main.command("run-batch")
@@ -599,14 +377,8 @@ def _ms(value: int | None) -> str:
     return "" if value is None else f"{value} ms"
 
 
-def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    for row in (headers, *rows):
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-
-
-main.add_command(keys)
-main.add_command(admin)
+for group in (rules, schedules, keys, admin):
+    main.add_command(group)
 
 if __name__ == "__main__":
     main()
