@@ -363,12 +363,13 @@ def advance_batches(session: Session, redis: Redis, data_dir: Path) -> list[str]
     for batch in store.batches_with_status(session, ACTIVE):
         if batch.status == BatchStatus.IN_PROGRESS and utcnow() >= batch.expires_at:
             _stop_jobs(session, redis, batch.id, error="the batch expired before this request ran")
-        pending = sum(
-            n for status, n in store.batch_line_counts(session, batch.id).items() if status not in FINAL_STATUSES
-        )
-        if pending == 0 and _finalize(session, batch, data_dir):
+        if _pending_lines(session, batch.id) == 0 and _finalize(session, batch, data_dir):
             finished.append(batch.id)
     return finished
+
+
+def _pending_lines(session: Session, batch_id: str) -> int:
+    return sum(n for status, n in store.batch_line_counts(session, batch_id).items() if status not in FINAL_STATUSES)
 
 
 def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
@@ -376,6 +377,13 @@ def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
         session, batch.id, old=ACTIVE, new=BatchStatus.FINALIZING.value, finalizing_at=utcnow()
     ):
         return False  # another scheduler has it
+    if _pending_lines(session, batch.id):
+        # An admin retried a line between the check and the claim (retries need the batch
+        # in progress, so none can start now): back to in progress, finalised once it ran.
+        store.set_batch_status(
+            session, batch.id, old=[BatchStatus.FINALIZING.value], new=batch.status, finalizing_at=None
+        )
+        return False
     output, errors = _write_output_files(session, batch, files_dir(data_dir))
     now = utcnow()
     if batch.status == BatchStatus.CANCELLING:

@@ -166,3 +166,21 @@ def test_a_webhook_url_must_be_a_url(client):
     assert create(client, file_id, webhook_url="not a url").status_code == 422
     job = client.post("/v1/jobs", json={"kind": "noop", "model": MODEL, "webhook_url": "ftp//x"})
     assert job.status_code == 422 and "webhook_url" in job.json()["detail"]
+
+
+@both_databases
+def test_a_line_retried_just_before_finalisation_keeps_the_batch_in_progress(client, session, settings):
+    from gpuq.batches import _finalize
+    from gpuq.models import Job
+
+    batch = create(client, upload(client, line("a") + "\n" + line("b") + "\n").json()["id"]).json()
+    session.query(Job).filter(Job.batch_id == batch["id"]).update({"status": "failed", "error": "boom"})
+    session.commit()
+    # The scheduler has seen every line final; an admin's retry then requeues one before it
+    # claims the batch for finalisation.
+    session.query(Job).filter(Job.batch_id == batch["id"], Job.custom_id == "a").update({"status": "queued"})
+    session.commit()
+    row = session.get(Batch, batch["id"])
+    assert _finalize(session, row, settings.data_dir) is False
+    after = client.get(f"/v1/batches/{batch['id']}").json()
+    assert after["status"] == "in_progress" and after["finalizing_at"] is None and after["error_file_id"] is None
