@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,9 @@ class _Increments:
         self.ints: dict[tuple[str, str], int] = defaultdict(int)
         self.floats: dict[tuple[str, str], float] = defaultdict(float)
 
+    def __bool__(self) -> bool:
+        return bool(self.ints or self.floats)
+
     def observe(self, key: str, labels: tuple[str, ...], buckets: Sequence[float], value: float) -> None:
         """One histogram observation: the count of the first bucket that holds it (the API
         makes them cumulative when rendering), the sum and the count. Buckets are stored by
@@ -91,6 +95,16 @@ class _Increments:
         self.floats[(key, f"{prefix}sum")] += value
         self.ints[(key, f"{prefix}count")] += 1
 
+    def add_finished(self, jobs: Iterable[FinishedJob]) -> None:
+        for job in jobs:
+            self.ints[(JOBS_KEY, _SEP.join((job.model, job.kind, job.status)))] += 1
+            if job.completion_tokens:
+                self.ints[(TOKENS_KEY, job.model)] += job.completion_tokens
+            if job.queue_wait_s is not None:
+                self.observe(QUEUE_WAIT_KEY, (job.model, job.kind), QUEUE_WAIT_BUCKETS_S, max(0.0, job.queue_wait_s))
+            if job.run_s is not None:
+                self.observe(RUN_KEY, (job.model, job.kind), RUN_BUCKETS_S, max(0.0, job.run_s))
+
     def send(self, pipe: Pipeline) -> None:
         for (key, field), n in self.ints.items():
             pipe.hincrby(key, field, n)
@@ -98,31 +112,42 @@ class _Increments:
             pipe.hincrbyfloat(key, field, x)
 
 
-def add_finished_jobs(pipe: Pipeline, jobs: Iterable[FinishedJob]) -> None:
-    """Queue the increments for jobs that reached a final state (the caller executes ``pipe``)."""
-    inc = _Increments()
-    for job in jobs:
-        inc.ints[(JOBS_KEY, _SEP.join((job.model, job.kind, job.status)))] += 1
-        if job.completion_tokens:
-            inc.ints[(TOKENS_KEY, job.model)] += job.completion_tokens
-        if job.queue_wait_s is not None:
-            inc.observe(QUEUE_WAIT_KEY, (job.model, job.kind), QUEUE_WAIT_BUCKETS_S, max(0.0, job.queue_wait_s))
-        if job.run_s is not None:
-            inc.observe(RUN_KEY, (job.model, job.kind), RUN_BUCKETS_S, max(0.0, job.run_s))
-    inc.send(pipe)
+class FinishedJobCounts:
+    """Finished jobs counted in memory and sent to Redis together, for a worker finishing
+    hundreds of short jobs a second: one pipeline per send instead of one per group commit
+    (a pipeline per commit cost that benchmark about a tenth of its jobs/s). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unsent = _Increments()
+
+    def add(self, jobs: Iterable[FinishedJob]) -> None:
+        with self._lock:
+            self._unsent.add_finished(jobs)
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._unsent)
+
+    def send(self, redis: Redis) -> None:
+        """Best effort: SQL already holds the outcomes, and a metrics outage must not stop work."""
+        with self._lock:
+            unsent, self._unsent = self._unsent, _Increments()
+        if not unsent:
+            return
+        try:
+            with redis.pipeline(transaction=False) as pipe:
+                unsent.send(pipe)
+                pipe.execute()
+        except Exception:
+            log.warning("could not add finished jobs to the metrics", exc_info=True)
 
 
 def record_finished_jobs(redis: Redis, jobs: Iterable[FinishedJob]) -> None:
-    """Best effort: SQL already holds the outcome, and a metrics outage must not stop work."""
-    jobs = list(jobs)
-    if not jobs:
-        return
-    try:
-        with redis.pipeline(transaction=False) as pipe:
-            add_finished_jobs(pipe, jobs)
-            pipe.execute()
-    except Exception:
-        log.warning("could not count %d finished job(s) in the metrics", len(jobs), exc_info=True)
+    """Count jobs that reached a final state now (API cancels, the reconciler, batch cancels)."""
+    counts = FinishedJobCounts()
+    counts.add(jobs)
+    counts.send(redis)
 
 
 def record_model_load(redis: Redis, model: str, seconds: float) -> None:

@@ -7,9 +7,10 @@ of short jobs each commit carries many rows. If the process dies before a write,
 rows stay ``running`` on a dead worker and the reconciler runs them again:
 at-least-once, never lost.
 
-After each commit the writer adds the jobs it wrote to the Prometheus counters in Redis
-(``gpuq/metrics.py``), in one pipeline per group: only rows the commit changed count, so a
-late outcome from a worker presumed dead is not counted twice.
+After each commit the writer counts the jobs it wrote for the Prometheus counters
+(``gpuq/metrics.py``): only rows the commit changed count, so a late outcome from a
+worker presumed dead is not counted twice. The counts go to Redis at most every
+``METRICS_SEND_INTERVAL_S`` (and on ``flush``/``stop``): /metrics lags by that at most.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
 RETRY_DELAY_S = 1.0
+METRICS_SEND_INTERVAL_S = 0.5
 
 Pending = tuple[store.Outcome, FinishedJob | None]
 
@@ -43,6 +45,8 @@ class OutcomeWriter:
         self._progress = threading.Condition()
         self._submitted = 0
         self._written = 0
+        self._counts = metrics.FinishedJobCounts()
+        self._counts_sent_at = time.monotonic()
 
     def start(self) -> None:
         self._thread.start()
@@ -53,19 +57,38 @@ class OutcomeWriter:
         self._pending.put((outcome, finished))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until everything submitted so far is written."""
+        """Wait until everything submitted so far is written, and counted in the metrics."""
         with self._progress:
             target = self._submitted
-            return self._progress.wait_for(lambda: self._written >= target, timeout_s)
+            done = self._progress.wait_for(lambda: self._written >= target, timeout_s)
+        self._send_counts()
+        return done
 
     def stop(self) -> None:
         self._pending.put(None)
         self._thread.join(timeout=60)
+        self._send_counts()
+
+    def _send_counts(self) -> None:
+        self._counts_sent_at = time.monotonic()
+        if self._redis is not None:
+            self._counts.send(self._redis)
+
+    def _next(self) -> Pending | None:
+        """The next outcome; while counts wait to be sent, waiting no longer than their interval."""
+        while True:
+            if not self._counts:
+                return self._pending.get()
+            wait_s = self._counts_sent_at + METRICS_SEND_INTERVAL_S - time.monotonic()
+            try:
+                return self._pending.get(timeout=max(wait_s, 0.0)) if wait_s > 0 else self._pending.get_nowait()
+            except queue.Empty:
+                self._send_counts()
 
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            first = self._pending.get()
+            first = self._next()
             if first is None:
                 break
             batch = [first]
@@ -92,6 +115,6 @@ class OutcomeWriter:
             except SQLAlchemyError:
                 log.exception("writing %d job outcomes failed; retrying", len(batch))
                 time.sleep(RETRY_DELAY_S)
-        if self._redis is not None:
-            finished = (f for outcome, f in batch if f is not None and outcome.job_id in written)
-            metrics.record_finished_jobs(self._redis, finished)
+        self._counts.add(f for outcome, f in batch if f is not None and outcome.job_id in written)
+        if time.monotonic() - self._counts_sent_at >= METRICS_SEND_INTERVAL_S:
+            self._send_counts()

@@ -28,6 +28,17 @@ def scrape(processes, url: str) -> dict:
     return samples(response.text)
 
 
+def scrape_once_counted(processes, url: str, jobs: int) -> dict:
+    """Workers send their counts at most every 0.5 s (worker/outcome_writer.py): scrape until
+    the finished jobs are in, for a few seconds at most."""
+    deadline = time.monotonic() + 5
+    while True:
+        parsed = scrape(processes, url)
+        if total(parsed, "gpuq_jobs_total") >= jobs or time.monotonic() > deadline:
+            return parsed
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def sql(processes) -> Iterator:
     engine = sync_engine(processes.database_url)
@@ -56,7 +67,7 @@ def test_metrics_count_exactly_what_a_simulated_gpu_worker_ran_and_record_no_ene
         assert job["device"].startswith("simulated:GPU-SIM-")
         assert job["energy_j"] is None and job["gpu_seconds"] is None
 
-    parsed = scrape(processes, url)
+    parsed = scrape_once_counted(processes, url, 4)
     generated = done[:3]
     assert value(parsed, "gpuq_jobs_total", model=MODEL, kind="generate", status="succeeded") == 3
     assert value(parsed, "gpuq_jobs_total", model=MODEL, kind="embed", status="succeeded") == 1
@@ -111,6 +122,6 @@ def test_a_job_on_a_cpu_worker_records_no_energy(processes):
         job = client.wait(client.submit(gen(0))["id"], timeout_s=120)
     assert job["status"] == "succeeded" and job["device"] == "cpu"
     assert job["energy_j"] is None and job["gpu_seconds"] is None
-    parsed = scrape(processes, url)
+    parsed = scrape_once_counted(processes, url, 1)
     assert value(parsed, "gpuq_jobs_total", model=MODEL, kind="generate", status="succeeded") == 1
     assert value(parsed, "gpuq_tokens_generated_total", model=MODEL) == job["completion_tokens"]
