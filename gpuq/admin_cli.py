@@ -9,17 +9,14 @@ from typing import Any
 
 import click
 
-from gpuq.cli_support import connect, fail, table, url_option
-from gpuq.client import ApiError, GpuqClient
+from gpuq.cli_support import connect, table, url_option
+from gpuq.client import GpuqClient
 
 
 def _call(url: str, action: Callable[[GpuqClient], Any]) -> Any:
-    """Run one API call; an API refusal is printed with its reason, exit status 1."""
+    """Run one API call (an API refusal ends the command, see ``connect``)."""
     with connect(url) as client:
-        try:
-            return action(client)
-        except ApiError as exc:
-            fail(exc)
+        return action(client)
 
 
 def _ago(stamp: str | None) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from gpuq.admin_key import read_key_file
 from gpuq.cli_support import connect
 from gpuq.client import ApiError, GpuqClient
 from gpuq.settings import Settings
@@ -75,7 +74,7 @@ def run_batch(settings: Settings, input_path: str, output_path: str, *, workers:
         with (
             embedded_system(settings, workers=workers) as system,
             serve_api(system.settings) as url,
-            GpuqClient(url, api_key=system.admin_key or read_key_file(system.settings.data_dir)) as client,
+            GpuqClient(url, api_key=system.api_key) as client,
         ):
             client.wait_ready()
             file = client.upload(input_path)

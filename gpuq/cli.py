@@ -13,8 +13,7 @@ from typing import Any
 import click
 
 from gpuq.admin_cli import admin
-from gpuq.cli_support import connect, fail, table, url_option
-from gpuq.client import ApiError
+from gpuq.cli_support import connect, table, url_option
 from gpuq.keys_cli import keys
 from gpuq.rules_cli import rules
 from gpuq.schedules_cli import schedules
@@ -193,15 +192,11 @@ def submit(
         job |= {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
         job |= {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     with connect(url) as client:
-        try:
-            created = client.submit(job)
-            if not wait:
-                click.echo(created["id"])
-                return
-            done = client.wait(created["id"])
-        except ApiError as exc:
-            fail(exc)
+        created = client.submit(job)
+        if not wait:
+            click.echo(created["id"])
             return
+        done = client.wait(created["id"])
     _print_result(done)
 
 
@@ -229,11 +224,7 @@ def _print_result(job: dict[str, Any]) -> None:
 def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | None, limit: int) -> None:
     """List recent jobs as a table."""
     with connect(url) as client:
-        try:
-            page = client.jobs(status=list(statuses) or None, model=model, kind=kind, limit=limit)
-        except ApiError as exc:
-            fail(exc)
-            return
+        page = client.jobs(status=list(statuses) or None, model=model, kind=kind, limit=limit)
     rows = [
         (
             j["id"],
@@ -279,13 +270,9 @@ def models(ctx: click.Context, url: str) -> None:
 def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], context_length: int | None) -> None:
     """Register NAME for the GGUF file PATH (relative to the models directory)."""
     with connect(url) as client:
-        try:
-            model = client.register_model(
-                {"name": name, "path": path, "kinds": list(kinds), "context_length": context_length}
-            )
-        except ApiError as exc:
-            fail(exc)
-            return
+        model = client.register_model(
+            {"name": name, "path": path, "kinds": list(kinds), "context_length": context_length}
+        )
     click.echo(f"registered {model['id']} ({', '.join(model['kinds'])}, context {model['context_length']})")
 
 
@@ -314,11 +301,7 @@ def batch_status(url: str, batch_id: str, follow: bool) -> None:
     from gpuq import batch_cli
 
     with connect(url) as client:
-        try:
-            found = batch_cli.follow(client, batch_id) if follow else client.batch(batch_id)
-        except ApiError as exc:
-            fail(exc)
-            return
+        found = batch_cli.follow(client, batch_id) if follow else client.batch(batch_id)
     click.echo(batch_cli.summary(found))
 
 
@@ -329,11 +312,7 @@ def batch_status(url: str, batch_id: str, follow: bool) -> None:
 def batch_results(url: str, batch_id: str, output: str | None) -> None:
     """Output and error lines answered so far (all of them once the batch has ended)."""
     with connect(url) as client:
-        try:
-            text = client.batch_results(batch_id)
-        except ApiError as exc:
-            fail(exc)
-            return
+        text = client.batch_results(batch_id)
     if output:
         Path(output).write_text(text)
     else:
@@ -347,10 +326,7 @@ def batch_cancel(url: str, batch_id: str) -> None:
     from gpuq.batch_cli import summary
 
     with connect(url) as client:
-        try:
-            click.echo(summary(client.cancel_batch(batch_id)))
-        except ApiError as exc:
-            fail(exc)
+        click.echo(summary(client.cancel_batch(batch_id)))
 
 
 @main.command("run-batch")

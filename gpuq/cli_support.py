@@ -1,9 +1,11 @@
-"""What the `gpuq` client commands share: the --url option, a client holding the key,
-API refusals printed as one line, and plain tables."""
+"""What the `gpuq` client commands share: the --url option, a client holding the key
+whose refusals end the command as one line, and plain tables."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 import click
@@ -15,12 +17,20 @@ url_option = click.option(
 )
 
 
-def connect(url: str) -> GpuqClient:
-    """A client sending GPUQ_API_KEY, or the admin key `gpuq up` saved in the data directory."""
+@contextmanager
+def connect(url: str) -> Iterator[GpuqClient]:
+    """A client sending GPUQ_API_KEY, or the admin key `gpuq up` saved in the data directory.
+    An API refusal inside the block ends the command through ``fail``."""
     from gpuq.admin_key import cli_api_key
     from gpuq.settings import get_settings
 
-    return GpuqClient(url, api_key=cli_api_key(get_settings()))
+    client = GpuqClient(url, api_key=cli_api_key(get_settings()))
+    try:
+        yield client
+    except ApiError as exc:
+        fail(exc)
+    finally:
+        client.close()
 
 
 def fail(exc: ApiError) -> NoReturn:

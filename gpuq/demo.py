@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 import click
 
-from gpuq.admin_key import read_key_file
 from gpuq.bundled import BUNDLED_MODEL_NAME
 from gpuq.client import GpuqClient
 from gpuq.embedded import embedded_system
@@ -45,7 +44,7 @@ def serve_api(settings: Settings) -> Iterator[str]:
 def run_demo(settings: Settings, *, workers: int = 1) -> int:
     started = time.monotonic()
     with embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
-        client = GpuqClient(url, api_key=system.admin_key or read_key_file(system.settings.data_dir))
+        client = GpuqClient(url, api_key=system.api_key)
         client.wait_ready()
         click.echo(f"gpuq is up at {url} (database {system.settings.database_url}, Redis {system.settings.redis_url})")
         jobs = client.submit_many(

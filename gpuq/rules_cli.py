@@ -6,8 +6,7 @@ from typing import Any
 
 import click
 
-from gpuq.cli_support import connect, fail, table, url_option
-from gpuq.client import ApiError
+from gpuq.cli_support import connect, table, url_option
 
 
 @click.group()
@@ -74,11 +73,7 @@ def rules_add(
         "gpu_uuids": gpu_uuids.split(",") if gpu_uuids else None,
     }
     with connect(url) as client:
-        try:
-            saved = client.add_rule(body)
-        except ApiError as exc:
-            fail(exc)
-            return
+        saved = client.add_rule(body)
     click.echo(f"rule {saved['rule']['id']} saved")
     for warning in saved["warnings"]:
         click.echo(f"warning: {warning}", err=True)
@@ -89,10 +84,7 @@ def rules_add(
 @click.argument("rule_id", type=int)
 def rules_delete(url: str, rule_id: int) -> None:
     with connect(url) as client:
-        try:
-            client.delete_rule(rule_id)
-        except ApiError as exc:
-            fail(exc)
+        client.delete_rule(rule_id)
 
 
 @rules.command("preview")
@@ -102,11 +94,7 @@ def rules_delete(url: str, rule_id: int) -> None:
 def rules_preview(url: str, model: str, kind: str) -> None:
     """Where may MODEL run, and why."""
     with connect(url) as client:
-        try:
-            result = client.preview(model, kind)
-        except ApiError as exc:
-            fail(exc)
-            return
+        result = client.preview(model, kind)
     click.echo(f"{result['summary']} (needs {result['vram_mib']} MiB)")
     table(
         ("HOST", "GPU", "NAME", "MAY RUN", "WHY"),

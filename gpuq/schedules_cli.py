@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpuq.cli_support import connect, fail, table, url_option
-from gpuq.client import ApiError
+from gpuq.cli_support import connect, table, url_option
 
 
 @click.group()
@@ -48,23 +47,19 @@ def schedules_add(url: str, name: str, cron: str, path: str, timezone: str, misf
     from gpuq.batch_cli import first_endpoint
 
     with connect(url) as client:
-        try:
-            file = client.upload(path)
-            created = client.schedules(
-                "POST",
-                json={
-                    "name": name,
-                    "cron": cron,
-                    "timezone": timezone,
-                    "input_file_id": file["id"],
-                    "endpoint": first_endpoint(path),
-                    "misfire": misfire,
-                    "priority": priority,
-                },
-            )
-        except ApiError as exc:
-            fail(exc)
-            return
+        file = client.upload(path)
+        created = client.schedules(
+            "POST",
+            json={
+                "name": name,
+                "cron": cron,
+                "timezone": timezone,
+                "input_file_id": file["id"],
+                "endpoint": first_endpoint(path),
+                "misfire": misfire,
+                "priority": priority,
+            },
+        )
     click.echo(f"schedule {created['id']} {name}: next run {created['next_fire_at']}")
 
 
@@ -98,11 +93,7 @@ def _schedule_action(action: str, method: str = "POST") -> None:
     @click.argument("schedule_id", type=int)
     def command(url: str, schedule_id: int) -> None:
         with connect(url) as client:
-            try:
-                client.schedules(method, f"/{schedule_id}" + ("" if method == "DELETE" else f"/{action}"))
-            except ApiError as exc:
-                fail(exc)
-                return
+            client.schedules(method, f"/{schedule_id}" + ("" if method == "DELETE" else f"/{action}"))
         click.echo(f"schedule {schedule_id}: {action} done")
 
 

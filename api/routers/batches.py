@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from api.deps import CallerDep, SessionDep, StateDep
+from api.routers.files import visible_file
 from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
 from gpuq import batches, store
 from gpuq.access import Caller
@@ -37,9 +38,7 @@ async def _object(db: SessionDep, batch: Batch) -> BatchObject:
 async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, caller: CallerDep) -> BatchObject:
     """Run every line of an uploaded file. Lines are checked first; an invalid one fails the
     request (400, with line numbers) and nothing is created."""
-    file = await db.run_sync(store.get_file, body.input_file_id)
-    if file is None or not caller.may_see(file.owner):
-        raise RequestError(404, f"file {body.input_file_id!r} does not exist")
+    file = await visible_file(db, caller, body.input_file_id)
     await admit(db, state.redis, caller, queued_jobs=file.line_count, submissions=1)
 
     def start() -> str:
