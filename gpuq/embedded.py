@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from redis import Redis
 
-from gpuq import migrate
-from gpuq.admin_key import ensure_admin_key, key_file
+from gpuq import migrate, stats_rollup
+from gpuq.admin_key import ensure_admin_key, key_file, read_key_file
 from gpuq.aging import promote_aged_jobs
 from gpuq.batches import advance_batches
 from gpuq.db import sync_engine, sync_sessions
@@ -65,7 +65,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
 def run_scheduler(settings: Settings, stop: threading.Event) -> None:
     """The scheduler loop. Every tick: cron schedules, priority aging, batch progress
     (expiry, finalisation) and webhook deliveries; every ``reconcile_interval_s``: the
-    SQL-to-Redis reconciler. Safe to run in several processes at once."""
+    SQL-to-Redis reconciler and the stats rollups of days that have ended (so no stats
+    request pays for them; a request still rolls up what is missing when no scheduler
+    runs). Safe to run in several processes at once."""
     engine = sync_engine(settings.database_url)
     sessions = sync_sessions(engine)
     redis = Redis.from_url(settings.require_redis_url())
@@ -88,6 +90,7 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
                         max_attempts=settings.job_max_attempts,
                         timeout_s=settings.job_timeout_s,
                     )
+                    stats_rollup.refresh(session)
         except Exception:
             log.exception("scheduler pass failed; will retry")
     redis.close()
@@ -99,6 +102,11 @@ class EmbeddedSystem:
     settings: Settings
     supervisor: subprocess.Popen[bytes] | None = None
     admin_key: str | None = None  # the first admin key, when this start created it
+
+    @property
+    def api_key(self) -> str | None:
+        """A key for this system's own clients (demo, run-batch): the one just created or saved."""
+        return self.admin_key or read_key_file(self.settings.data_dir)
 
 
 @contextmanager
