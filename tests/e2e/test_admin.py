@@ -60,7 +60,7 @@ def test_a_drained_worker_finishes_its_job_takes_no_more_and_resumes_when_undrai
     _api, url = processes.start_api()
     _proc, name = processes.start_worker()
     with processes.client(url) as client:
-        running = client.submit(LONG | {"max_tokens": 96})
+        running = client.submit(LONG | {"max_tokens": 240})
         _status(client, running["id"], "running")
         drained = client.drain(name)
         assert drained["state"] == "draining" and drained["current_job"] == running["id"]
@@ -188,14 +188,14 @@ def test_requeue_takes_a_running_job_back_from_its_worker_without_cancelling_it(
     _api, url = processes.start_api()
     _proc, name = processes.start_worker()
     with processes.client(url) as client:
-        job = client.submit(LONG | {"max_tokens": 64})
+        job = client.submit(LONG | {"max_tokens": 160})
         _status(client, job["id"], "running")
         requeued = client.requeue(job["id"])
         assert requeued["job"]["status"] == "queued" and "taken back from worker" in requeued["action"]
         # The worker stops the old run; its "cancelled" outcome is discarded, and the job
         # runs again (here on the same worker) to the end.
         done = client.wait(job["id"], timeout_s=120)
-    assert done["status"] == "succeeded" and done["completion_tokens"] == 64
+    assert done["status"] == "succeeded" and done["completion_tokens"] == 160
     assert done["attempts"] == 2 and done["cancel_requested"] is False and done["worker"] == name
 
 
