@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 import click
+import httpx
 
 from gpuq.client import DEFAULT_URL, ApiError, GpuqClient
 
@@ -20,7 +21,7 @@ url_option = click.option(
 @contextmanager
 def connect(url: str) -> Iterator[GpuqClient]:
     """A client sending GPUQ_API_KEY, or the admin key `gpuq up` saved in the data directory.
-    An API refusal inside the block ends the command through ``fail``."""
+    An API refusal, or an API that cannot be reached, ends the command with one line on stderr."""
     from gpuq.admin_key import cli_api_key
     from gpuq.settings import get_settings
 
@@ -29,6 +30,14 @@ def connect(url: str) -> Iterator[GpuqClient]:
         yield client
     except ApiError as exc:
         fail(exc)
+    except httpx.TransportError as exc:
+        # A stopped server or a wrong --url is the common case; a traceback would hide it.
+        click.echo(
+            f"error: cannot reach the gpuq API at {url} ({exc or type(exc).__name__}); "
+            "is `gpuq up` running, and is --url / GPUQ_API_URL right?",
+            err=True,
+        )
+        sys.exit(2)
     finally:
         client.close()
 
