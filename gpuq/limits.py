@@ -6,7 +6,9 @@ that rate. A job submitted alone or in a bulk request counts one per job; a batc
 one, because its size is what ``max_queued_jobs`` bounds.
 
 The queued-jobs limit counts the key's queued rows in SQL, so it is exact after a
-restart; two requests racing past the check together may overshoot it by one request.
+restart; the key is held (``store.hold_key_until_commit``) from the count until the new
+jobs are committed, so concurrent requests, from any number of API processes, cannot
+together overshoot it.
 Both answer 429 with a ``Retry-After`` that says when trying again can succeed.
 """
 
@@ -22,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from gpuq import store
 from gpuq.access import Caller
 from gpuq.errors import RequestError
 from gpuq.models import Job, JobStatus
@@ -70,6 +73,7 @@ def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
             "split it into smaller requests",
             headers={"Retry-After": str(QUEUE_FULL_RETRY_S)},
         )
+    store.hold_key_until_commit(session, caller.key_id)
     queued = queued_job_count(session, caller.key_id)
     if queued + adding > limit:
         raise RequestError(

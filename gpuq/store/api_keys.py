@@ -88,3 +88,14 @@ def has_admin_key(session: Session) -> bool:
 
 def known_owners(session: Session) -> set[str]:
     return set(session.scalars(select(ApiKey.owner).distinct()))
+
+
+def hold_key_until_commit(session: Session, key_id: str) -> None:
+    """Serialise this key's submissions from here to the transaction's end, so that a
+    count of its queued jobs stays true until the new ones are committed.
+
+    A write that changes nothing does it on both databases: on PostgreSQL it locks the
+    key's row (other keys are not held up); on SQLite it takes the database's single write
+    lock, which the coming insert needs anyway.
+    """
+    session.execute(update(ApiKey).where(ApiKey.id == key_id).values(max_queued_jobs=ApiKey.max_queued_jobs))

@@ -1,6 +1,7 @@
 """API keys, roles and tenants: who may call what, and what each tenant sees."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
@@ -172,6 +173,15 @@ def test_a_key_over_its_queued_jobs_limit_gets_a_429_with_retry_after(as_key, ma
     assert len(job_rows()) == 2 and len(redis_job_keys(redis)) == 2
     other = make_key("submitter", "acme")  # the limit is the key's, not the tenant's
     assert as_key(other, "POST", "/v1/jobs", json=NOOP).status_code == 202
+
+
+@both_databases
+def test_concurrent_submissions_never_take_a_key_past_its_queued_jobs_limit(as_key, make_key, job_rows, redis):
+    limited = make_key("submitter", "acme", max_queued_jobs=3)
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        codes = list(pool.map(lambda _: as_key(limited, "POST", "/v1/jobs", json=NOOP).status_code, range(12)))
+    assert sorted(codes) == [202] * 3 + [429] * 9
+    assert len(job_rows()) == 3 and len(redis_job_keys(redis)) == 3
 
 
 def test_a_key_over_its_submission_rate_gets_a_429_with_retry_after(as_key, make_key, job_rows):
