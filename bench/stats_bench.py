@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from gpuq import migrate, stats
 from gpuq.db import sync_engine, sync_sessions
 from gpuq.models import utcnow
+from gpuq.queues import Priority
 from gpuq.stats_filters import MAX_WINDOW, StatsFilter, Window
 from gpuq.stats_rollup import refresh
 
@@ -118,13 +119,15 @@ def queries(now: datetime) -> list[tuple[str, Callable[[Session, Window], Any]]]
     tenant = StatsFilter(tenant="tenant-0")  # the largest tenant: about 29% of all jobs
     model = StatsFilter(model="llama3-8b")
     host = StatsFilter(host="host-1")
-    both = StatsFilter(tenant="tenant-0", model="llama3-8b")  # a combination: percentiles from the rows
+    both = StatsFilter(tenant="tenant-0", model="llama3-8b")  # one tenant and a model: still rollups
+    rows = StatsFilter(tenant="tenant-0", priority=Priority.HIGH)  # a combination: percentiles from the rows
     return [
         ("summary", lambda s, w: stats.summary(s, w, everything, now=now)),
         ("summary model=llama3-8b", lambda s, w: stats.summary(s, w, model, now=now)),
         ("summary tenant=tenant-0", lambda s, w: stats.summary(s, w, tenant, now=now)),
         ("summary host=host-1", lambda s, w: stats.summary(s, w, host, now=now)),
         ("summary tenant-0+llama3-8b", lambda s, w: stats.summary(s, w, both, now=now)),
+        ("summary tenant-0+high", lambda s, w: stats.summary(s, w, rows, now=now)),
         ("throughput", lambda s, w: stats.throughput(s, w, everything, stats.choose_bucket(w, None), now=now)),
         (
             "throughput tenant=tenant-0",

@@ -456,15 +456,17 @@ class StatsRolledDay(Base):
 
 
 class JobLatencyDimDaily(Base):
-    """Queue-wait and run-time histograms per UTC day and per one tenant, host or GPU
-    (``dim`` "tenant", "host" or "gpu"; jobs without that value are not counted): the
-    percentiles of a window filtered by that value alone."""
+    """Queue-wait and run-time histograms per UTC day, per one tenant, host or GPU (``dim``
+    "tenant", "host" or "gpu"; jobs without that value are not counted), per model and for
+    all models together (``model`` "*", so a filter without a model reads one histogram, not
+    one per model): the percentiles of a window filtered by that value, alone or with a model."""
 
     __tablename__ = "job_latency_dim_daily"
 
-    day: Mapped[datetime] = mapped_column(primary_key=True)
     dim: Mapped[str] = mapped_column(String(8), primary_key=True)
     value: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    day: Mapped[datetime] = mapped_column(primary_key=True)
     metric: Mapped[str] = mapped_column(String(8), primary_key=True)  # "wait" or "run"
     bin: Mapped[int] = mapped_column(Integer, primary_key=True)
     jobs: Mapped[int] = mapped_column(Integer)

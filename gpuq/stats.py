@@ -4,8 +4,8 @@ Every function answers for jobs that *finished* in a window (``gpuq.stats_filter
 reads whole rolled-up days from the rollups and everything else from the job (or sample)
 rows (``gpuq.stats_rollup``), so counts, sums, means and maxima are exact at any window.
 Percentiles are exact (nearest rank) when the window reads only job rows, or when a
-tenant, host or GPU filter is combined with another filter; otherwise they come from the
-latency histograms, within ``MAX_RELATIVE_ERROR`` (4.4%) of the exact value, and say so.
+tenant, host or GPU filter is combined with a kind, a priority or another of them;
+otherwise they come from the latency histograms, within ``MAX_RELATIVE_ERROR`` (4.4%) of the exact value, and say so.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from gpuq.models import (
 )
 from gpuq.stats_filters import StatsFilter, Window
 from gpuq.stats_rollup import (
+    ALL_MODELS,
     DAY,
     FINAL,
     HOUR,
@@ -206,7 +207,8 @@ def latency_percentiles(
     if source == "dim":
         [(dim, value)] = flt.scoped
         d = JobLatencyDimDaily
-        conditions = [d.day >= p.rollup_from, d.day < p.rollup_to, d.dim == dim, d.value == value]
+        model = ALL_MODELS if flt.model is None else flt.model
+        conditions = [d.dim == dim, d.value == value, d.model == model, d.day >= p.rollup_from, d.day < p.rollup_to]
         metric_bin: tuple[Any, Any, Any] = (d.metric, d.bin, d.jobs)
     else:
         r = JobLatencyDaily

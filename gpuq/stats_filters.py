@@ -56,12 +56,13 @@ class StatsFilter:
     def latency_source(self) -> str:
         """Which histograms answer this filter's percentiles over rolled-up days: "model"
         (``job_latency_daily``: any of model, kind and priority), "dim" (``job_latency_dim_daily``:
-        one tenant, host or GPU alone), or "rows" (a tenant, host or GPU combined with another
-        filter: exact from the job rows, which such a filter narrows)."""
+        one tenant, host or GPU, alone or with a model), or "rows" (a tenant, host or GPU combined
+        with a kind, a priority or another of them: exact from the job rows, which such a filter
+        narrows)."""
         scoped = self.scoped
         if not scoped:
             return "model"
-        if len(scoped) == 1 and self.model is None and self.kind is None and self.priority is None:
+        if len(scoped) == 1 and self.kind is None and self.priority is None:
             return "dim"
         return "rows"
 

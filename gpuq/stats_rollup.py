@@ -9,7 +9,7 @@ into five tables written in one transaction per day:
   jobs had each figure) per day and per combination of every stats filter;
 - ``job_latency_daily``: queue-wait and run-time histograms per day, model, kind and
   priority, in log-spaced bins of 1/8 octave;
-- ``job_latency_dim_daily``: the same histograms per day and per one tenant, host or GPU;
+- ``job_latency_dim_daily``: the same histograms per day, model and one tenant, host or GPU;
 - ``job_stats_hourly``: jobs and tokens per hour, model, kind, priority and status
   (hourly throughput charts);
 - ``gpu_samples_hourly``: per hour and GPU, sample count, sums and counts of utilisation
@@ -271,8 +271,8 @@ def _roll_up_day(session: Session, day: datetime) -> None:
         session,
         JobLatencyDimDaily,
         [
-            {"day": day, "dim": dim, "value": v, "metric": metric, "bin": b, "jobs": n}
-            for (dim, v, metric, b), n in by_dim.items()
+            {"dim": dim, "value": v, "day": day, "model": m, "metric": metric, "bin": b, "jobs": n}
+            for (dim, v, m, metric, b), n in by_dim.items()
         ],
     )
 
@@ -325,16 +325,18 @@ def _insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
 
 
 DIMS = (("tenant", 3), ("host", 4), ("gpu", 5))  # the dimension and its place in a latency_histograms row
+ALL_MODELS = "*"  # job_latency_dim_daily's model for every model together (no model name is "*")
 
 
 def latency_histograms(
     rows: Iterable[Sequence[Any]],
-) -> tuple[Counter[tuple[str, str, int, str, int]], Counter[tuple[str, str, str, int]]]:
+) -> tuple[Counter[tuple[str, str, int, str, int]], Counter[tuple[str, str, str, str, int]]]:
     """Count (model, kind, priority, owner, host, gpu_uuid, wait_ms, run_ms) rows into bins
-    (model, kind, priority, metric, bin) and (dim, value, metric, bin); a null owner, host or
-    GPU is not counted under that dimension (a filter on it never matches such a job)."""
+    (model, kind, priority, metric, bin) and (dim, value, model, metric, bin), the latter once
+    under its model and once under ``ALL_MODELS``; a null owner, host or GPU is not counted
+    under that dimension (a filter on it never matches such a job)."""
     by_model: Counter[tuple[str, str, int, str, int]] = Counter()
-    by_dim: Counter[tuple[str, str, str, int]] = Counter()
+    by_dim: Counter[tuple[str, str, str, str, int]] = Counter()
     for row in rows:
         model, kind, priority, wait, run = row[0], row[1], row[2], row[6], row[7]
         for metric, value in (("wait", None if wait is None else max(float(wait), 0.0)), ("run", run)):
@@ -344,5 +346,6 @@ def latency_histograms(
             by_model[(model, kind, priority, metric, b)] += 1
             for dim, place in DIMS:
                 if row[place] is not None:
-                    by_dim[(dim, row[place], metric, b)] += 1
+                    by_dim[(dim, row[place], model, metric, b)] += 1
+                    by_dim[(dim, row[place], ALL_MODELS, metric, b)] += 1
     return by_model, by_dim

@@ -1,4 +1,4 @@
-"""Stats: a day watermark, latency histograms per tenant/host/GPU, hourly job and GPU-sample rollups
+"""Stats: a day watermark, latency histograms per tenant/host/GPU and model, hourly job and GPU-sample rollups
 
 Revision ID: 0008_stats_finer_rollups
 Revises: 0007_stats_rollups
@@ -22,9 +22,11 @@ def upgrade() -> None:
     op.create_table("stats_rolled_days", sa.Column("day", UTCDateTime(), primary_key=True))
     op.create_table(
         "job_latency_dim_daily",
-        sa.Column("day", UTCDateTime(), primary_key=True),
+        # In this order, a query reads the days of one tenant (host, GPU) and model as one range.
         sa.Column("dim", sa.String(8), primary_key=True),
         sa.Column("value", sa.String(255), primary_key=True),
+        sa.Column("model", sa.String(128), primary_key=True),
+        sa.Column("day", UTCDateTime(), primary_key=True),
         sa.Column("metric", sa.String(8), primary_key=True),
         sa.Column("bin", sa.Integer(), primary_key=True),
         sa.Column("jobs", sa.Integer(), nullable=False),

@@ -108,9 +108,9 @@ def test_long_window_reads_rollups_with_exact_counts_and_bounded_percentiles(ses
         runs.append(run_ms)
         owner = "acme" if i % 4 else "globex"
         status = "failed" if i % 10 == 0 else "succeeded"
-        rows.append(
-            job(i, NOW - timedelta(hours=1 + i), run_ms=run_ms, owner=owner, status=status, energy_j=1.0 * (i % 3))
-        )
+        model = "other-model" if i % 3 == 0 else MODEL
+        finished = NOW - timedelta(hours=1 + i)
+        rows.append(job(i, finished, run_ms=run_ms, owner=owner, status=status, energy_j=1.0 * (i % 3), model=model))
     session.add_all(rows)
     session.commit()
     window = last(24 * 10)
@@ -127,19 +127,21 @@ def test_long_window_reads_rollups_with_exact_counts_and_bounded_percentiles(ses
         exact = nearest_rank(sorted(runs), q)
         assert result.run_time.values_ms[f"p{round(q * 100)}"] == pytest.approx(exact, rel=MAX_RELATIVE_ERROR)
 
-    # One tenant, host or GPU alone: its own histograms, within the same bound.
+    # One tenant, host or GPU, alone or with a model: its own histograms, within the same bound.
     for flt, values in (
         (StatsFilter(tenant="globex"), runs[::4]),
         (StatsFilter(host="host-1"), runs),
         (StatsFilter(gpu="GPU-a"), runs),
+        (StatsFilter(tenant="globex", model="other-model"), runs[::12]),
+        (StatsFilter(host="host-1", model=MODEL), [r for i, r in enumerate(runs) if i % 3]),
     ):
         scoped = stats.summary(session, window, flt, now=NOW)
         assert not scoped.run_time.exact and scoped.run_time.jobs == len(values)
         for q in (0.5, 0.95, 0.99):
             exact = nearest_rank(sorted(values), q)
             assert scoped.run_time.values_ms[f"p{round(q * 100)}"] == pytest.approx(exact, rel=MAX_RELATIVE_ERROR)
-    # Combined with another filter: exact from the rows.
-    globex = stats.summary(session, window, StatsFilter(tenant="globex", model=MODEL), now=NOW)
+    # Combined with a kind, a priority or another of them: exact from the rows.
+    globex = stats.summary(session, window, StatsFilter(tenant="globex", priority=1), now=NOW)
     assert globex.run_time.exact and globex.finished["succeeded"] + globex.finished["failed"] == 50
     assert globex.run_time.values_ms["p50"] == nearest_rank(sorted(runs[::4]), 0.5)
 
