@@ -96,7 +96,10 @@ def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> 
             "split it into smaller requests",
             headers={"Retry-After": "60"},
         )
-    granted, wait_s = redis.eval(_TAKE_TOKENS, 1, f"gpuq:rate:{caller.key_id}", limit, limit / 60.0, count, now_s)  # type: ignore[misc]
+    try:
+        granted, wait_s = redis.eval(_TAKE_TOKENS, 1, f"gpuq:rate:{caller.key_id}", limit, limit / 60.0, count, now_s)  # type: ignore[misc]
+    except RedisError as exc:
+        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
     if not int(granted):
         retry_after = max(1, math.ceil(float(wait_s)))
         raise RequestError(
@@ -107,9 +110,13 @@ def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> 
 
 
 async def admit(db: AsyncSession, redis: Redis, caller: Caller, *, queued_jobs: int, submissions: int) -> None:
-    """Both limits, for a request about to queue ``queued_jobs`` jobs."""
+    """Both limits, for a request about to queue ``queued_jobs`` jobs in ``db``'s transaction."""
     await db.run_sync(lambda s: check_queue_room(s, caller, queued_jobs))
-    try:
-        await to_thread.run_sync(lambda: take_submissions(redis, caller, submissions, time.time()))
-    except RedisError as exc:
-        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+    await to_thread.run_sync(lambda: take_submissions(redis, caller, submissions, time.time()))
+
+
+def admit_sync(session: Session, redis: Redis, caller: Caller, *, queued_jobs: int, submissions: int) -> None:
+    """``admit`` for work that inserts its jobs through ``session`` in a worker thread: the
+    key must be held by the transaction that inserts, or the insert would wait on it."""
+    check_queue_room(session, caller, queued_jobs)
+    take_submissions(redis, caller, submissions, time.time())

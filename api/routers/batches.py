@@ -14,7 +14,7 @@ from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
 from gpuq import batches, store
 from gpuq.access import Caller
 from gpuq.errors import RequestError
-from gpuq.limits import admit
+from gpuq.limits import admit_sync
 from gpuq.models import Batch
 from gpuq.queues import Priority
 
@@ -39,10 +39,10 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
     """Run every line of an uploaded file. Lines are checked first; an invalid one fails the
     request (400, with line numbers) and nothing is created."""
     file = await visible_file(db, caller, body.input_file_id)
-    await admit(db, state.redis, caller, queued_jobs=file.line_count, submissions=1)
 
     def start() -> str:
         with state.sync_sessions() as session:
+            admit_sync(session, state.redis, caller, queued_jobs=file.line_count, submissions=1)
             return batches.start_batch(
                 session,
                 state.redis,

@@ -208,6 +208,15 @@ def test_a_batch_counts_its_lines_against_the_queued_jobs_limit(as_key, make_key
     assert session.query(Job).filter(Job.batch_id.isnot(None)).count() == 0
 
 
+@both_databases
+def test_a_key_with_a_queued_jobs_limit_starts_a_batch_that_fits_it(as_key, make_key, client, job_rows):
+    limited = make_key("submitter", "acme", max_queued_jobs=5)
+    file = batch_file(client, limited).json()
+    started = as_key(limited, "POST", "/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/embeddings"})
+    assert started.status_code == 200 and started.json()["request_counts"]["total"] == 1
+    assert len(job_rows()) == 1
+
+
 def test_a_tenant_reads_only_its_own_webhook_deliveries(as_key, make_key, client, session):
     from gpuq.webhooks import new_delivery
 
