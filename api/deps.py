@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
-from gpuq.access import Caller
+from gpuq.auth.access import Caller
 from gpuq.errors import RequestError
 from gpuq.settings import Settings
 

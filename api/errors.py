@@ -6,8 +6,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from gpuq.db.tables import JobKind
 from gpuq.errors import RequestError
-from gpuq.models import JobKind
 
 # Pydantic puts the union tag in an error's location (body.generate.prompt); users never wrote it.
 _HIDDEN_LOCATION_PARTS = {"body", *(kind.value for kind in JobKind)}

@@ -28,7 +28,7 @@ from api.routers import (
     webhooks,
     workers,
 )
-from gpuq.db import async_engine, async_sessions, sync_engine, sync_sessions
+from gpuq.db.engine import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
 

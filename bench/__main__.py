@@ -12,9 +12,9 @@ from statistics import median
 from redis import Redis
 
 from bench import batch_bench, dispatch, generation, model_swap, stats_bench
-from gpuq import migrate
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.registry import register_bundled_model
+from gpuq.db import migrate
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.registry.models import register_bundled_model
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/11"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"

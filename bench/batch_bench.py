@@ -21,11 +21,11 @@ import llama_cpp
 from redis import Redis
 from sqlalchemy import func, insert, select
 
-from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.local_processes import GpuqProcesses
-from gpuq.models import Job, utcnow
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job, utcnow
+from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
 from gpuq.store import new_job_id
+from gpuq.testing import GpuqProcesses
 
 TOPICS = ["rivers", "bread", "trains", "music", "gardens", "clocks", "winter", "markets"]
 

@@ -21,10 +21,10 @@ from rq import Queue
 from rq.registry import FinishedJobRegistry
 from sqlalchemy import func, select
 
-from gpuq.bundled import BUNDLED_MODEL_NAME
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.local_processes import GpuqProcesses
-from gpuq.models import Job
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job
+from gpuq.registry.bundled import BUNDLED_MODEL_NAME
+from gpuq.testing import GpuqProcesses
 
 BULK_SIZE = 500
 POLL_S = 0.05

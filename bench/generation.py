@@ -15,10 +15,10 @@ from pathlib import Path
 import llama_cpp
 from sqlalchemy import func, select
 
-from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.local_processes import GpuqProcesses
-from gpuq.models import Job, utcnow
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job, utcnow
+from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
+from gpuq.testing import GpuqProcesses
 
 PROMPTS = [
     f"Write a short paragraph about {topic}."

@@ -23,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from gpuq.bundled import BUNDLED_CONTEXT_LENGTH, require_bundled_model_path
-from gpuq.gguf_metadata import read_metadata
-from gpuq.gpus import nvml_inventory
-from gpuq.vram import estimate_vram
+from gpuq.fleet.gpus import nvml_inventory
+from gpuq.fleet.vram import estimate_vram
+from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, require_bundled_model_path
+from gpuq.registry.gguf import read_metadata
 
 _LOAD_AND_REPORT = """
 import os, sys, time, json, pynvml, llama_cpp
@@ -114,10 +114,11 @@ class PowerWatch:
 def check_energy(uuid: str) -> bool:
     import httpx
 
-    from gpuq import migrate, store
-    from gpuq.db import sync_engine, sync_sessions
-    from gpuq.local_processes import GpuqProcesses
-    from gpuq.registry import register_bundled_model
+    from gpuq import store
+    from gpuq.db import migrate
+    from gpuq.db.engine import sync_engine, sync_sessions
+    from gpuq.registry.models import register_bundled_model
+    from gpuq.testing import GpuqProcesses
 
     redis_url = os.environ.get("GPUQ_REDIS_URL", "redis://127.0.0.1:6379/11")
     with tempfile.TemporaryDirectory(prefix="gpuq-energy-") as tmp:

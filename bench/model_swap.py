@@ -24,10 +24,10 @@ from rq.job import Job as RQJob
 from rq.registry import FinishedJobRegistry
 from sqlalchemy import func, select
 
-from gpuq.bundled import require_bundled_model_path
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.local_processes import GpuqProcesses
-from gpuq.models import Job, utcnow
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job, utcnow
+from gpuq.registry.bundled import require_bundled_model_path
+from gpuq.testing import GpuqProcesses
 
 MODELS = ("swap-a", "swap-b", "swap-c")
 JOBS = 60

@@ -1,5 +1,5 @@
 """Stats queries on a large history: 1,000,000 job rows in PostgreSQL, each dashboard query
-timed through the same ``gpuq.stats`` functions the API calls, against a 200 ms target.
+timed through the same ``gpuq.stats.queries`` functions the API calls, against a 200 ms target.
 
 The rows are seeded in one ``INSERT ... SELECT generate_series`` (seconds, not minutes):
 30 days of finished jobs over six models (two of them embedding models), three
@@ -23,12 +23,13 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
-from gpuq import migrate, stats
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import utcnow
-from gpuq.queues import Priority
-from gpuq.stats_filters import MAX_WINDOW, StatsFilter, Window
-from gpuq.stats_rollup import refresh
+from gpuq.db import migrate
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import utcnow
+from gpuq.jobs.queues import Priority
+from gpuq.stats import queries as stats
+from gpuq.stats.filters import MAX_WINDOW, StatsFilter, Window
+from gpuq.stats.rollups import refresh
 
 TARGET_MS = 200.0
 SEED_DAYS = 30

@@ -1,11 +1,11 @@
-"""Alembic environment: the URL comes from gpuq's settings (or the caller), metadata from gpuq.models."""
+"""Alembic environment: the URL comes from gpuq's settings (or the caller), metadata from gpuq.db.tables."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from gpuq.db import sync_engine
-from gpuq.models import Base
+from gpuq.db.engine import sync_engine
+from gpuq.db.tables import Base
 from gpuq.settings import get_settings
 
 config = context.config

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=on}" ./scripts/install.sh
 if [ -z "${GPUQ_REDIS_URL:-}" ]; then
-  port=$(.venv/bin/python -c 'from gpuq.redis_server import free_port; print(free_port())')
+  port=$(.venv/bin/python -c 'from gpuq.local.redis_server import free_port; print(free_port())')
   redis-server --port "$port" --save "" --appendonly no --daemonize yes
   export GPUQ_REDIS_URL="redis://127.0.0.1:$port/11"
   trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true' EXIT

@@ -20,12 +20,13 @@ import pytest
 from redis import Redis
 from sqlalchemy.orm import Session
 
-from gpuq import migrate, store
-from gpuq.bundled import require_bundled_model_path
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import Role
-from gpuq.redis_server import PrivateRedis
-from gpuq.registry import register_bundled_model
+from gpuq import store
+from gpuq.db import migrate
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Role
+from gpuq.local.redis_server import PrivateRedis
+from gpuq.registry.bundled import require_bundled_model_path
+from gpuq.registry.models import register_bundled_model
 
 POSTGRES_URL = os.environ.get("GPUQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("GPUQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")

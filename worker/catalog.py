@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
-from gpuq.affinity import GpuTarget, Rule, decide
-from gpuq.fleet import rule_of, target_of
-from gpuq.models import JobKind, Model
+from gpuq.db.tables import JobKind, Model
+from gpuq.fleet.affinity import GpuTarget, Rule, decide
+from gpuq.fleet.snapshot import rule_of, target_of
 
 log = logging.getLogger(__name__)
 

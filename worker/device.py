@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from gpuq.gpus import SIMULATED_UUID_PREFIX
+from gpuq.fleet.gpus import SIMULATED_UUID_PREFIX
 
 CPU = "cpu"
 ALL_LAYERS = -1

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gpuq.prompt import prompt_text, tokenize_prompt
+from gpuq.jobs.prompt import prompt_text, tokenize_prompt
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
 

@@ -15,8 +15,8 @@ from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
-from gpuq.enqueue import QueueEntry, enqueue_jobs
-from gpuq.queues import too_small_key
+from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.jobs.queues import too_small_key
 
 log = logging.getLogger(__name__)
 

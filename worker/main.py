@@ -9,10 +9,11 @@ import socket
 
 from redis import Redis
 
-from gpuq import metrics, store
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.gpus import nvml_inventory
+from gpuq import store
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.fleet.gpus import nvml_inventory
 from gpuq.settings import Settings
+from gpuq.stats import metrics
 from worker.catalog import ModelCatalog
 from worker.device import detect_device
 from worker.energy import energy_meter_for

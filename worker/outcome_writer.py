@@ -24,8 +24,9 @@ from redis import Redis
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpuq import metrics, store
-from gpuq.metrics import FinishedJob
+from gpuq import store
+from gpuq.stats import metrics
+from gpuq.stats.metrics import FinishedJob
 
 log = logging.getLogger(__name__)
 

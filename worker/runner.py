@@ -17,8 +17,8 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
-from gpuq.metrics import FinishedJob
-from gpuq.models import JobKind, JobStatus, utcnow
+from gpuq.db.tables import JobKind, JobStatus, utcnow
+from gpuq.stats.metrics import FinishedJob
 from worker.catalog import ModelInfo
 from worker.energy import NOT_MEASURED, EnergyMeter
 from worker.engine import JobCancelled, LoadedModel

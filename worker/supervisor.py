@@ -33,11 +33,12 @@ from redis import Redis
 from rq.worker import Worker
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpuq import store, telemetry
-from gpuq.fleet import Fleet, load_fleet
-from gpuq.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
-from gpuq.models import Gpu, Model, utcnow
-from gpuq.placement import PlacementRequest, group_for
+from gpuq import store
+from gpuq.db.tables import Gpu, Model, utcnow
+from gpuq.fleet import telemetry
+from gpuq.fleet.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
+from gpuq.fleet.placement import PlacementRequest, group_for
+from gpuq.fleet.snapshot import Fleet, load_fleet
 from gpuq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ class Supervisor:
 
 
 def run_supervisor(settings: Settings, *, cpu_workers: int = 1, slots_per_gpu: int = 1) -> None:
-    from gpuq.db import sync_engine, sync_sessions
+    from gpuq.db.engine import sync_engine, sync_sessions
 
     inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
     log.info("%s: %d GPU(s) from %s", inventory.host, len(inventory.gpus), inventory.source)

@@ -1,4 +1,4 @@
-"""The function name every gpuq RQ job carries (see ``gpuq.queues.JOB_FUNC``).
+"""The function name every gpuq RQ job carries (see ``gpuq.jobs.queues.JOB_FUNC``).
 
 ``GpuqWorker.execute_job`` runs gpuq jobs itself, with its loaded models; a plain
 ``rq worker`` pointed at gpuq's queues would call this instead, and must not

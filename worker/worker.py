@@ -39,8 +39,8 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.worker import Worker, WorkerStatus
 
-from gpuq import workers as control
-from gpuq.queues import worker_queue_names
+from gpuq.fleet import workers as control
+from gpuq.jobs.queues import worker_queue_names
 from worker.monitor import JobMonitor
 from worker.runner import JobRunner
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Response, status
 from api.deps import ADMIN_ONLY, SessionDep
 from api.schemas import PlacementPreview, PreviewGpu, RuleCreate, RulePublic, RuleSaved, RulesPublic
 from gpuq import store
+from gpuq.db.tables import AffinityRule, JobKind
 from gpuq.errors import RequestError
-from gpuq.fleet import load_fleet, rule_of
-from gpuq.models import AffinityRule, JobKind
-from gpuq.placement import Candidate, PlacementRequest, preview
+from gpuq.fleet.placement import Candidate, PlacementRequest, preview
+from gpuq.fleet.snapshot import load_fleet, rule_of
 
 router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"], dependencies=ADMIN_ONLY)
 

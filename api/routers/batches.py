@@ -11,12 +11,13 @@ from fastapi.responses import StreamingResponse
 from api.deps import CallerDep, SessionDep, StateDep
 from api.routers.files import visible_file
 from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
-from gpuq import batches, store
-from gpuq.access import Caller
+from gpuq import store
+from gpuq.auth.access import Caller
+from gpuq.batches import service as batches
+from gpuq.db.tables import Batch
 from gpuq.errors import RequestError
-from gpuq.limits import admit_sync
-from gpuq.models import Batch
-from gpuq.queues import Priority
+from gpuq.jobs.limits import admit_sync
+from gpuq.jobs.queues import Priority
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

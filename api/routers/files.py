@@ -11,10 +11,10 @@ from fastapi.responses import FileResponse
 from api.deps import CallerDep, SessionDep, StateDep
 from api.schemas import FileObject
 from gpuq import store
-from gpuq.access import Caller
+from gpuq.auth.access import Caller
+from gpuq.batches.files import files_dir, store_upload
+from gpuq.db.tables import File
 from gpuq.errors import RequestError
-from gpuq.files import files_dir, store_upload
-from gpuq.models import File
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

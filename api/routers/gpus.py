@@ -7,8 +7,9 @@ from fastapi import APIRouter
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
 from api.schemas import GpuPublic, GpusPublic
-from gpuq import store, telemetry
+from gpuq import store
 from gpuq.errors import RequestError
+from gpuq.fleet import telemetry
 
 router = APIRouter(prefix="/v1/gpus", tags=["gpus"], dependencies=ADMIN_ONLY)
 

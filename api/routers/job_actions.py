@@ -12,10 +12,11 @@ from api.deps import AdminDep, CallerDep, SessionDep, StateDep
 from api.routers.jobs import visible_job
 from api.schemas import JobPublic
 from api.schemas.job_actions import BulkResult, JobSelection, Requeued
-from gpuq import job_actions, store
-from gpuq.access import Caller
+from gpuq import store
+from gpuq.auth.access import Caller
 from gpuq.errors import RequestError
-from gpuq.queues import Priority
+from gpuq.jobs import actions as job_actions
+from gpuq.jobs.queues import Priority
 from gpuq.store.job_actions import CANCELLABLE, RETRYABLE
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -11,14 +11,14 @@ from fastapi import APIRouter, Header, Query, Response, status
 from api.deps import CallerDep, SessionDep, StateDep
 from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from gpuq import store
-from gpuq.access import Caller
-from gpuq.cancel import cancel_job
+from gpuq.auth.access import Caller
+from gpuq.db.tables import Job, JobKind, JobStatus
 from gpuq.errors import RequestError
-from gpuq.limits import admit
-from gpuq.models import Job, JobKind, JobStatus
-from gpuq.queue_position import job_position_async
-from gpuq.queues import Priority
-from gpuq.submit import submit_jobs
+from gpuq.jobs.cancel import cancel_job
+from gpuq.jobs.limits import admit
+from gpuq.jobs.position import job_position_async
+from gpuq.jobs.queues import Priority
+from gpuq.jobs.submit import submit_jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

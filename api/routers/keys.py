@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query, Response, status
 from api.deps import AdminDep, CallerDep, SessionDep
 from api.schemas import KeyCreate, KeyCreated, KeyPublic, KeysPublic
 from gpuq import store
+from gpuq.db.tables import Role
 from gpuq.errors import RequestError
-from gpuq.models import Role
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 

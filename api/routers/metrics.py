@@ -12,8 +12,9 @@ from anyio import to_thread
 from fastapi import APIRouter, Response
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
-from gpuq import metrics, store
-from gpuq.models import JobKind
+from gpuq import store
+from gpuq.db.tables import JobKind
+from gpuq.stats import metrics
 
 router = APIRouter(tags=["metrics"], dependencies=ADMIN_ONLY)
 

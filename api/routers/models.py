@@ -9,7 +9,7 @@ from api.deps import ADMIN_ONLY, KEY_REQUIRED, SessionDep, StateDep
 from api.schemas import ModelCreate, ModelPublic, ModelsPublic
 from gpuq import store
 from gpuq.errors import RequestError
-from gpuq.registry import InvalidModel, build_model, resolve_model_path
+from gpuq.registry.models import InvalidModel, build_model, resolve_model_path
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=KEY_REQUIRED)
 

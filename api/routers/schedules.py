@@ -18,10 +18,12 @@ from api.schemas import (
     ScheduleRunsPublic,
     SchedulesPublic,
 )
-from gpuq import batches, schedules, store
+from gpuq import store
+from gpuq.batches import schedules
+from gpuq.batches import service as batches
+from gpuq.db.tables import Schedule, utcnow
 from gpuq.errors import RequestError
-from gpuq.models import Schedule, utcnow
-from gpuq.queues import Priority
+from gpuq.jobs.queues import Priority
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], dependencies=ADMIN_ONLY)
 

@@ -29,10 +29,11 @@ from api.schemas.stats import (
     ThroughputPointPublic,
     UsageSums,
 )
-from gpuq import stats, telemetry
-from gpuq.queue_position import queue_depths_async
-from gpuq.stats import Sums
-from gpuq.stats_filters import StatsFilter, Window, parse_filter, parse_window
+from gpuq.fleet import telemetry
+from gpuq.jobs.position import queue_depths_async
+from gpuq.stats import queries as stats
+from gpuq.stats.filters import StatsFilter, Window, parse_filter, parse_window
+from gpuq.stats.queries import Sums
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"], dependencies=ADMIN_ONLY)
 

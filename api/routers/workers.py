@@ -12,8 +12,9 @@ from fastapi import APIRouter
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
 from api.schemas.workers import HostDrain, UnloadRequest, UnloadRequested, WorkerPublic, WorkersPublic
-from gpuq import store, workers
+from gpuq import store
 from gpuq.errors import RequestError
+from gpuq.fleet import workers
 
 router = APIRouter(tags=["workers"], dependencies=ADMIN_ONLY)
 

@@ -7,8 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from api.schemas.common import unix_time
-from gpuq.models import FINAL_STATUSES, Batch, File, utcnow
-from gpuq.queues import Priority
+from gpuq.db.tables import FINAL_STATUSES, Batch, File, utcnow
+from gpuq.jobs.queues import Priority
 
 
 class FileObject(BaseModel):

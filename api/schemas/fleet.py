@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from api.schemas.common import Strict
-from gpuq.affinity import glob_problem, model_pattern_problem
-from gpuq.models import AffinityRule
+from gpuq.db.tables import AffinityRule
+from gpuq.fleet.affinity import glob_problem, model_pattern_problem
 
 
 class RuleCreate(Strict):

@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from api.schemas.common import Strict
 from api.schemas.jobs import JobPublic
-from gpuq.models import JobKind, JobStatus
-from gpuq.queues import Priority
+from gpuq.db.tables import JobKind, JobStatus
+from gpuq.jobs.queues import Priority
 
 
 class JobSelection(Strict):

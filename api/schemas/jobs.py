@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 
 from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_EMBED_INPUTS, MAX_STOP_SEQUENCES, Strict
-from gpuq.models import Job, JobKind
-from gpuq.queues import Priority
-from gpuq.submit import JobSpec
+from gpuq.db.tables import Job, JobKind
+from gpuq.jobs.queues import Priority
+from gpuq.jobs.submit import JobSpec
 
 
 class ChatMessage(Strict):

@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from api.schemas.common import Strict
-from gpuq.models import ApiKey, Role
+from gpuq.db.tables import ApiKey, Role
 
 
 class KeyCreate(Strict):

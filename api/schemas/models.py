@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.schemas.common import MAX_CONTEXT_TOKENS, Strict
-from gpuq.models import Model, ModelKind
+from gpuq.db.tables import Model, ModelKind
 
 
 class ModelCreate(Strict):

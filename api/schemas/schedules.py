@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from api.schemas.common import Strict
-from gpuq.models import Schedule, ScheduleRun
-from gpuq.queues import Priority
+from gpuq.db.tables import Schedule, ScheduleRun
+from gpuq.jobs.queues import Priority
 
 
 class ScheduleCreate(Strict):

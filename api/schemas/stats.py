@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from gpuq.stats import Percentiles, Sums
+from gpuq.stats.queries import Percentiles, Sums
 
 
 class StatsWindow(BaseModel):

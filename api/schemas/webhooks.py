@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
-from gpuq.models import WebhookDelivery
+from gpuq.db.tables import WebhookDelivery
 
 
 class DeliveryPublic(BaseModel):

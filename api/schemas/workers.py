@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.schemas.common import Strict
-from gpuq.workers import LiveWorker
+from gpuq.fleet.workers import LiveWorker
 
 WorkerState = Literal["idle", "busy", "draining", "drained"]
 

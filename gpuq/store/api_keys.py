@@ -8,8 +8,8 @@ from datetime import timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from gpuq.access import hash_secret, new_secret
-from gpuq.models import ApiKey, Role, utcnow
+from gpuq.auth.access import hash_secret, new_secret
+from gpuq.db.tables import ApiKey, Role, utcnow
 
 # last_used_at is for humans auditing keys: writing it once a minute is precise enough
 # and spares a write on every request.

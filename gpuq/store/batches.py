@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpuq.models import (
+from gpuq.db.tables import (
     Batch,
     File,
     Job,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from gpuq.models import (
+from gpuq.db.tables import (
     AffinityRule,
     Gpu,
     utcnow,

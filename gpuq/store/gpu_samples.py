@@ -8,8 +8,8 @@ from datetime import datetime
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from gpuq.gpus import GpuInfo
-from gpuq.models import GpuSample
+from gpuq.db.tables import GpuSample
+from gpuq.fleet.gpus import GpuInfo
 
 
 def record_gpu_samples(session: Session, host: str, gpus: Sequence[GpuInfo], *, at: datetime) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpuq.models import Batch, BatchStatus, Job, JobStatus, utcnow
+from gpuq.db.tables import Batch, BatchStatus, Job, JobStatus, utcnow
 from gpuq.store._sql import NO_SYNC
 from gpuq.store.jobs import JobFilter, _conditions
 

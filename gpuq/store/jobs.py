@@ -12,13 +12,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpuq.models import (
+from gpuq.batches.webhooks import new_delivery
+from gpuq.db.tables import (
     Job,
     JobStatus,
     utcnow,
 )
 from gpuq.store._sql import NO_SYNC
-from gpuq.webhooks import new_delivery
 
 
 def new_job_id() -> str:

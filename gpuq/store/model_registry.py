@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuq.models import (
+from gpuq.db.tables import (
     Model,
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuq.models import (
+from gpuq.db.tables import (
     WebhookDelivery,
 )
 

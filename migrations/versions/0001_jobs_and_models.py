@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from gpuq.models import UTCDateTime
+from gpuq.db.tables import UTCDateTime
 
 revision = "0001_jobs_and_models"
 down_revision = None

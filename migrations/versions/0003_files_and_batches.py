@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from gpuq.models import UTCDateTime
+from gpuq.db.tables import UTCDateTime
 
 revision = "0003_files_and_batches"
 down_revision = "0002_gpus_affinity_vram"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from gpuq.models import UTCDateTime
+from gpuq.db.tables import UTCDateTime
 
 revision = "0006_access_and_stats"
 down_revision = "0005_webhooks"

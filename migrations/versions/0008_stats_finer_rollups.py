@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from gpuq.models import UTCDateTime
+from gpuq.db.tables import UTCDateTime
 
 revision = "0008_stats_finer_rollups"
 down_revision = "0007_stats_rollups"

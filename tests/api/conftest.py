@@ -5,8 +5,8 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from api.main import create_app
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import Job
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job
 from gpuq.settings import Settings
 
 

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuq.models import ApiKey, Job
+from gpuq.db.tables import ApiKey, Job
 from tests.api.conftest import bearer, redis_job_keys
 from tests.conftest import both_databases
 
@@ -218,7 +218,7 @@ def test_a_key_with_a_queued_jobs_limit_starts_a_batch_that_fits_it(as_key, make
 
 
 def test_a_tenant_reads_only_its_own_webhook_deliveries(as_key, make_key, client, session):
-    from gpuq.webhooks import new_delivery
+    from gpuq.batches.webhooks import new_delivery
 
     session.add_all(
         [

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import update
 
-from gpuq import job_actions
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import Batch, Job
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Batch, Job
+from gpuq.jobs import actions as job_actions
 from tests.api.conftest import bearer, queued_ids
 from tests.conftest import both_databases
 

@@ -6,8 +6,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from gpuq.batches import advance_batches
-from gpuq.models import Batch, File
+from gpuq.batches.service import advance_batches
+from gpuq.db.tables import Batch, File
 from tests.api.conftest import redis_job_keys
 from tests.conftest import both_databases
 from tests.metrics_parsing import samples, total
@@ -170,8 +170,8 @@ def test_a_webhook_url_must_be_a_url(client):
 
 @both_databases
 def test_a_line_retried_just_before_finalisation_keeps_the_batch_in_progress(client, session, settings):
-    from gpuq.batches import _finalize
-    from gpuq.models import Job
+    from gpuq.batches.service import _finalize
+    from gpuq.db.tables import Job
 
     batch = create(client, upload(client, line("a") + "\n" + line("b") + "\n").json()["id"]).json()
     session.query(Job).filter(Job.batch_id == batch["id"]).update({"status": "failed", "error": "boom"})

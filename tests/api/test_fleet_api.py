@@ -3,9 +3,10 @@
 import pytest
 from redis import Redis
 
-from gpuq import store, telemetry
-from gpuq.gpus import simulated_inventory, with_free_memory
-from gpuq.models import Gpu
+from gpuq import store
+from gpuq.db.tables import Gpu
+from gpuq.fleet import telemetry
+from gpuq.fleet.gpus import simulated_inventory, with_free_memory
 from tests.conftest import both_databases
 
 MODEL = "smollm2-135m"

@@ -5,9 +5,11 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from api.main import create_app
-from gpuq import metrics, store, telemetry
-from gpuq.gpus import GpuInfo, simulated_inventory, with_free_memory
-from gpuq.models import Gpu
+from gpuq import store
+from gpuq.db.tables import Gpu
+from gpuq.fleet import telemetry
+from gpuq.fleet.gpus import GpuInfo, simulated_inventory, with_free_memory
+from gpuq.stats import metrics
 from tests.api.conftest import bearer
 from tests.metrics_parsing import samples, total, value
 

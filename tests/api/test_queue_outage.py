@@ -3,7 +3,7 @@
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from gpuq.redis_server import PrivateRedis
+from gpuq.local.redis_server import PrivateRedis
 from tests.api.conftest import bearer
 from tests.conftest import both_databases
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuq.models import File, Schedule
+from gpuq.db.tables import File, Schedule
 from tests.conftest import both_databases
 
 LINE = {

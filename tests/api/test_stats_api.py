@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import utcnow
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import utcnow
 from tests.api.conftest import bearer
-from tests.gpuq.test_stats import MODEL, job
+from tests.gpuq.stats.test_stats import MODEL, job
 
 ENDPOINTS = ["summary", "throughput", "failures", "energy", "gpus", "queues"]
 

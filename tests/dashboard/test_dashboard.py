@@ -19,9 +19,9 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 from gpuq import store
-from gpuq.client import GpuqClient
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.local_processes import GpuqProcesses
+from gpuq.cli.client import GpuqClient
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.testing import GpuqProcesses
 from tests.conftest import REDIS_DB, fresh_database, migrate_and_register, redis_db
 
 pytestmark = pytest.mark.e2e

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.client import GpuqClient
-from gpuq.local_processes import GpuqProcesses
+from gpuq.cli.client import GpuqClient
+from gpuq.testing import GpuqProcesses
 from tests.conftest import DATABASES, REDIS_DB, fresh_database, migrate_and_register, redis_db
 
 pytestmark = pytest.mark.e2e

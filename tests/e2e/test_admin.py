@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from redis import Redis
 
 from gpuq import store
-from gpuq.cli import main
-from gpuq.client import ApiError, GpuqClient
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.enqueue import QueueEntry, remove_queued
-from gpuq.models import Role
-from gpuq.queues import Priority, queue_name
+from gpuq.cli.client import ApiError, GpuqClient
+from gpuq.cli.main import main
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Role
+from gpuq.jobs.enqueue import QueueEntry, remove_queued
+from gpuq.jobs.queues import Priority, queue_name
 
 MODEL = "smollm2-135m"
 NOOP = {"kind": "noop", "model": MODEL}

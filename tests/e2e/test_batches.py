@@ -13,8 +13,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import Job, Schedule, utcnow
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job, Schedule, utcnow
 
 MODEL = "smollm2-135m"
 DONE = {"completed", "failed", "expired", "cancelled"}

@@ -8,7 +8,7 @@ import time
 
 import llama_cpp
 
-from gpuq.client import ApiError
+from gpuq.cli.client import ApiError
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -7,8 +7,8 @@ import time
 from redis import Redis
 from rq.registry import StartedJobRegistry
 
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.reconciler import reconcile_once
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs.reconciler import reconcile_once
 
 MODEL = "smollm2-135m"
 NOOP = {"kind": "noop", "model": MODEL}

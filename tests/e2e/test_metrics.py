@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gpuq import store
-from gpuq.db import sync_engine, sync_sessions
+from gpuq.db.engine import sync_engine, sync_sessions
 from tests.metrics_parsing import samples, total, value
 
 pytestmark = pytest.mark.e2e

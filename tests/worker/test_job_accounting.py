@@ -7,11 +7,12 @@ import threading
 import pytest
 from redis import Redis
 
-from gpuq import metrics, store
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.models import JobStatus
+from gpuq import store
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import JobStatus
+from gpuq.stats import metrics
 from tests.conftest import both_databases
-from tests.gpuq.test_store import make_job
+from tests.gpuq.store.test_store import make_job
 from tests.metrics_parsing import samples, total, value
 from tests.worker.simulated_energy import SimulatedEnergySource, constant
 from worker.catalog import ModelInfo

@@ -3,7 +3,7 @@
 import threading
 import time
 
-from gpuq.queues import cancel_flag_key
+from gpuq.jobs.queues import cancel_flag_key
 from worker.monitor import JobMonitor
 
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from gpuq import store
-from gpuq.db import sync_engine, sync_sessions
-from gpuq.gpus import Inventory, simulated_inventory
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.fleet.gpus import Inventory, simulated_inventory
 from gpuq.settings import Settings
 from worker.supervisor import SlotPlan, Supervisor, plan_slots, worker_command, worker_environment
 
@@ -89,7 +89,7 @@ def test_draining_lets_workers_finish_on_sigterm(database_url, redis):
 def test_a_running_supervisor_records_gpu_samples_and_prunes_old_ones(database_url, redis):
     from datetime import timedelta
 
-    from gpuq.models import utcnow
+    from gpuq.db.tables import utcnow
 
     sleeper = "import time; time.sleep(60)"
     supervisor, _spawned, engine = make_supervisor(database_url, redis, sleeper)

@@ -1,0 +1,58 @@
+"""Who is calling: API keys, the tenant (owner) behind each, and what its role lets it see.
+
+A key is ``gpuq_`` followed by 256 random bits. Only its SHA-256 is stored; the secret is
+shown once, when the key is created. Admins see and change everything; submitters submit
+work and see only their own tenant's jobs, batches, files and webhook deliveries. Another
+tenant's object answers 404, exactly like one that does not exist, so ids leak nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from gpuq.db.tables import ApiKey, Role
+from gpuq.errors import RequestError
+
+KEY_PREFIX = "gpuq_"
+
+
+def new_secret() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The holder of a valid key, as routes and the core see it."""
+
+    key_id: str
+    owner: str
+    role: Role
+    max_queued_jobs: int | None = None
+    max_submissions_per_minute: int | None = None
+
+    @classmethod
+    def of(cls, key: ApiKey) -> Caller:
+        return cls(key.id, key.owner, Role(key.role), key.max_queued_jobs, key.max_submissions_per_minute)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == Role.ADMIN
+
+    @property
+    def tenant_filter(self) -> str | None:
+        """The owner a listing is narrowed to: None for admins (all tenants)."""
+        return None if self.is_admin else self.owner
+
+    def may_see(self, owner: str | None) -> bool:
+        """Callers are told another tenant's object does not exist (404), so ids leak nothing."""
+        return self.is_admin or owner == self.owner
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise RequestError(403, f"this needs an admin key; key {self.key_id} has the role {self.role.value!r}")

@@ -1,0 +1,148 @@
+"""OpenAI's wire formats for batch lines: request bodies in, response bodies out.
+
+Bodies map onto gpuq job requests (generation with ``prompt`` or ``messages``, embedding
+with ``input``); results map back onto ``chat.completion``, ``text_completion`` and
+embedding ``list`` objects, so the output file reads as OpenAI's would.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpuq.db.tables import Job, JobKind
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+ENDPOINTS = {CHAT: JobKind.GENERATE, COMPLETIONS: JobKind.GENERATE, EMBEDDINGS: JobKind.EMBED}
+MAX_TOKENS_DEFAULT = 256
+
+
+class _Body(BaseModel):
+    # OpenAI clients send fields gpuq has no use for (user, logprobs=false, ...): ignore them.
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1, max_length=128)
+
+
+class _Sampling(_Body):
+    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
+    n: Literal[1] = 1
+
+    def sampling(self) -> dict[str, Any]:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return {
+            "max_tokens": self.max_completion_tokens or self.max_tokens or MAX_TOKENS_DEFAULT,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": stop[:4],
+        }
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str
+
+
+class ChatBody(_Sampling):
+    messages: list[_Message] = Field(min_length=1)
+
+    def request(self) -> dict[str, Any]:
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in self.messages
+        ]
+        return {"messages": messages} | self.sampling()
+
+
+class CompletionBody(_Sampling):
+    prompt: str = Field(min_length=1)
+
+    def request(self) -> dict[str, Any]:
+        return {"prompt": self.prompt} | self.sampling()
+
+
+class EmbeddingBody(_Body):
+    input: str | list[Annotated[str, Field(min_length=1)]]
+    encoding_format: Literal["float"] = "float"
+
+    @model_validator(mode="after")
+    def _some_input(self) -> EmbeddingBody:
+        if not self.input:
+            raise ValueError("`input` is empty")
+        return self
+
+    def request(self) -> dict[str, Any]:
+        return {"input": [self.input] if isinstance(self.input, str) else list(self.input)}
+
+
+BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody]] = {
+    CHAT: ChatBody,
+    COMPLETIONS: CompletionBody,
+    EMBEDDINGS: EmbeddingBody,
+}
+
+
+def parse_body(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
+    """(model, gpuq request) for one line's body; ValueError says what is wrong."""
+    try:
+        parsed = BODIES[endpoint].model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(
+            f"body.{where}: {first['msg'].removeprefix('Value error, ')}" if where else first["msg"]
+        ) from None
+    return parsed.model, parsed.request()
+
+
+def response_body(endpoint: str, job: Job, *, vectors: list[list[float]] | None = None) -> dict[str, Any]:
+    """The OpenAI response object for a finished job (``vectors``: this line's share of a group)."""
+    created = int(job.created_at.timestamp())
+    prompt_tokens = job.prompt_tokens or 0
+    result = job.result or {}
+    if endpoint == EMBEDDINGS:
+        data = vectors if vectors is not None else result.get("embeddings", [])
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(data)],
+            "model": job.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+    completion_tokens = job.completion_tokens or 0
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    finish = result.get("finish_reason", "stop")
+    if endpoint == CHAT:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result.get("text", "")},
+            "finish_reason": finish,
+        }
+        return {
+            "id": f"chatcmpl-{job.id}",
+            "object": "chat.completion",
+            "created": created,
+            "model": job.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+    choice = {"index": 0, "text": result.get("text", ""), "finish_reason": finish, "logprobs": None}
+    return {
+        "id": f"cmpl-{job.id}",
+        "object": "text_completion",
+        "created": created,
+        "model": job.model,
+        "choices": [choice],
+        "usage": usage,
+    }

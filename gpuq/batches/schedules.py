@@ -1,0 +1,163 @@
+"""Cron schedules that fire batch runs, exactly once per tick however many schedulers run.
+
+Exactly once is the database's doing, not luck: a run is a row unique per (schedule,
+fire time), inserted before the batch is started; a second scheduler that reaches the
+same tick fails that insert and moves on. RQ's own cron runner has neither this nor
+catch-up (rq/rq#2338).
+
+Misfires: a tick found more than ``MISFIRE_GRACE_S`` late (no scheduler ran at the time)
+is dropped under ``skip``, or caught up by a single run under ``run_once``; several
+missed ticks never cause several runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from redis import Redis
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpuq.batches import service as batches
+from gpuq.batches.files import PURPOSE_BATCH, LineScanner, files_dir, jsonl_line, new_file_id
+from gpuq.db.tables import File, MisfirePolicy, Schedule, ScheduleRun, utcnow
+from gpuq.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+MISFIRE_GRACE_S = 60.0
+MAX_CATCH_UP_TICKS = 10_000  # bound the walk over missed ticks (a per-second cron down for hours)
+
+
+def zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise RequestError(422, f"unknown time zone {name!r}; use an IANA name such as UTC or Europe/Paris") from None
+
+
+def check_cron(expression: str) -> None:
+    if not croniter.is_valid(expression):
+        try:
+            croniter(expression)
+        except Exception as exc:
+            raise RequestError(422, f"invalid cron expression {expression!r}: {exc}") from None
+        raise RequestError(422, f"invalid cron expression {expression!r}")
+
+
+def fire_times(expression: str, tz: str, after: datetime, count: int) -> list[datetime]:
+    """The next ``count`` fire times strictly after ``after``, in UTC."""
+    it = croniter(expression, after.astimezone(zone(tz)))
+    return [it.get_next(datetime).astimezone(ZoneInfo("UTC")) for _ in range(count)]
+
+
+def next_fire_time(expression: str, tz: str, after: datetime) -> datetime:
+    return fire_times(expression, tz, after, 1)[0]
+
+
+def _latest_due(schedule: Schedule, now: datetime) -> datetime:
+    """The latest tick at or before ``now`` (schedule.next_fire_at is the first due one)."""
+    latest = schedule.next_fire_at
+    it = croniter(schedule.cron, latest.astimezone(zone(schedule.timezone)))
+    for _ in range(MAX_CATCH_UP_TICKS):
+        following = it.get_next(datetime).astimezone(ZoneInfo("UTC"))
+        if following > now:
+            break
+        latest = following
+    return latest
+
+
+def store_inline_requests(lines: list[dict[str, Any]], data_dir: Path) -> File:
+    """Inline requests become a stored batch file once, at schedule creation, checked as uploads are."""
+    scanner = LineScanner()
+    payload = b"".join(jsonl_line(line) for line in lines)
+    scanner.feed(payload)
+    scanner.finish()
+    if scanner.errors:
+        raise RequestError(
+            422, "invalid requests: " + "; ".join(e.replace("line", "request", 1) for e in scanner.errors[:20])
+        )
+    if scanner.lines == 0:
+        raise RequestError(422, "`requests` is empty")
+    file_id = new_file_id()
+    path = files_dir(data_dir) / f"{file_id}.jsonl"
+    path.write_bytes(payload)
+    return File(
+        id=file_id,
+        purpose=PURPOSE_BATCH,
+        filename=f"{file_id}.jsonl",
+        bytes=len(payload),
+        line_count=scanner.lines,
+        path=str(path),
+        created_at=utcnow(),
+    )
+
+
+def fire(
+    session: Session, redis: Redis, schedule: Schedule, fire_time: datetime, *, trigger: str, timeout_s: int
+) -> ScheduleRun | None:
+    """Run the schedule's batch for one tick, unless another scheduler already has."""
+    run = ScheduleRun(schedule_id=schedule.id, fire_time=fire_time, trigger=trigger, created_at=utcnow())
+    session.add(run)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return None
+    try:
+        batch = batches.start_batch(
+            session,
+            redis,
+            input_file_id=schedule.input_file_id or "",
+            endpoint=schedule.endpoint,
+            completion_window="24h",
+            priority=schedule.priority,
+            metadata={"schedule": schedule.name, "fire_time": fire_time.isoformat(), "trigger": trigger},
+            timeout_s=timeout_s,
+            owner=schedule.owner,
+        )
+        run.batch_id = batch.id
+    except RequestError as exc:
+        run.error = exc.message
+        log.warning("schedule %s could not start its batch: %s", schedule.name, exc.message)
+    schedule.last_fired_at = utcnow()
+    session.commit()
+    return run
+
+
+def fire_due_schedules(
+    session: Session, redis: Redis, *, now: datetime | None = None, timeout_s: int = 3600
+) -> list[ScheduleRun]:
+    """The scheduler's tick: fire every schedule that is due, once, by its misfire policy."""
+    now = now or utcnow()
+    runs = []
+    due = session.scalars(select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now))
+    for schedule in list(due):
+        latest = _latest_due(schedule, now)
+        on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
+        if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:
+            run = fire(session, redis, schedule, latest, trigger="cron" if on_time else "catch-up", timeout_s=timeout_s)
+            if run is not None:
+                runs.append(run)
+        else:
+            log.info("schedule %s missed its tick at %s (misfire policy: skip)", schedule.name, latest)
+        schedule.next_fire_at = next_fire_time(schedule.cron, schedule.timezone, now)
+        session.commit()
+    return runs
+
+
+def run_now(session: Session, redis: Redis, schedule: Schedule, *, timeout_s: int) -> ScheduleRun:
+    run = fire(session, redis, schedule, utcnow(), trigger="manual", timeout_s=timeout_s)
+    assert run is not None  # a manual run's fire time is now: unique
+    return run
+
+
+def first_fire_time(expression: str, tz: str) -> datetime:
+    check_cron(expression)
+    return next_fire_time(expression, tz, utcnow())

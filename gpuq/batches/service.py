@@ -1,0 +1,424 @@
+"""Batches: an input file's lines run as ordinary jobs, then collected into output files.
+
+* **Create**: every line is checked before anything is written (its endpoint, body, model,
+  kind, context, placement); errors name their line numbers. Unlike OpenAI, a file may
+  mix endpoints (chat, completions, embeddings): each line is answered in its own
+  endpoint's format, and the batch's ``endpoint`` is just the first line's kind of work. The batch row and all its
+  jobs go into SQL in one transaction, then into Redis in one pipeline (undone if Redis
+  fails). Embedding lines are grouped per model, up to ``EMBED_GROUP_TEXTS`` texts a
+  job, so llama.cpp embeds a group in one call instead of one call per line.
+* **Progress** is counted from the jobs' statuses, per input line.
+* **Advance** (the scheduler, every tick): a batch whose jobs are all final is
+  finalised (output and error files written, status ``completed`` or ``cancelled``); a
+  batch past its completion window has its queued jobs cancelled and ends ``expired``.
+  Status changes are conditional, so several schedulers finalise a batch once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.orm import Session
+
+from gpuq import store
+from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, new_file_id, read_lines
+from gpuq.batches.gc_pause import gc_paused
+from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
+from gpuq.batches.webhooks import new_delivery
+from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
+from gpuq.errors import RequestError
+from gpuq.fleet.snapshot import Fleet, load_fleet
+from gpuq.jobs.cancel import signal_worker
+from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs, remove_queued
+from gpuq.jobs.queues import Priority
+from gpuq.jobs.submit import JobSpec, check_against_model, check_placeable
+from gpuq.stats import metrics
+
+log = logging.getLogger(__name__)
+
+EMBED_GROUP_TEXTS = 64
+MAX_ERRORS_REPORTED = 20
+_WINDOW = re.compile(r"^(\d+)h$")
+ACTIVE = (BatchStatus.IN_PROGRESS.value, BatchStatus.CANCELLING.value)
+
+
+def new_batch_id() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+def completion_window_s(window: str) -> int:
+    match = _WINDOW.match(window)
+    hours = int(match.group(1)) if match else 0
+    if not 1 <= hours <= 168:
+        raise RequestError(400, f"completion_window {window!r} is not supported; use hours from 1h to 168h, e.g. 24h")
+    return hours * 3600
+
+
+# ---------------------------------------------------------------- planning jobs from lines
+
+
+@dataclass
+class _Line:
+    number: int
+    custom_id: str
+    endpoint: str
+    model: str
+    request: dict[str, Any]
+
+    @property
+    def kind(self) -> JobKind:
+        return ENDPOINTS[self.endpoint]
+
+
+def _parse_lines(
+    path: str, models: dict[str, Model | None], get_model: Any
+) -> tuple[list[_Line], list[tuple[int, str]]]:
+    lines: list[_Line] = []
+    errors: list[tuple[int, str]] = []
+    for number, raw in read_lines(path):
+        endpoint = raw["url"]  # checked at upload
+        try:
+            model, request = parse_body(endpoint, raw["body"])
+        except ValueError as exc:
+            errors.append((number, str(exc)))
+            continue
+        if model not in models:
+            models[model] = get_model(model)
+        lines.append(_Line(number, raw["custom_id"], endpoint, model, request | {"endpoint": endpoint}))
+    return lines, errors
+
+
+def _check_lines(
+    lines: list[_Line], models: dict[str, Model | None], fleet: Fleet
+) -> tuple[dict[int, int | None], list[tuple[int, str]]]:
+    tokens: dict[int, int | None] = {}
+    errors: list[tuple[int, str]] = []
+    for line in lines:
+        spec = JobSpec(line.kind, line.model, Priority.LOW, line.request)
+        try:
+            tokens[line.number] = check_against_model(spec, models[line.model], exact=False)
+            check_placeable(spec, models[line.model], fleet)
+        except RequestError as exc:
+            errors.append((line.number, exc.message))
+    return tokens, errors
+
+
+def _group_embeddings(lines: list[_Line]) -> Iterator[list[_Line]]:
+    """Lines of one model together, in input order, up to EMBED_GROUP_TEXTS texts a group."""
+    by_model: dict[str, list[_Line]] = {}
+    for line in lines:
+        by_model.setdefault(line.model, []).append(line)
+    for model_lines in by_model.values():
+        group: list[_Line] = []
+        texts = 0
+        for line in model_lines:
+            n = len(line.request["input"])
+            if group and texts + n > EMBED_GROUP_TEXTS:
+                yield group
+                group, texts = [], 0
+            group.append(line)
+            texts += n
+        if group:
+            yield group
+
+
+def plan_batch_jobs(
+    session: Session,
+    *,
+    path: str,
+    batch_id: str,
+    priority: int,
+    owner: str | None = None,
+    api_key_id: str | None = None,
+) -> list[store.NewJob]:
+    """Every line checked, then turned into jobs; RequestError(400) lists the bad lines."""
+    models: dict[str, Model | None] = {}
+    lines, errors = _parse_lines(path, models, lambda name: store.get_model(session, name))
+    tokens, more = _check_lines(lines, models, load_fleet(session))
+    errors = sorted(errors + more)
+    if errors:
+        shown = "; ".join(f"line {number}: {message}" for number, message in errors[:MAX_ERRORS_REPORTED])
+        rest = len(errors) - MAX_ERRORS_REPORTED
+        raise RequestError(400, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
+
+    ids = iter(store.new_job_ids(len(lines)))  # a job per line at most (embedding lines are grouped)
+
+    def job(kind: JobKind, request: dict[str, Any], first: _Line, count: int, custom_id: str | None) -> store.NewJob:
+        return store.NewJob(
+            id=next(ids),
+            kind=kind.value,
+            model=first.model,
+            priority=priority,
+            request=request,
+            request_hash="",  # batch lines have no idempotency keys to compare against
+            prompt_tokens=tokens.get(first.number),
+            batch_id=batch_id,
+            custom_id=custom_id,
+            line_count=count,
+            line_number=first.number,
+            owner=owner,
+            api_key_id=api_key_id,
+        )
+
+    jobs = [job(line.kind, line.request, line, 1, line.custom_id) for line in lines if line.kind != JobKind.EMBED]
+    for group in _group_embeddings([line for line in lines if line.kind == JobKind.EMBED]):
+        request = {
+            "input": [text for line in group for text in line.request["input"]],
+            "custom_ids": [line.custom_id for line in group],
+            "input_counts": [len(line.request["input"]) for line in group],
+            "endpoint": EMBEDDINGS,
+        }
+        single = group[0].custom_id if len(group) == 1 else None
+        jobs.append(job(JobKind.EMBED, request, group[0], len(group), single))
+    return sorted(jobs, key=lambda j: j.line_number or 0)
+
+
+# ---------------------------------------------------------------- creating and cancelling
+
+
+def start_batch(
+    session: Session,
+    redis: Redis,
+    *,
+    input_file_id: str,
+    endpoint: str,
+    completion_window: str,
+    metadata: dict[str, str] | None,
+    priority: int,
+    timeout_s: int,
+    webhook_url: str | None = None,
+    owner: str | None = None,
+    api_key_id: str | None = None,
+) -> Batch:
+    """Check every line, then write the batch and its jobs and queue them (or nothing).
+    The batch and its jobs belong to ``owner``; ``api_key_id`` is the key that asked, whose
+    queued-jobs limit they count against. Synchronous: the API runs it in a worker thread,
+    the scheduler in its own loop."""
+    if endpoint not in ENDPOINTS:
+        raise RequestError(400, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
+    window_s = completion_window_s(completion_window)
+    file = store.get_file(session, input_file_id)
+    if file is None:
+        raise RequestError(404, f"file {input_file_id!r} does not exist")
+    if file.purpose != PURPOSE_BATCH:
+        raise RequestError(
+            400, f"file {input_file_id} has purpose {file.purpose!r}; a batch needs a file with purpose 'batch'"
+        )
+    with gc_paused():
+        batch_id = new_batch_id()
+        jobs = plan_batch_jobs(
+            session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
+        )
+        now = utcnow()
+        batch = Batch(
+            id=batch_id,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            status=BatchStatus.IN_PROGRESS.value,
+            priority=priority,
+            batch_metadata=metadata,
+            total=file.line_count,
+            created_at=now,
+            in_progress_at=now,
+            expires_at=now + timedelta(seconds=window_s),
+            webhook_url=webhook_url,
+            owner=owner,
+        )
+        store.insert_batch(session, batch, jobs)
+        try:
+            enqueue_jobs(redis, [QueueEntry(j.id, j.model, j.kind, j.priority) for j in jobs], timeout_s=timeout_s)
+        except RedisError as exc:
+            store.delete_batch(session, batch_id)
+            raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+        return batch
+
+
+def cancel_batch(session: Session, redis: Redis, batch_id: str) -> Batch:
+    """Queued jobs are cancelled at once, running ones at their next token; the batch is
+    ``cancelling`` until they have stopped, then the scheduler makes it ``cancelled``."""
+    batch = store.get_batch(session, batch_id)
+    if batch is None:
+        raise RequestError(404, f"batch {batch_id!r} does not exist")
+    if batch.status not in ACTIVE:
+        raise RequestError(409, f"batch {batch_id} is {batch.status}; only a batch in progress can be cancelled")
+    store.set_batch_status(session, batch_id, old=ACTIVE, new=BatchStatus.CANCELLING.value, cancelling_at=utcnow())
+    _stop_jobs(session, redis, batch_id, error="the batch was cancelled")
+    session.expire_all()
+    return store.get_batch(session, batch_id)  # type: ignore[return-value]
+
+
+def _stop_jobs(session: Session, redis: Redis, batch_id: str, *, error: str) -> None:
+    cancelled = store.cancel_queued_batch_jobs(session, batch_id, error=error)
+    if cancelled:
+        remove_queued(redis, [QueueEntry(*row) for row in cancelled])
+        metrics.record_finished_jobs(
+            redis, [metrics.FinishedJob(model, kind, JobStatus.CANCELLED.value) for _id, model, kind, _p in cancelled]
+        )
+    store.mark_batch_cancel_requested(session, batch_id)
+    for job_id, worker in store.running_batch_jobs(session, batch_id):
+        signal_worker(redis, job_id, worker)
+
+
+# ---------------------------------------------------------------- progress and results
+
+
+def request_counts(session: Session, batch: Batch) -> dict[str, int]:
+    by_status = store.batch_line_counts(session, batch.id)
+    return {
+        "total": batch.total,
+        "completed": by_status.get(JobStatus.SUCCEEDED, 0),
+        "failed": by_status.get(JobStatus.FAILED, 0) + by_status.get(JobStatus.CANCELLED, 0),
+    }
+
+
+def result_lines(session: Session, batch: Batch) -> Iterator[tuple[bool, dict[str, Any]]]:
+    """(succeeded, OpenAI output line) per input line answered so far, in input order."""
+    for job in store.batch_jobs(session, batch.id):
+        if job.status not in FINAL_STATUSES:
+            continue
+        custom_ids = job.request.get("custom_ids") or [job.custom_id]
+        endpoint = job.request.get("endpoint", batch.endpoint)
+        shares = _split_vectors(job) if endpoint == EMBEDDINGS else [None] * len(custom_ids)
+        for i, (custom_id, vectors) in enumerate(zip(custom_ids, shares, strict=True)):
+            line_id = f"batch_req_{job.id}" + (f"_{i}" if len(custom_ids) > 1 else "")
+            if job.status == JobStatus.SUCCEEDED:
+                body = response_body(endpoint, job, vectors=vectors)
+                response = {"status_code": 200, "request_id": job.id, "body": body}
+                yield True, {"id": line_id, "custom_id": custom_id, "response": response, "error": None}
+            else:
+                yield False, {"id": line_id, "custom_id": custom_id, "response": None, "error": _error_of(job)}
+
+
+def _split_vectors(job: Job) -> list[list[list[float]] | None]:
+    counts = job.request.get("input_counts") or [len(job.request.get("input", []))]
+    vectors = (job.result or {}).get("embeddings")
+    if vectors is None:
+        return [None] * len(counts)
+    shares, start = [], 0
+    for n in counts:
+        shares.append(vectors[start : start + n])
+        start += n
+    return shares
+
+
+def _error_of(job: Job) -> dict[str, str]:
+    if job.status == JobStatus.CANCELLED:
+        expired = (job.error or "").startswith("the batch expired")
+        return {"code": "batch_expired" if expired else "batch_cancelled", "message": job.error or "cancelled"}
+    return {"code": "server_error", "message": job.error or "the job failed"}
+
+
+def _write_output_files(session: Session, batch: Batch, directory: Path) -> tuple[str | None, str | None]:
+    ok_path, err_path = directory / f".{batch.id}.out", directory / f".{batch.id}.err"
+    ok_file = err_file = None
+    with ok_path.open("wb") as ok_out, err_path.open("wb") as err_out:
+        counts = {True: [0, 0], False: [0, 0]}
+        for succeeded, line in result_lines(session, batch):
+            data = jsonl_line(line)
+            (ok_out if succeeded else err_out).write(data)
+            counts[succeeded][0] += 1
+            counts[succeeded][1] += len(data)
+    for succeeded, path, name in ((True, ok_path, "output"), (False, err_path, "errors")):
+        lines, size = counts[succeeded]
+        if lines == 0:
+            path.unlink()
+            continue
+        file_id = new_file_id()
+        final = directory / f"{file_id}.jsonl"
+        path.rename(final)
+        store.save_file(
+            session,
+            File(
+                id=file_id,
+                purpose=PURPOSE_OUTPUT,
+                filename=f"{batch.id}_{name}.jsonl",
+                bytes=size,
+                line_count=lines,
+                path=str(final),
+                created_at=utcnow(),
+            ),
+        )
+        if succeeded:
+            ok_file = file_id
+        else:
+            err_file = file_id
+    return ok_file, err_file
+
+
+# ---------------------------------------------------------------- the scheduler's part
+
+
+def advance_batches(session: Session, redis: Redis, data_dir: Path) -> list[str]:
+    """Expire what is past its window, finalise what has finished; returns the batch ids finalised."""
+    finished = []
+    for batch in store.batches_with_status(session, ACTIVE):
+        if batch.status == BatchStatus.IN_PROGRESS and utcnow() >= batch.expires_at:
+            _stop_jobs(session, redis, batch.id, error="the batch expired before this request ran")
+        if _pending_lines(session, batch.id) == 0 and _finalize(session, batch, data_dir):
+            finished.append(batch.id)
+    return finished
+
+
+def _pending_lines(session: Session, batch_id: str) -> int:
+    return sum(n for status, n in store.batch_line_counts(session, batch_id).items() if status not in FINAL_STATUSES)
+
+
+def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
+    if not store.set_batch_status(
+        session, batch.id, old=ACTIVE, new=BatchStatus.FINALIZING.value, finalizing_at=utcnow()
+    ):
+        return False  # another scheduler has it
+    if _pending_lines(session, batch.id):
+        # An admin retried a line between the check and the claim (retries need the batch
+        # in progress, so none can start now): back to in progress, finalised once it ran.
+        store.set_batch_status(
+            session, batch.id, old=[BatchStatus.FINALIZING.value], new=batch.status, finalizing_at=None
+        )
+        return False
+    output, errors = _write_output_files(session, batch, files_dir(data_dir))
+    now = utcnow()
+    if batch.status == BatchStatus.CANCELLING:
+        final, stamp = BatchStatus.CANCELLED, {"cancelled_at": now}
+    elif now >= batch.expires_at:
+        final, stamp = BatchStatus.EXPIRED, {"expired_at": now}
+    else:
+        final, stamp = BatchStatus.COMPLETED, {"completed_at": now}
+    if batch.webhook_url:
+        counts = request_counts(session, batch)
+        event = {
+            "batch_id": batch.id,
+            "status": final.value,
+            "request_counts": counts,
+            "output_file_id": output,
+            "error_file_id": errors,
+        }
+        session.add(
+            new_delivery(f"batch.{final.value}", batch.webhook_url, event, batch_id=batch.id, owner=batch.owner)
+        )
+    store.set_batch_status(
+        session,
+        batch.id,
+        old=[BatchStatus.FINALIZING.value],
+        new=final.value,
+        output_file_id=output,
+        error_file_id=errors,
+        **stamp,
+    )
+    log.info("batch %s %s", batch.id, final.value)
+    return True
+
+
+def results_so_far(session: Session, batch: Batch) -> Iterator[bytes]:
+    """The output lines answered so far, as JSONL, while the batch may still be running."""
+    for _succeeded, line in result_lines(session, batch):
+        yield jsonl_line(line)

@@ -1,0 +1,3 @@
+from gpuq.cli.main import main
+
+main()

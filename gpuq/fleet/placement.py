@@ -1,0 +1,155 @@
+"""Placement policy, in one place: a chain of filters over a snapshot of the fleet.
+
+Each filter keeps a GPU or gives the reason it drops it, so the same chain answers "may
+this job be queued at all" (the API), "which models may this GPU serve" (a worker) and
+"where may model X run, and why" (the affinity preview). Pure and synchronous: callers
+gather the snapshot (rules, GPUs, free memory) and pass it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuq.fleet.affinity import GpuTarget, Rule, decide
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One GPU as placement sees it."""
+
+    target: GpuTarget
+    memory_free_mib: int
+    healthy: bool = True
+    loaded_models: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    model: str
+    kind: str
+    vram_mib: int
+
+
+class Filter(Protocol):
+    name: str
+
+    def reject(self, request: PlacementRequest, gpu: Candidate) -> str | None:
+        """None keeps the GPU; a sentence says why it cannot take the request."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityFilter:
+    rules: list[Rule]
+    name: str = "affinity"
+
+    def reject(self, request: PlacementRequest, gpu: Candidate) -> str | None:
+        decision = decide(self.rules, request.model, request.kind, gpu.target)
+        return None if decision.allowed else f"not allowed: {decision.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class FitsMemoryFilter:
+    """Would the model fit the GPU's whole memory: can it ever run there?"""
+
+    name: str = "fits-memory"
+
+    def reject(self, request: PlacementRequest, gpu: Candidate) -> str | None:
+        if request.vram_mib <= gpu.target.memory_total_mib:
+            return None
+        return f"too small: the model needs {request.vram_mib} MiB, the GPU has {gpu.target.memory_total_mib} MiB"
+
+
+@dataclass(frozen=True, slots=True)
+class FitsFreeMemoryFilter:
+    """Does the model fit now, beside what is loaded (or is it loaded already)?"""
+
+    name: str = "fits-free-memory"
+
+    def reject(self, request: PlacementRequest, gpu: Candidate) -> str | None:
+        if request.model in gpu.loaded_models or request.vram_mib <= gpu.memory_free_mib:
+            return None
+        return f"busy: the model needs {request.vram_mib} MiB, {gpu.memory_free_mib} MiB are free"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthFilter:
+    name: str = "health"
+
+    def reject(self, request: PlacementRequest, gpu: Candidate) -> str | None:
+        return None if gpu.healthy else "marked unhealthy by an admin or after repeated errors"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    gpu: Candidate
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+
+def evaluate(request: PlacementRequest, gpus: Sequence[Candidate], filters: Sequence[Filter]) -> list[Verdict]:
+    """Every GPU with every reason it is dropped (empty: it may take the request)."""
+    verdicts = []
+    for gpu in gpus:
+        reasons = [reason for f in filters if (reason := f.reject(request, gpu)) is not None]
+        verdicts.append(Verdict(gpu, reasons))
+    return verdicts
+
+
+def can_ever_run(rules: list[Rule]) -> list[Filter]:
+    """The filters for "may this job be queued at all": rules and total memory, not health
+    or what is loaded now (those change; the job waits for them)."""
+    return [AffinityFilter(rules), FitsMemoryFilter()]
+
+
+def group_for(request: PlacementRequest, gpus: Sequence[Candidate], rules: list[Rule]) -> tuple[Candidate, ...]:
+    """The GPU group that runs a model too big for any single GPU: on one host, the GPUs
+    the rules allow, most memory first, as few as hold the model (llama.cpp splits the
+    tensors across them). Empty when a single GPU fits, or no host's GPUs together do."""
+    allow = AffinityFilter(rules)
+    allowed = [g for g in gpus if allow.reject(request, g) is None]
+    if any(g.target.memory_total_mib >= request.vram_mib for g in allowed):
+        return ()
+    best: tuple[Candidate, ...] = ()
+    for host in sorted({g.target.host for g in allowed}):
+        members: list[Candidate] = []
+        for gpu in sorted((g for g in allowed if g.target.host == host), key=lambda g: -g.target.memory_total_mib):
+            members.append(gpu)
+            if sum(m.target.memory_total_mib for m in members) >= request.vram_mib:
+                group = tuple(sorted(members, key=lambda m: m.target.index))
+                if not best or len(group) < len(best):
+                    best = group
+                break
+    return best
+
+
+def explain_unplaceable(request: PlacementRequest, verdicts: list[Verdict]) -> str:
+    parts = [f"GPU {v.gpu.target.index} on {v.gpu.target.host}: {'; '.join(v.reasons)}" for v in verdicts]
+    return (
+        f"no GPU, nor GPUs of one host together, may run {request.kind} jobs of model {request.model!r}: "
+        + " | ".join(parts)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewRow:
+    gpu: Candidate
+    allowed: bool
+    fits: bool
+    reasons: list[str]
+
+
+def preview(request: PlacementRequest, gpus: Sequence[Candidate], rules: list[Rule]) -> list[PreviewRow]:
+    """Where may this model run, and why: the rule that decides, and the memory check, per GPU."""
+    rows = []
+    for gpu in gpus:
+        decision = decide(rules, request.model, request.kind, gpu.target)
+        too_small = FitsMemoryFilter().reject(request, gpu)
+        fit = too_small or f"fits: needs {request.vram_mib} MiB of {gpu.target.memory_total_mib} MiB"
+        rows.append(PreviewRow(gpu, decision.allowed, too_small is None, [decision.reason, fit]))
+    return rows

@@ -1,0 +1,122 @@
+"""Per-key limits: how many jobs a key may have queued, and how fast it may submit.
+
+The submission rate is a token bucket in Redis (one Lua call, atomic across API
+processes): a key may submit ``max_submissions_per_minute`` jobs at once, then refills at
+that rate. A job submitted alone or in a bulk request counts one per job; a batch counts
+one, because its size is what ``max_queued_jobs`` bounds.
+
+The queued-jobs limit counts the key's queued rows in SQL, so it is exact after a
+restart; the key is held (``store.hold_key_until_commit``) from the count until the new
+jobs are committed, so concurrent requests, from any number of API processes, cannot
+together overshoot it.
+Both answer 429 with a ``Retry-After`` that says when trying again can succeed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from anyio import to_thread
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from gpuq import store
+from gpuq.auth.access import Caller
+from gpuq.db.tables import Job, JobStatus
+from gpuq.errors import RequestError
+
+# Retry-After for a full queue: the queue drains at the fleet's pace, which this check
+# does not know; a few seconds keeps clients from hammering without making them idle long.
+QUEUE_FULL_RETRY_S = 5
+
+# KEYS[1] bucket; ARGV: capacity, refill per second, tokens wanted, now (s).
+# Returns {1, 0} when granted, or {0, seconds until enough tokens}.
+_TAKE_TOKENS = """
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local wanted = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or capacity
+local at = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+if tokens >= wanted then
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens - wanted), 'at', tostring(now))
+  redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate) + 1)
+  return {1, '0'}
+end
+return {0, tostring((wanted - tokens) / rate)}
+"""
+
+
+def queued_job_count(session: Session, key_id: str) -> int:
+    return (
+        session.scalar(
+            select(func.count()).select_from(Job).where(Job.api_key_id == key_id, Job.status == JobStatus.QUEUED)
+        )
+        or 0
+    )
+
+
+def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
+    limit = caller.max_queued_jobs
+    if limit is None:
+        return
+    if adding > limit:
+        raise RequestError(
+            429,
+            f"this request queues {adding} jobs but key {caller.key_id} may have at most {limit} queued: "
+            "split it into smaller requests",
+            headers={"Retry-After": str(QUEUE_FULL_RETRY_S)},
+        )
+    store.hold_key_until_commit(session, caller.key_id)
+    queued = queued_job_count(session, caller.key_id)
+    if queued + adding > limit:
+        raise RequestError(
+            429,
+            f"key {caller.key_id} has {queued} jobs queued and may have at most {limit}; "
+            f"this request would add {adding}: retry once some have started",
+            headers={"Retry-After": str(QUEUE_FULL_RETRY_S)},
+        )
+
+
+def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> None:
+    """Spend ``count`` submissions from the key's bucket, or refuse with 429."""
+    limit = caller.max_submissions_per_minute
+    if limit is None:
+        return
+    if count > limit:
+        raise RequestError(
+            429,
+            f"this request submits {count} jobs but key {caller.key_id} may submit at most {limit} a minute: "
+            "split it into smaller requests",
+            headers={"Retry-After": "60"},
+        )
+    try:
+        granted, wait_s = redis.eval(_TAKE_TOKENS, 1, f"gpuq:rate:{caller.key_id}", limit, limit / 60.0, count, now_s)  # type: ignore[misc]
+    except RedisError as exc:
+        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+    if not int(granted):
+        retry_after = max(1, math.ceil(float(wait_s)))
+        raise RequestError(
+            429,
+            f"key {caller.key_id} may submit {limit} jobs a minute; retry in {retry_after} s",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+
+async def admit(db: AsyncSession, redis: Redis, caller: Caller, *, queued_jobs: int, submissions: int) -> None:
+    """Both limits, for a request about to queue ``queued_jobs`` jobs in ``db``'s transaction."""
+    await db.run_sync(lambda s: check_queue_room(s, caller, queued_jobs))
+    await to_thread.run_sync(lambda: take_submissions(redis, caller, submissions, time.time()))
+
+
+def admit_sync(session: Session, redis: Redis, caller: Caller, *, queued_jobs: int, submissions: int) -> None:
+    """``admit`` for work that inserts its jobs through ``session`` in a worker thread: the
+    key must be held by the transaction that inserts, or the insert would wait on it."""
+    check_queue_room(session, caller, queued_jobs)
+    take_submissions(redis, caller, submissions, time.time())

@@ -1,0 +1,104 @@
+"""Rebuilding Redis from SQL: the reason no job is ever lost.
+
+Two repairs, both safe to run from any number of processes at once (the worker's
+conditional claim makes a duplicate queue entry harmless):
+
+* a row SQL says is ``queued`` but Redis has no live entry for (Redis restarted empty,
+  or the API died between its commit and its enqueue) is enqueued again;
+* a row SQL says is ``running`` on a worker whose heartbeat has expired goes back to
+  the queue, or fails once it has used up its attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from redis import Redis
+from rq.job import Job as RQJob
+from rq.worker import Worker
+from sqlalchemy.orm import Session
+
+from gpuq import store
+from gpuq.db.tables import JobStatus, utcnow
+from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.stats import metrics
+
+log = logging.getLogger(__name__)
+
+LIVE_RQ_STATUSES = frozenset({b"queued", b"started"})
+
+
+@dataclass
+class ReconcileReport:
+    requeued: list[str] = field(default_factory=list)  # queued in SQL, missing in Redis
+    recovered: list[str] = field(default_factory=list)  # running on a dead worker, queued again
+    failed: list[str] = field(default_factory=list)  # running on a dead worker, out of attempts
+
+
+def reconcile_once(
+    session: Session, redis: Redis, *, grace_s: float, max_attempts: int, timeout_s: int
+) -> ReconcileReport:
+    report = ReconcileReport()
+    _requeue_lost_entries(session, redis, grace_s=grace_s, timeout_s=timeout_s, report=report)
+    _recover_from_dead_workers(session, redis, max_attempts=max_attempts, timeout_s=timeout_s, report=report)
+    if report.requeued or report.recovered or report.failed:
+        log.warning(
+            "reconciler: %d re-enqueued, %d recovered from dead workers, %d failed",
+            len(report.requeued),
+            len(report.recovered),
+            len(report.failed),
+        )
+    return report
+
+
+def _requeue_lost_entries(
+    session: Session, redis: Redis, *, grace_s: float, timeout_s: int, report: ReconcileReport
+) -> None:
+    # Young rows may be between the API's commit and its enqueue; leave them a moment.
+    queued = store.queued_jobs_created_before(session, utcnow() - timedelta(seconds=grace_s))
+    if not queued:
+        return
+    with redis.pipeline(transaction=False) as pipe:
+        for job_id, *_ in queued:
+            pipe.hget(RQJob.key_for(job_id), "status")
+        statuses = pipe.execute()
+    lost = [QueueEntry(*row) for row, status in zip(queued, statuses, strict=True) if status not in LIVE_RQ_STATUSES]
+    if lost:
+        enqueue_jobs(redis, lost, timeout_s=timeout_s)
+        report.requeued.extend(e.job_id for e in lost)
+
+
+def _live_workers(redis: Redis, names: set[str]) -> set[str]:
+    ordered = sorted(names)
+    with redis.pipeline(transaction=False) as pipe:
+        for name in ordered:
+            key = Worker.redis_worker_namespace_prefix + name
+            pipe.exists(key)
+            pipe.hexists(key, "death")
+        flags = pipe.execute()
+    return {name for name, exists, dead in zip(ordered, flags[::2], flags[1::2], strict=True) if exists and not dead}
+
+
+def _recover_from_dead_workers(
+    session: Session, redis: Redis, *, max_attempts: int, timeout_s: int, report: ReconcileReport
+) -> None:
+    running = store.running_jobs(session)
+    if not running:
+        return
+    alive = _live_workers(redis, {worker for *_, worker, _attempts in running if worker})
+    back: list[QueueEntry] = []
+    for job_id, model, kind, priority, worker, attempts in running:
+        if worker in alive:
+            continue
+        if attempts >= max_attempts:
+            error = f"worker {worker} stopped responding while running this job; gave up after {attempts} attempts"
+            if store.fail_abandoned_job(session, job_id, worker=worker, error=error):
+                report.failed.append(job_id)
+                metrics.record_finished_jobs(redis, [metrics.FinishedJob(model, kind, JobStatus.FAILED.value)])
+        elif store.return_to_queue(session, job_id, worker=worker):
+            back.append(QueueEntry(job_id, model, kind, priority))
+    if back:
+        enqueue_jobs(redis, back, timeout_s=timeout_s)
+        report.recovered.extend(e.job_id for e in back)

@@ -1,0 +1,212 @@
+"""Accepting jobs: validate, write the SQL rows, enqueue, in that order.
+
+Order matters. The row is committed before the Redis entry exists, so a worker never
+dequeues a job it cannot find. If the enqueue then fails, the rows are deleted and the
+caller gets an error; if even that delete fails (the database went away between the
+two steps), the reconciler finds the queued rows with no Redis entry and enqueues them.
+Either way no row is left ``queued`` forever and no job is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from anyio import to_thread
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuq import store
+from gpuq.auth.access import Caller
+from gpuq.db.tables import Job, JobKind, Model
+from gpuq.errors import RequestError
+from gpuq.fleet.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for
+from gpuq.fleet.snapshot import Fleet, load_fleet
+from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job as the user asked for it, already checked for shape (types, ranges)."""
+
+    kind: JobKind
+    model: str
+    priority: int
+    request: dict[str, Any]
+    idempotency_key: str | None = None
+
+    @property
+    def request_hash(self) -> str:
+        canonical = json.dumps(
+            [self.kind.value, self.model, self.priority, self.request], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    job: Job
+    created: bool  # False when an idempotency key returned an earlier job
+
+
+def _where(index: int | None) -> str:
+    return "" if index is None else f"jobs[{index}]: "
+
+
+def check_against_model(
+    spec: JobSpec, model: Model | None, index: int | None = None, *, exact: bool = True
+) -> int | None:
+    """Checks that need the model: it exists, it does this kind, the input fits its context.
+    Returns the prompt's token count for generation jobs. With ``exact=False`` (batch
+    lines) text that surely fits is not tokenised, and None is returned for its count."""
+    where = _where(index)
+    if model is None:
+        raise RequestError(404, f"{where}model {spec.model!r} is not registered (see GET /v1/models)")
+    if not model.supports(spec.kind):
+        raise RequestError(
+            422, f"{where}model {model.name!r} cannot run {spec.kind.value} jobs; it is for: {', '.join(model.kinds)}"
+        )
+    if spec.kind == JobKind.GENERATE:
+        return _check_prompt(spec, model, where, exact)
+    if spec.kind == JobKind.EMBED:
+        _check_texts(spec, model, where, exact)
+    return None
+
+
+def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int | None:
+    n_ctx, max_tokens = model.context_length, spec.request["max_tokens"]
+    if max_tokens > n_ctx:
+        raise RequestError(422, f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens")
+    tokenizer = _tokenizer(model)
+    try:
+        if not exact and tokenizer.prompt_bytes(spec.request) + 2 <= n_ctx - max_tokens:
+            return None  # no tokenizer yields more tokens than bytes (plus BOS/EOS): it fits
+        prompt_tokens = tokenizer.count_request_tokens(spec.request)
+    except ValueError as exc:
+        raise RequestError(422, f"{where}{exc}") from None
+    if prompt_tokens + max_tokens > n_ctx:
+        raise RequestError(
+            422,
+            f"{where}the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
+            f"{prompt_tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
+            "shorten the prompt or lower max_tokens",
+        )
+    return prompt_tokens
+
+
+def _check_texts(spec: JobSpec, model: Model, where: str, exact: bool) -> None:
+    n_ctx = model.context_length
+    tokenizer = _tokenizer(model)
+    for i, text in enumerate(spec.request["input"]):
+        if not exact and _surely_fits(text, n_ctx):
+            continue
+        n = tokenizer.count_text_tokens(text)
+        if n > n_ctx:
+            raise RequestError(
+                422, f"{where}input[{i}] is {n} tokens but {model.name!r} embeds at most {n_ctx}: split the text"
+            )
+
+
+def _surely_fits(text: str, budget_tokens: int) -> bool:
+    """No tokenizer gives more tokens than bytes, plus the BOS/EOS it may add: a text of
+    fewer bytes than the budget fits without being tokenised."""
+    return len(text.encode("utf-8")) + 2 <= budget_tokens
+
+
+def check_placeable(spec: JobSpec, model: Model | None, fleet: Fleet, index: int | None = None) -> None:
+    """Refuse a job no GPU (or GPU group) may or can ever run, instead of letting it wait
+    forever. A fleet with no GPUs registered runs everything on CPU workers; noop jobs need
+    no GPU."""
+    if not fleet.gpus or model is None or spec.kind == JobKind.NOOP:
+        return
+    request = PlacementRequest(model.name, spec.kind.value, model.vram_mib)
+    verdicts = evaluate(request, fleet.gpus, can_ever_run(fleet.rules))
+    if not any(v.ok for v in verdicts) and not group_for(request, fleet.gpus, fleet.rules):
+        raise RequestError(422, _where(index) + explain_unplaceable(request, verdicts))
+
+
+def _tokenizer(model: Model) -> VocabTokenizer:
+    try:
+        return vocab_tokenizer(model.path)
+    except ValueError as exc:  # llama.cpp could not read the file
+        raise RequestError(
+            422, f"model {model.name!r} cannot be used: its file {model.path} cannot be read ({exc})"
+        ) from None
+
+
+async def submit_jobs(
+    db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int, caller: Caller
+) -> list[Accepted]:
+    """Validate and accept jobs, all or none, owned by the caller's tenant."""
+    models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
+    prompt_tokens = await to_thread.run_sync(
+        lambda: [check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)]
+    )
+    fleet = await db.run_sync(load_fleet)
+    for i, spec in enumerate(specs):
+        check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
+    earlier = await _earlier_jobs(db, specs, caller.owner)
+    new = [
+        store.NewJob(
+            id=store.new_job_id(),
+            kind=s.kind.value,
+            model=s.model,
+            priority=s.priority,
+            request=s.request,
+            request_hash=s.request_hash,
+            idempotency_key=s.idempotency_key,
+            prompt_tokens=n,
+            owner=caller.owner,
+            api_key_id=caller.key_id,
+        )
+        for s, n in zip(specs, prompt_tokens, strict=True)
+        if s.idempotency_key is None or s.idempotency_key not in earlier
+    ]
+    created = iter(await _insert_then_enqueue(db, redis, new, timeout_s=timeout_s) if new else [])
+    return [
+        Accepted(earlier[s.idempotency_key], created=False)
+        if s.idempotency_key is not None and s.idempotency_key in earlier
+        else Accepted(next(created), created=True)
+        for s in specs
+    ]
+
+
+async def _earlier_jobs(db: AsyncSession, specs: Sequence[JobSpec], owner: str) -> dict[str, Job]:
+    """The tenant's jobs already submitted under the same idempotency keys; a key reused for
+    a different request is an error, not a silent replay."""
+    keys = [s.idempotency_key for s in specs if s.idempotency_key is not None]
+    if len(keys) != len(set(keys)):
+        raise RequestError(422, "the same idempotency_key is used twice in one request")
+    earlier = await db.run_sync(store.jobs_by_idempotency_keys, keys, owner)
+    for spec in specs:
+        job = earlier.get(spec.idempotency_key or "")
+        if job is not None and job.request_hash != spec.request_hash:
+            raise RequestError(
+                409,
+                f"idempotency_key {spec.idempotency_key!r} was already used for a different request "
+                f"(job {job.id}); use a new key for a new request",
+            )
+    return earlier
+
+
+async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.NewJob], *, timeout_s: int) -> list[Job]:
+    try:
+        jobs = await db.run_sync(store.insert_jobs, new)
+    except IntegrityError:
+        await db.rollback()
+        raise RequestError(
+            409, "an idempotency_key in this request was used by a concurrent request; retry to get its job"
+        ) from None
+    entries = [QueueEntry(n.id, n.model, n.kind, n.priority) for n in new]
+    try:
+        await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
+    except RedisError as exc:
+        await db.run_sync(store.delete_queued_jobs, [n.id for n in new])
+        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+    return jobs

@@ -1,0 +1,154 @@
+"""gpuq on one machine with embedded defaults: SQLite, a private Redis, the bundled model,
+the supervisor (one worker per GPU, or CPU workers), the scheduler loop and the API,
+started and stopped together by ``gpuq up``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+from redis import Redis
+
+from gpuq.auth.admin_key import ensure_admin_key, key_file, read_key_file
+from gpuq.batches.schedules import fire_due_schedules
+from gpuq.batches.service import advance_batches
+from gpuq.batches.webhooks import deliver_due, load_secret
+from gpuq.db import migrate
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs.aging import promote_aged_jobs
+from gpuq.jobs.reconciler import reconcile_once
+from gpuq.local.redis_server import PrivateRedis
+from gpuq.registry.models import register_bundled_model
+from gpuq.settings import ENV_PREFIX, Settings
+from gpuq.stats import rollups as stats_rollup
+
+log = logging.getLogger(__name__)
+
+WORKER_STOP_TIMEOUT_S = 30
+SCHEDULER_TICK_S = 1.0
+
+
+def prepare_database(settings: Settings) -> str | None:
+    """Bring the schema to the latest migration, register the bundled model, and create the
+    first admin key if there is none (returned, to be shown once)."""
+    migrate.upgrade(settings.database_url)
+    engine = sync_engine(settings.database_url)
+    with sync_sessions(engine)() as session:
+        if settings.register_bundled_model:
+            register_bundled_model(session)
+        new_key = ensure_admin_key(session, settings.data_dir)
+    engine.dispose()
+    return new_key
+
+
+def spawn_supervisor(settings: Settings, *, cpu_workers: int) -> subprocess.Popen[bytes]:
+    """The supervisor in its own process, with the settings this process resolved passed down."""
+    env = {**os.environ, **settings_env(settings)}
+    args = [sys.executable, "-m", "gpuq.cli", "supervisor", "--cpu-workers", str(cpu_workers)]
+    return subprocess.Popen(args, env=env)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    return {
+        f"{ENV_PREFIX}DATABASE_URL": settings.database_url,
+        f"{ENV_PREFIX}REDIS_URL": settings.redis_url,
+        f"{ENV_PREFIX}DATA_DIR": str(settings.data_dir),
+    }
+
+
+def run_scheduler(settings: Settings, stop: threading.Event) -> None:
+    """The scheduler loop. Every tick: cron schedules, priority aging, batch progress
+    (expiry, finalisation) and webhook deliveries; every ``reconcile_interval_s``: the
+    SQL-to-Redis reconciler and the stats rollups of days that have ended (so no stats
+    request pays for them; a request still rolls up what is missing when no scheduler
+    runs). Safe to run in several processes at once."""
+    engine = sync_engine(settings.database_url)
+    sessions = sync_sessions(engine)
+    redis = Redis.from_url(settings.require_redis_url())
+    webhook_secret = load_secret(settings.webhook_secret, settings.data_dir)
+    next_reconcile = time.monotonic() + settings.reconcile_interval_s
+    while not stop.wait(SCHEDULER_TICK_S):
+        try:
+            promote_aged_jobs(redis, aging_s=settings.priority_aging_s)
+            with sessions() as session:
+                fire_due_schedules(session, redis, timeout_s=settings.job_timeout_s)
+                advance_batches(session, redis, settings.data_dir)
+                deliver_due(session, webhook_secret)
+            if time.monotonic() >= next_reconcile:
+                next_reconcile = time.monotonic() + settings.reconcile_interval_s
+                with sessions() as session:
+                    reconcile_once(
+                        session,
+                        redis,
+                        grace_s=settings.reconcile_grace_s,
+                        max_attempts=settings.job_max_attempts,
+                        timeout_s=settings.job_timeout_s,
+                    )
+                    stats_rollup.refresh(session)
+        except Exception:
+            log.exception("scheduler pass failed; will retry")
+    redis.close()
+    engine.dispose()
+
+
+@dataclass
+class EmbeddedSystem:
+    settings: Settings
+    supervisor: subprocess.Popen[bytes] | None = None
+    admin_key: str | None = None  # the first admin key, when this start created it
+
+    @property
+    def api_key(self) -> str | None:
+        """A key for this system's own clients (demo, run-batch): the one just created or saved."""
+        return self.admin_key or read_key_file(self.settings.data_dir)
+
+
+@contextmanager
+def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[EmbeddedSystem]:
+    """Everything but the API: Redis (private unless GPUQ_REDIS_URL is set), schema, the
+    supervisor and its workers (``workers`` CPU workers on a host without GPUs), the
+    scheduler loop. Stops them in reverse order on exit."""
+    private = PrivateRedis(settings.data_dir / "redis") if settings.uses_embedded_redis else None
+    if private is not None:
+        settings = settings.model_copy(update={"redis_url": private.start()})
+        log.info("private Redis at %s", settings.redis_url)
+    stop = threading.Event()
+    system = EmbeddedSystem(settings)
+    scheduler = threading.Thread(target=run_scheduler, args=(settings, stop), name="scheduler", daemon=True)
+    try:
+        system.admin_key = prepare_database(settings)
+        _announce_admin_key(system.admin_key, settings)
+        system.supervisor = spawn_supervisor(settings, cpu_workers=workers)
+        scheduler.start()
+        yield system
+    finally:
+        stop.set()
+        if system.supervisor is not None:
+            system.supervisor.terminate()  # it drains its workers: running jobs finish first
+            with suppress(subprocess.TimeoutExpired):
+                system.supervisor.wait(timeout=WORKER_STOP_TIMEOUT_S)
+            if system.supervisor.poll() is None:
+                system.supervisor.kill()
+        if scheduler.is_alive():
+            scheduler.join(timeout=5)
+        if private is not None:
+            private.stop()
+
+
+def _announce_admin_key(new_key: str | None, settings: Settings) -> None:
+    where = key_file(settings.data_dir)
+    if new_key is not None:
+        print(
+            f"\nCreated the first admin API key (shown once; also saved to {where}, mode 600):\n\n    {new_key}\n\n"
+            "Send it as `Authorization: Bearer <key>`. CLI commands on this machine read it from that file.\n",
+            flush=True,
+        )
+    elif where.is_file():
+        log.info("admin API key: in %s", where)

@@ -1,0 +1,88 @@
+"""Registering models: a name for a GGUF file under the models directory, with its kinds.
+
+Validation happens here so the API and the CLI refuse the same things with the same words.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from gpuq import store
+from gpuq.db.tables import Model, ModelKind
+from gpuq.fleet.vram import estimate_vram
+from gpuq.jobs.queues import is_valid_model_name
+from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, bundled_model_path
+from gpuq.registry.gguf import NotAGgufFile, read_metadata
+
+
+class InvalidModel(ValueError):
+    """The registration asked for is impossible; the message says why."""
+
+
+def resolve_model_path(models_dir: Path, path: str) -> Path:
+    """A relative path is taken inside ``models_dir``; either way it must stay inside it.
+
+    Checked on the path as written (``..`` cannot climb out), not on where symlinks
+    lead: a symlink an admin placed in the models directory is a deliberate choice."""
+    root = Path(os.path.abspath(models_dir))
+    full = Path(os.path.normpath(root / path))
+    if not full.is_relative_to(root):
+        raise InvalidModel(f"model path {path!r} is outside the models directory {root}")
+    if not full.is_file():
+        raise InvalidModel(f"model file {full} does not exist")
+    return full
+
+
+def build_model(
+    *,
+    name: str,
+    path: Path,
+    kinds: set[ModelKind],
+    context_length: int | None,
+    vram_override_mib: int | None = None,
+) -> Model:
+    """A model row with its VRAM estimate for the registered context (see ``gpuq/vram.py``);
+    ``vram_override_mib`` is an admin's measured figure, which placement then uses instead."""
+    if not is_valid_model_name(name):
+        raise InvalidModel(f"model name {name!r} is invalid: use letters, digits, '.', '_' or '-' (at most 128)")
+    if not kinds:
+        raise InvalidModel("a model needs at least one kind: generate and/or embed")
+    try:
+        meta = read_metadata(path)
+    except NotAGgufFile as exc:
+        raise InvalidModel(str(exc)) from None
+    n_ctx = context_length or min(meta.context_length, 4096)
+    if not 1 <= n_ctx <= meta.context_length:
+        raise InvalidModel(
+            f"context_length {n_ctx} is out of range: the model was trained for at most {meta.context_length}"
+        )
+    return Model(
+        name=name,
+        path=str(path),
+        can_generate=ModelKind.GENERATE in kinds,
+        can_embed=ModelKind.EMBED in kinds,
+        context_length=n_ctx,
+        context_length_trained=meta.context_length,
+        size_bytes=meta.size_bytes,
+        architecture=meta.architecture,
+        vram_estimate_mib=math.ceil(estimate_vram(meta.shape, n_ctx=n_ctx).total_mib),
+        vram_override_mib=vram_override_mib,
+    )
+
+
+def register_bundled_model(session: Session) -> Model | None:
+    """Register SmolLM2 once; leaves an existing registration of that name alone."""
+    path = bundled_model_path()
+    if path is None or store.get_model(session, BUNDLED_MODEL_NAME) is not None:
+        return None
+    model = build_model(
+        name=BUNDLED_MODEL_NAME,
+        path=path,
+        kinds={ModelKind.GENERATE, ModelKind.EMBED},
+        context_length=BUNDLED_CONTEXT_LENGTH,
+    )
+    return store.save_model(session, model)

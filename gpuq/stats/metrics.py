@@ -1,0 +1,291 @@
+"""Prometheus metrics: counters and histograms kept in Redis, rendered by the API at scrape.
+
+Why Redis and not ``prometheus_client``'s in-process registry: the API may run as several
+processes (and restarts), while the events happen in workers. An in-process counter
+would reset with every API restart and differ between API replicas, and the workers run
+no HTTP server to scrape. So the process where an event happens adds it to Redis hashes
+(``HINCRBY``/``HINCRBYFLOAT``, one pipeline): workers at job end, inside the outcome
+writer's group commit, and at each model load; the API's cancel and the reconciler for
+the final states they decide. Any API process renders the same cumulative figures. If
+Redis is emptied the counters start again from zero, which Prometheus reads as a counter
+reset (``rate()`` handles it); SQL keeps the history.
+
+Gauges (queue depth, GPU telemetry, workers) are read at scrape time from Redis, so they
+are current and need no writer.
+
+Label cardinality stays bounded: models, kinds, statuses, priorities, GPUs, hosts and
+worker states. Never job ids, and no worker names (they carry a pid and change on every
+restart): workers are counted per host and state.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+from redis import Redis
+from redis.client import Pipeline
+from rq.worker import Worker
+
+from gpuq.db.tables import Gpu
+from gpuq.fleet import telemetry
+from gpuq.jobs.queues import PREFIX, Priority, queue_name
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # text exposition format 0.0.4, what every Prometheus reads
+MIB = 1 << 20
+_SEP = "\t"  # model names, kinds and statuses never contain a tab (see queues.is_valid_model_name)
+
+JOBS_KEY = f"{PREFIX}:metrics:jobs"  # model, kind, status -> count
+TOKENS_KEY = f"{PREFIX}:metrics:tokens"  # model -> completion tokens
+LOADS_KEY = f"{PREFIX}:metrics:loads"  # model -> loads
+QUEUE_WAIT_KEY = f"{PREFIX}:metrics:queue_wait"  # histogram by model, kind
+RUN_KEY = f"{PREFIX}:metrics:run"  # histogram by model, kind
+LOAD_TIME_KEY = f"{PREFIX}:metrics:load_time"  # histogram by model
+
+# Seconds. Queue waits run from milliseconds (idle fleet) to hours (a big low-priority batch);
+# runs from a noop to a long generation; loads from a cached small model to a 70B on a slow disk.
+QUEUE_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
+RUN_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+LOAD_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
+
+
+# ---------------------------------------------------------------- recording (workers, API, reconciler)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """What the metrics need from a job that reached a final state."""
+
+    model: str
+    kind: str
+    status: str
+    queue_wait_s: float | None = None
+    run_s: float | None = None
+    completion_tokens: int | None = None
+
+
+class _Increments:
+    """Increments summed per Redis field before they are sent, so a group commit of 500 noop
+    jobs costs a handful of commands, not thousands."""
+
+    def __init__(self) -> None:
+        self.ints: dict[tuple[str, str], int] = defaultdict(int)
+        self.floats: dict[tuple[str, str], float] = defaultdict(float)
+
+    def __bool__(self) -> bool:
+        return bool(self.ints or self.floats)
+
+    def observe(self, key: str, labels: tuple[str, ...], buckets: Sequence[float], value: float) -> None:
+        """One histogram observation: the count of the first bucket that holds it (the API
+        makes them cumulative when rendering), the sum and the count. Buckets are stored by
+        their bound, not an index, so changing the bounds later cannot mislabel old counts."""
+        prefix = _SEP.join(labels) + _SEP
+        bound = next((b for b in buckets if value <= b), math.inf)
+        self.ints[(key, f"{prefix}le={float(bound)}")] += 1
+        self.floats[(key, f"{prefix}sum")] += value
+        self.ints[(key, f"{prefix}count")] += 1
+
+    def add_finished(self, jobs: Iterable[FinishedJob]) -> None:
+        for job in jobs:
+            self.ints[(JOBS_KEY, _SEP.join((job.model, job.kind, job.status)))] += 1
+            if job.completion_tokens:
+                self.ints[(TOKENS_KEY, job.model)] += job.completion_tokens
+            if job.queue_wait_s is not None:
+                self.observe(QUEUE_WAIT_KEY, (job.model, job.kind), QUEUE_WAIT_BUCKETS_S, max(0.0, job.queue_wait_s))
+            if job.run_s is not None:
+                self.observe(RUN_KEY, (job.model, job.kind), RUN_BUCKETS_S, max(0.0, job.run_s))
+
+    def send(self, pipe: Pipeline) -> None:
+        for (key, field), n in self.ints.items():
+            pipe.hincrby(key, field, n)
+        for (key, field), x in self.floats.items():
+            pipe.hincrbyfloat(key, field, x)
+
+
+class FinishedJobCounts:
+    """Finished jobs counted in memory and sent to Redis together, for a worker finishing
+    hundreds of short jobs a second: one pipeline per send instead of one per group commit
+    (a pipeline per commit cost that benchmark about a tenth of its jobs/s). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unsent = _Increments()
+
+    def add(self, jobs: Iterable[FinishedJob]) -> None:
+        with self._lock:
+            self._unsent.add_finished(jobs)
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._unsent)
+
+    def send(self, redis: Redis) -> None:
+        """Best effort: SQL already holds the outcomes, and a metrics outage must not stop work."""
+        with self._lock:
+            unsent, self._unsent = self._unsent, _Increments()
+        if not unsent:
+            return
+        try:
+            with redis.pipeline(transaction=False) as pipe:
+                unsent.send(pipe)
+                pipe.execute()
+        except Exception:
+            log.warning("could not add finished jobs to the metrics", exc_info=True)
+
+
+def record_finished_jobs(redis: Redis, jobs: Iterable[FinishedJob]) -> None:
+    """Count jobs that reached a final state now (API cancels, the reconciler, batch cancels)."""
+    counts = FinishedJobCounts()
+    counts.add(jobs)
+    counts.send(redis)
+
+
+def record_model_load(redis: Redis, model: str, seconds: float) -> None:
+    try:
+        with redis.pipeline(transaction=False) as pipe:
+            inc = _Increments()
+            inc.ints[(LOADS_KEY, model)] += 1
+            inc.observe(LOAD_TIME_KEY, (model,), LOAD_BUCKETS_S, seconds)
+            inc.send(pipe)
+            pipe.execute()
+    except Exception:
+        log.warning("could not count the load of %s in the metrics", model, exc_info=True)
+
+
+# ---------------------------------------------------------------- rendering (API, at scrape)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one scrape shows, read from Redis in one go."""
+
+    counters: dict[str, dict[str, Any]]
+    queue_depth: dict[tuple[str, str, str], int]
+    gpus: list[tuple[Gpu, dict[str, Any]]]
+    workers: dict[tuple[str, str], int]
+
+
+def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequence[Gpu]) -> Snapshot:
+    """``queues``: the (model, kind) pairs to report depth for, all three priorities each."""
+    names = [(m, k, p.label, queue_name(m, k, p)) for m, k in queues for p in Priority]
+    keys = (JOBS_KEY, TOKENS_KEY, LOADS_KEY, QUEUE_WAIT_KEY, RUN_KEY, LOAD_TIME_KEY)
+    with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hgetall(key)
+        for *_, name in names:
+            pipe.llen(f"rq:queue:{name}")
+        raw = pipe.execute()
+    counters = {key: _decode(values) for key, values in zip(keys, raw, strict=False)}
+    depth = {(m, k, p): int(n) for (m, k, p, _), n in zip(names, raw[len(keys) :], strict=True)}
+    live = telemetry.read(redis, [g.uuid for g in gpus])
+    workers: dict[tuple[str, str], int] = defaultdict(int)
+    for worker in Worker.all(connection=redis):
+        workers[(worker.hostname or "", worker.get_state() or "unknown")] += 1
+    return Snapshot(counters, depth, [(g, live[g.uuid]) for g in gpus if g.uuid in live], dict(workers))
+
+
+def _counter(name: str, doc: str, labels: list[str], values: dict[str, str]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for field, value in sorted(values.items()):
+        family.add_metric(field.split(_SEP), float(value))
+    return family
+
+
+def _histogram(
+    name: str, doc: str, labels: list[str], values: dict[str, str], bounds: Sequence[float]
+) -> HistogramMetricFamily:
+    """Every series gets every bucket (zeros included), so quantiles compare across series."""
+    per_series: dict[tuple[str, ...], dict[str, Any]] = defaultdict(lambda: {"buckets": {}, "sum": 0.0})
+    for field, value in values.items():
+        *series, part = field.split(_SEP)
+        entry = per_series[tuple(series)]
+        if part.startswith("le="):
+            entry["buckets"][float(part[3:])] = int(value)
+        else:
+            entry[part] = float(value)
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for series, entry in sorted(per_series.items()):
+        cumulative, buckets = 0, []
+        for bound in sorted({*map(float, bounds), math.inf, *entry["buckets"]}):  # +Inf sorts last
+            cumulative += entry["buckets"].get(bound, 0)
+            buckets.append(("+Inf" if math.isinf(bound) else repr(bound), cumulative))
+        family.add_metric(list(series), buckets, entry["sum"])
+    return family
+
+
+def _gpu_families(gpus: list[tuple[Gpu, dict[str, Any]]]) -> Iterator[Metric]:
+    """Only what the GPU reports: a simulated GPU has memory figures and nothing else,
+    so it has no utilisation, temperature or power series at all (never a made-up 0)."""
+    labels = ["gpu", "host", "name"]
+    families = {
+        "memory_used": GaugeMetricFamily("gpuq_gpu_memory_used_bytes", "GPU memory in use", labels=labels),
+        "memory_total": GaugeMetricFamily("gpuq_gpu_memory_total_bytes", "GPU memory in all", labels=labels),
+        "utilisation": GaugeMetricFamily("gpuq_gpu_utilization_ratio", "GPU busy fraction (NVML)", labels=labels),
+        "temperature": GaugeMetricFamily("gpuq_gpu_temperature_celsius", "GPU temperature", labels=labels),
+        "power": GaugeMetricFamily("gpuq_gpu_power_watts", "GPU power draw", labels=labels),
+    }
+    for gpu, live in gpus:
+        values = [gpu.uuid, gpu.host, gpu.name]
+        families["memory_total"].add_metric(values, gpu.memory_total_mib * MIB)
+        if live.get("memory_free_mib") is not None:
+            families["memory_used"].add_metric(values, max(0, gpu.memory_total_mib - live["memory_free_mib"]) * MIB)
+        if live.get("utilisation_pct") is not None:
+            families["utilisation"].add_metric(values, live["utilisation_pct"] / 100)
+        if live.get("temperature_c") is not None:
+            families["temperature"].add_metric(values, live["temperature_c"])
+        if live.get("power_w") is not None:
+            families["power"].add_metric(values, live["power_w"])
+    yield from families.values()
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot
+        depth = GaugeMetricFamily("gpuq_queue_depth", "jobs waiting in Redis", labels=["model", "kind", "priority"])
+        for (model, kind, priority), n in sorted(s.queue_depth.items()):
+            depth.add_metric([model, kind, priority], n)
+        yield depth
+        c = s.counters
+        yield _counter("gpuq_jobs", "jobs that reached a final status", ["model", "kind", "status"], c[JOBS_KEY])
+        yield _histogram(
+            "gpuq_job_queue_wait_seconds",
+            "from submission to a worker's claim",
+            ["model", "kind"],
+            c[QUEUE_WAIT_KEY],
+            QUEUE_WAIT_BUCKETS_S,
+        )
+        yield _histogram(
+            "gpuq_job_run_seconds", "running, model load excluded", ["model", "kind"], c[RUN_KEY], RUN_BUCKETS_S
+        )
+        yield _counter("gpuq_tokens_generated", "completion tokens generated", ["model"], c[TOKENS_KEY])
+        yield _counter("gpuq_model_loads", "models loaded by workers", ["model"], c[LOADS_KEY])
+        yield _histogram("gpuq_model_load_seconds", "time to load a model", ["model"], c[LOAD_TIME_KEY], LOAD_BUCKETS_S)
+        yield from _gpu_families(s.gpus)
+        workers = GaugeMetricFamily("gpuq_workers", "live workers by host and state", labels=["host", "state"])
+        for (host, state), n in sorted(s.workers.items()):
+            workers.add_metric([host, state], n)
+        yield workers
+
+
+def render(snapshot: Snapshot) -> bytes:
+    """The text exposition of one snapshot (a fresh registry each time: nothing is kept in the API)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(snapshot))
+    return generate_latest(registry)

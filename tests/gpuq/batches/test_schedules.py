@@ -1,0 +1,117 @@
+"""Cron schedules with a clock the test controls: fire times, misfires, exactly once."""
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from redis import Redis
+
+from gpuq import store
+from gpuq.batches.schedules import check_cron, fire_due_schedules, fire_times, store_inline_requests, zone
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Schedule, ScheduleRun
+from gpuq.errors import RequestError
+from tests.conftest import both_databases
+
+T0 = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
+LINE = {
+    "custom_id": "a",
+    "method": "POST",
+    "url": "/v1/chat/completions",
+    "body": {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+}
+
+
+def test_fire_times_follow_the_time_zone_across_a_dst_change():
+    # Noon every day in Paris; clocks go back on 2026-10-25 (UTC+2 -> UTC+1).
+    times = fire_times("0 12 * * *", "Europe/Paris", datetime(2026, 10, 23, 12, tzinfo=UTC), 3)
+    assert [t.isoformat() for t in times] == [
+        "2026-10-24T10:00:00+00:00",
+        "2026-10-25T11:00:00+00:00",
+        "2026-10-26T11:00:00+00:00",
+    ]
+
+
+@pytest.mark.parametrize("bad", ["61 * * * *", "* * *", "every minute", "* * * * * * * *"])
+def test_impossible_cron_expressions_say_why(bad):
+    with pytest.raises(RequestError) as caught:
+        check_cron(bad)
+    assert caught.value.status == 422 and f"invalid cron expression {bad!r}" in caught.value.message
+
+
+def test_unknown_time_zones_are_refused():
+    with pytest.raises(RequestError, match="unknown time zone 'Mars/Olympus'"):
+        zone("Mars/Olympus")
+
+
+def make_schedule(session, tmp_path, *, misfire="skip", next_fire_at=T0 - timedelta(seconds=30), cron="* * * * *"):
+    file = store.save_file(session, store_inline_requests([LINE], tmp_path))
+    schedule = Schedule(
+        name=f"s-{misfire}",
+        cron=cron,
+        timezone="UTC",
+        input_file_id=file.id,
+        requests=[LINE],
+        endpoint="/v1/chat/completions",
+        priority=2,
+        enabled=True,
+        misfire=misfire,
+        next_fire_at=next_fire_at,
+        created_at=T0,
+    )
+    return store.save_schedule(session, schedule)
+
+
+@both_databases
+def test_a_due_tick_fires_once_and_the_next_one_is_planned(session, redis, tmp_path):
+    schedule = make_schedule(session, tmp_path)
+    [run] = fire_due_schedules(session, redis, now=T0)
+    assert run.fire_time == T0.replace(second=0) and run.trigger == "cron" and run.batch_id
+    assert store.get_batch(session, run.batch_id).batch_metadata["schedule"] == "s-skip"
+    assert fire_due_schedules(session, redis, now=T0 + timedelta(seconds=10)) == []  # same minute: nothing
+    session.refresh(schedule)
+    assert schedule.next_fire_at == datetime(2026, 11, 30, 12, 1, tzinfo=UTC)
+    [later] = fire_due_schedules(session, redis, now=T0 + timedelta(seconds=35))
+    assert later.fire_time == datetime(2026, 11, 30, 12, 1, tzinfo=UTC)
+
+
+@both_databases
+def test_missed_ticks_are_skipped_or_caught_up_once(session, redis, tmp_path):
+    # Hourly; no scheduler ran from 09:00 until 12:05, so 09:00 ... 12:00 were all missed.
+    hours_ago = datetime(2026, 11, 30, 9, tzinfo=UTC)
+    make_schedule(session, tmp_path, misfire="skip", next_fire_at=hours_ago, cron="0 * * * *")
+    caught = make_schedule(session, tmp_path, misfire="run_once", next_fire_at=hours_ago, cron="0 * * * *")
+    runs = fire_due_schedules(session, redis, now=datetime(2026, 11, 30, 12, 5, tzinfo=UTC))
+    assert [(r.schedule_id, r.trigger, r.fire_time.hour) for r in runs] == [(caught.id, "catch-up", 12)]
+
+
+@both_databases
+def test_two_schedulers_on_the_same_tick_fire_it_exactly_once(session, database_url, redis_url, tmp_path):
+    make_schedule(session, tmp_path)
+    engine = sync_engine(database_url)
+    barrier = threading.Barrier(2)
+    results = []
+
+    def scheduler():
+        with sync_sessions(engine)() as own, Redis.from_url(redis_url) as redis:
+            barrier.wait()
+            results.append(len(fire_due_schedules(own, redis, now=T0)))
+
+    threads = [threading.Thread(target=scheduler) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.dispose()
+    assert sorted(results) == [0, 1]
+    session.expire_all()
+    assert len(session.query(ScheduleRun).all()) == 1
+
+
+def test_a_run_whose_batch_cannot_start_records_why(session, redis, tmp_path):
+    schedule = make_schedule(session, tmp_path)
+    schedule.input_file_id = "file-gone"  # its input file was deleted since
+    session.commit()
+    [run] = fire_due_schedules(session, redis, now=T0)
+    assert run.batch_id is None and run.error == "file 'file-gone' does not exist"
+    assert schedule.id == run.schedule_id

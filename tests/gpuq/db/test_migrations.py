@@ -1,0 +1,33 @@
+"""The schema comes from Alembic alone, and the same migrations run on SQLite and PostgreSQL."""
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect
+
+from gpuq.db import migrate
+from gpuq.db.engine import sync_engine
+from gpuq.db.tables import Base
+from tests.conftest import both_databases
+
+
+@both_databases
+def test_upgrade_creates_exactly_the_tables_the_code_declares(empty_database_url):
+    migrate.upgrade(empty_database_url)
+    engine = sync_engine(empty_database_url)
+    with engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        tables = set(inspect(conn).get_table_names())
+    engine.dispose()
+    assert {"jobs", "models", "alembic_version"} <= tables
+    assert diffs == []
+
+
+@both_databases
+def test_downgrade_to_base_removes_the_tables_and_upgrade_restores_them(empty_database_url):
+    migrate.upgrade(empty_database_url)
+    migrate.downgrade(empty_database_url, "base")
+    engine = sync_engine(empty_database_url)
+    assert set(inspect(engine).get_table_names()) == {"alembic_version"}
+    migrate.upgrade(empty_database_url)
+    assert {"jobs", "models"} <= set(inspect(engine).get_table_names())
+    engine.dispose()

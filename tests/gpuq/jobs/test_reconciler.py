@@ -1,0 +1,82 @@
+"""The reconciler rebuilds Redis from SQL: lost queue entries and jobs of dead workers."""
+
+from datetime import timedelta
+
+from redis import Redis
+from rq.job import Job as RQJob
+from rq.worker import Worker
+
+from gpuq import store
+from gpuq.db.tables import utcnow
+from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.jobs.reconciler import reconcile_once
+from tests.conftest import both_databases
+from tests.gpuq.store.test_store import make_job
+
+RECONCILE = {"grace_s": 0.0, "max_attempts": 2, "timeout_s": 60}
+
+
+def queue_of(redis: Redis, name: str) -> list[str]:
+    return [x.decode() for x in redis.lrange(f"rq:queue:gpuq:smollm2-135m:generate:{name}", 0, -1)]
+
+
+@both_databases
+def test_queued_rows_with_no_redis_entry_are_enqueued_again_once(session, redis):
+    kept, lost = store.insert_jobs(session, [make_job(priority=0), make_job(priority=2)])
+    enqueue_jobs(redis, [QueueEntry(kept.id, kept.model, kept.kind, kept.priority)], timeout_s=60)
+
+    report = reconcile_once(session, redis, **RECONCILE)
+    assert report.requeued == [lost.id]
+    assert queue_of(redis, "high") == [kept.id] and queue_of(redis, "low") == [lost.id]
+    assert reconcile_once(session, redis, **RECONCILE).requeued == []  # idempotent
+
+
+def test_young_queued_rows_are_left_alone_while_the_api_may_still_be_enqueueing(session, redis):
+    store.insert_jobs(session, [make_job()])
+    assert reconcile_once(session, redis, **(RECONCILE | {"grace_s": 60})).requeued == []
+    assert queue_of(redis, "normal") == []
+
+
+def _register_worker(redis: Redis, name: str) -> None:
+    key = Worker.redis_worker_namespace_prefix + name
+    redis.hset(key, "birth", utcnow().isoformat())
+    redis.expire(key, 60)
+
+
+@both_databases
+def test_jobs_of_a_dead_worker_go_back_to_the_queue_then_fail_when_out_of_attempts(session, redis):
+    alive_job, dead_job = store.insert_jobs(session, [make_job(), make_job()])
+    _register_worker(redis, "alive")
+    store.claim_job(session, alive_job.id, worker="alive", device="cpu")
+    store.claim_job(session, dead_job.id, worker="gone", device="cpu")
+
+    report = reconcile_once(session, redis, **RECONCILE)
+    assert report.recovered == [dead_job.id] and report.failed == []
+    session.expire_all()
+    assert store.get_job(session, alive_job.id).status == "running"
+    row = store.get_job(session, dead_job.id)
+    assert (row.status, row.worker, row.attempts) == ("queued", None, 1)
+    assert queue_of(redis, "normal") == [dead_job.id]
+
+    # Its second run dies too: max_attempts=2 is used up, so it fails with the reason.
+    redis.delete(RQJob.key_for(dead_job.id))
+    store.claim_job(session, dead_job.id, worker="gone-again", device="cpu")
+    report = reconcile_once(session, redis, **RECONCILE)
+    assert report.failed == [dead_job.id]
+    session.expire_all()
+    row = store.get_job(session, dead_job.id)
+    assert row.status == "failed" and "gave up after 2 attempts" in row.error
+
+
+def test_a_worker_that_registered_its_death_counts_as_dead(session, redis):
+    [job] = store.insert_jobs(session, [make_job()])
+    _register_worker(redis, "stopped")
+    redis.hset(Worker.redis_worker_namespace_prefix + "stopped", "death", utcnow().isoformat())
+    store.claim_job(session, job.id, worker="stopped", device="cpu")
+    assert reconcile_once(session, redis, **RECONCILE).recovered == [job.id]
+
+
+def test_rows_created_before_the_cutoff_are_the_only_ones_considered(session):
+    store.insert_jobs(session, [make_job()])
+    assert store.queued_jobs_created_before(session, utcnow() - timedelta(minutes=1)) == []
+    assert len(store.queued_jobs_created_before(session, utcnow() + timedelta(seconds=1))) == 1
