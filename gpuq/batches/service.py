@@ -9,28 +9,34 @@
   job, so llama.cpp embeds a group in one call instead of one call per line.
 * **Progress** is counted from the jobs' statuses, per input line.
 * **Advance** (the scheduler, every tick): a batch whose jobs are all final is
-  finalised (output and error files written, status ``completed`` or ``cancelled``); a
-  batch past its completion window has its queued jobs cancelled and ends ``expired``.
-  Status changes are conditional, so several schedulers finalise a batch once.
+  finalised (claimed as ``finalizing``, output and error files written, status
+  ``completed``, ``cancelled`` or ``expired``); a batch past its completion window has its
+  queued jobs cancelled and ends ``expired``. Finalisation is resumable: a batch found
+  ``finalizing`` (its files could not be written, or its scheduler died) is finalised
+  again, its files rewritten under the same ids. Status changes are conditional, so
+  several schedulers finalise a batch once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from redis import Redis
 from redis.exceptions import RedisError
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from gpuq import store
-from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, new_file_id, read_lines
+from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, read_lines
 from gpuq.batches.gc_pause import gc_paused
 from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
 from gpuq.batches.webhooks import new_delivery
@@ -318,55 +324,83 @@ def _error_of(job: Job) -> dict[str, str]:
     return {"code": "server_error", "message": job.error or "the job failed"}
 
 
-def _write_output_files(session: Session, batch: Batch, directory: Path) -> tuple[str | None, str | None]:
-    ok_path, err_path = directory / f".{batch.id}.out", directory / f".{batch.id}.err"
-    ok_file = err_file = None
-    with ok_path.open("wb") as ok_out, err_path.open("wb") as err_out:
-        counts = {True: [0, 0], False: [0, 0]}
-        for succeeded, line in result_lines(session, batch):
-            data = jsonl_line(line)
-            (ok_out if succeeded else err_out).write(data)
-            counts[succeeded][0] += 1
-            counts[succeeded][1] += len(data)
-    for succeeded, path, name in ((True, ok_path, "output"), (False, err_path, "errors")):
-        lines, size = counts[succeeded]
-        if lines == 0:
-            path.unlink()
-            continue
-        file_id = new_file_id()
-        final = directory / f"{file_id}.jsonl"
-        path.rename(final)
-        store.save_file(
-            session,
-            File(
+def _output_file_id(batch_id: str, name: str) -> str:
+    """The id of a batch's output or error file: derived from the batch, so a finalisation
+    that is done again writes the same files instead of new ones beside them."""
+    return "file-" + hashlib.sha256(f"{batch_id}/{name}".encode()).hexdigest()[:24]
+
+
+def _write_output_files(session: Session, batch: Batch, directory: Path) -> dict[str, File]:
+    """The output and error files on disk (only those with lines), each written to a private
+    temporary name then renamed over its final path, so a reader, a failed earlier attempt
+    or a second scheduler writing the same bytes never leaves a partial file. Returns their
+    rows by name (``output``, ``errors``), not yet saved."""
+    token = secrets.token_hex(4)
+    partial = {True: directory / f".{batch.id}.{token}.out", False: directory / f".{batch.id}.{token}.err"}
+    counts = {True: [0, 0], False: [0, 0]}  # lines, bytes
+    try:
+        with partial[True].open("wb") as ok_out, partial[False].open("wb") as err_out:
+            for succeeded, line in result_lines(session, batch):
+                data = jsonl_line(line)
+                (ok_out if succeeded else err_out).write(data)
+                counts[succeeded][0] += 1
+                counts[succeeded][1] += len(data)
+        files = {}
+        for succeeded, name in ((True, "output"), (False, "errors")):
+            lines, size = counts[succeeded]
+            if lines == 0:
+                continue
+            file_id = _output_file_id(batch.id, name)
+            final = directory / f"{file_id}.jsonl"
+            os.replace(partial[succeeded], final)
+            files[name] = File(
                 id=file_id,
                 purpose=PURPOSE_OUTPUT,
                 filename=f"{batch.id}_{name}.jsonl",
                 bytes=size,
                 line_count=lines,
                 path=str(final),
+                owner=batch.owner,  # the batch's tenant may download its results
                 created_at=utcnow(),
-            ),
-        )
-        if succeeded:
-            ok_file = file_id
-        else:
-            err_file = file_id
-    return ok_file, err_file
+            )
+        return files
+    finally:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- the scheduler's part
 
 
 def advance_batches(session: Session, redis: Redis, data_dir: Path) -> list[str]:
-    """Expire what is past its window, finalise what has finished; returns the batch ids finalised."""
-    finished = []
-    for batch in store.batches_with_status(session, ACTIVE):
-        if batch.status == BatchStatus.IN_PROGRESS and utcnow() >= batch.expires_at:
-            _stop_jobs(session, redis, batch.id, error="the batch expired before this request ran")
-        if _pending_lines(session, batch.id) == 0 and _finalize(session, batch, data_dir):
-            finished.append(batch.id)
+    """Expire what is past its window, finalise what has finished, and finish what an earlier
+    pass claimed but did not finalise (its files could not be written, or its process died);
+    returns the batch ids finalised. A batch that fails does not hold up the others: its
+    error is raised once they have all been seen to."""
+    finished: list[str] = []
+    errors: list[Exception] = []
+    for batch in store.batches_with_status(session, [*ACTIVE, BatchStatus.FINALIZING.value]):
+        try:
+            if _advance(session, redis, batch, data_dir):
+                finished.append(batch.id)
+        except Exception as exc:
+            session.rollback()
+            exc.add_note(f"while advancing batch {batch.id}")
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ExceptionGroup(f"{len(errors)} batches could not be advanced", errors)
     return finished
+
+
+def _advance(session: Session, redis: Redis, batch: Batch, data_dir: Path) -> bool:
+    if batch.status == BatchStatus.FINALIZING:
+        # Claimed by a pass that stopped short (its files could not be written, or it died).
+        return _finish(session, batch, data_dir, claimed_at=batch.finalizing_at or utcnow())
+    if batch.status == BatchStatus.IN_PROGRESS and utcnow() >= batch.expires_at:
+        _stop_jobs(session, redis, batch.id, error="the batch expired before this request ran")
+    return _pending_lines(session, batch.id) == 0 and _finalize(session, batch, data_dir)
 
 
 def _pending_lines(session: Session, batch_id: str) -> int:
@@ -374,25 +408,43 @@ def _pending_lines(session: Session, batch_id: str) -> int:
 
 
 def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
+    """Claim a batch whose lines are all final (``finalizing``: no retry can start now), then finish it."""
+    claimed_at = utcnow()
     if not store.set_batch_status(
-        session, batch.id, old=ACTIVE, new=BatchStatus.FINALIZING.value, finalizing_at=utcnow()
+        session, batch.id, old=ACTIVE, new=BatchStatus.FINALIZING.value, finalizing_at=claimed_at
     ):
         return False  # another scheduler has it
+    return _finish(session, batch, data_dir, claimed_at=claimed_at)
+
+
+def _finish(session: Session, batch: Batch, data_dir: Path, *, claimed_at: datetime) -> bool:
+    """Write the output files of a ``finalizing`` batch and give it its final status.
+
+    Safe to do again after a failure or a crash at any point, and in two schedulers at once:
+    the files have ids derived from the batch and are replaced whole with the same bytes (the
+    lines are final), and their rows, the final status and the webhook event are one
+    transaction that only the scheduler moving the batch out of ``finalizing`` commits."""
     if _pending_lines(session, batch.id):
-        # An admin retried a line between the check and the claim (retries need the batch
-        # in progress, so none can start now): back to in progress, finalised once it ran.
+        # An admin retried a line between the count and the claim (retries need the batch
+        # in progress, so none can start now): back to where it was, finalised once it ran.
         store.set_batch_status(
-            session, batch.id, old=[BatchStatus.FINALIZING.value], new=batch.status, finalizing_at=None
+            session, batch.id, old=[BatchStatus.FINALIZING.value], new=_status_before(batch), finalizing_at=None
         )
         return False
-    output, errors = _write_output_files(session, batch, files_dir(data_dir))
-    now = utcnow()
-    if batch.status == BatchStatus.CANCELLING:
-        final, stamp = BatchStatus.CANCELLED, {"cancelled_at": now}
-    elif now >= batch.expires_at:
-        final, stamp = BatchStatus.EXPIRED, {"expired_at": now}
-    else:
-        final, stamp = BatchStatus.COMPLETED, {"completed_at": now}
+    files = _write_output_files(session, batch, files_dir(data_dir))
+    output = files["output"].id if "output" in files else None
+    errors = files["errors"].id if "errors" in files else None
+    final, stamp = _final_status(batch, claimed_at)
+    won = session.execute(
+        update(Batch)
+        .execution_options(synchronize_session=False)
+        .where(Batch.id == batch.id, Batch.status == BatchStatus.FINALIZING)
+        .values(status=final.value, output_file_id=output, error_file_id=errors, **stamp)
+    ).rowcount
+    if not won:
+        session.rollback()
+        return False  # another scheduler finished it first, with the same files
+    session.add_all(files.values())
     if batch.webhook_url:
         counts = request_counts(session, batch)
         event = {
@@ -405,17 +457,24 @@ def _finalize(session: Session, batch: Batch, data_dir: Path) -> bool:
         session.add(
             new_delivery(f"batch.{final.value}", batch.webhook_url, event, batch_id=batch.id, owner=batch.owner)
         )
-    store.set_batch_status(
-        session,
-        batch.id,
-        old=[BatchStatus.FINALIZING.value],
-        new=final.value,
-        output_file_id=output,
-        error_file_id=errors,
-        **stamp,
-    )
+    session.commit()
     log.info("batch %s %s", batch.id, final.value)
     return True
+
+
+def _status_before(batch: Batch) -> str:
+    """The status a batch had before it was claimed for finalisation (cancelling sets ``cancelling_at``)."""
+    return BatchStatus.CANCELLING.value if batch.cancelling_at else BatchStatus.IN_PROGRESS.value
+
+
+def _final_status(batch: Batch, claimed_at: datetime) -> tuple[BatchStatus, dict[str, datetime]]:
+    """Decided by the time of the claim, not of this pass, so finishing again decides the same."""
+    now = utcnow()
+    if batch.cancelling_at:
+        return BatchStatus.CANCELLED, {"cancelled_at": now}
+    if claimed_at >= batch.expires_at:
+        return BatchStatus.EXPIRED, {"expired_at": now}
+    return BatchStatus.COMPLETED, {"completed_at": now}
 
 
 def results_so_far(session: Session, batch: Batch) -> Iterator[bytes]:
