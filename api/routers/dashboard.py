@@ -3,8 +3,8 @@
 Each page is ``shell.html`` with one page fragment from ``api/dashboard/templates/``. The
 browser then calls the JSON API with the admin key the user typed into the page (kept in
 ``sessionStorage``), so these routes need no key: everything they return is the same for
-every visitor. The script and stylesheet are served from ``api/dashboard/static/``; nothing
-comes from a CDN.
+every visitor. The scripts (plain ES modules, no build step) and the stylesheet are served
+from ``api/dashboard/static/``; nothing comes from a CDN.
 """
 
 from __future__ import annotations
@@ -19,8 +19,28 @@ from fastapi.responses import FileResponse, HTMLResponse
 from gpuq.errors import RequestError
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
-# The only files served under /dashboard/static/, by name: no path from the URL touches the disk.
-STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+# The only files served under /dashboard/static/: their paths under static/, each with its
+# content type. A path from the URL reaches the disk only once it equals an entry here, so
+# nothing else can be read. Browsers run a module only when it comes as JavaScript, so every
+# .js file is text/javascript. A new module must be added here (a test checks this list
+# against the folder), or the pages that import it fail to load.
+_JS = "text/javascript"
+STATIC_FILES = {
+    "app.css": "text/css",
+    "js/main.js": _JS,
+    "js/api.js": _JS,
+    "js/auth.js": _JS,
+    "js/chart.js": _JS,
+    "js/dom.js": _JS,
+    "js/refresh.js": _JS,
+    "js/pages/batches.js": _JS,
+    "js/pages/job.js": _JS,
+    "js/pages/jobs.js": _JS,
+    "js/pages/overview.js": _JS,
+    "js/pages/rules.js": _JS,
+    "js/pages/schedules.js": _JS,
+    "js/pages/workers.js": _JS,
+}
 # Page name -> the title shown in the tab and the heading.
 PAGES = {
     "overview": "Overview",
@@ -43,7 +63,7 @@ def _template(name: str) -> str:
 
 
 def render_page(page: str) -> str:
-    """The shell with the page's fragment in it; ``data-page`` tells app.js what to load."""
+    """The shell with the page's fragment in it; ``data-page`` tells js/main.js which page module to run."""
     return (
         _template("shell.html")
         .replace("{{title}}", escape(PAGES[page]))
@@ -68,7 +88,7 @@ async def jobs() -> HTMLResponse:
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job(job_id: str) -> HTMLResponse:
-    # The id is read by app.js from the address, never written into the HTML.
+    # The id is read by js/pages/job.js from the address, never written into the HTML.
     return _page("job")
 
 
@@ -92,8 +112,9 @@ async def workers() -> HTMLResponse:
     return _page("workers")
 
 
-@router.get("/static/{name}")
+@router.get("/static/{name:path}")
 async def static(name: str) -> FileResponse:
+    # `name` may hold slashes (js/pages/jobs.js); only an exact entry of the list is served.
     if name not in STATIC_FILES:
         raise RequestError(404, f"no dashboard file {name!r}")
     return FileResponse(DASHBOARD_DIR / "static" / name, media_type=STATIC_FILES[name], headers=NO_CACHE)

@@ -3,6 +3,7 @@ from another host, and only the listed static files."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 
@@ -14,6 +15,11 @@ from api.routers.dashboard import DASHBOARD_DIR, PAGES, STATIC_FILES
 from gpuq.settings import Settings
 
 PATHS = ["", "/jobs", "/jobs/job_123", "/batches", "/schedules", "/rules", "/workers"]
+SCRIPTS = [name for name in STATIC_FILES if name.endswith(".js")]
+
+
+def _script(name: str) -> str:
+    return (DASHBOARD_DIR / "static" / name).read_text(encoding="utf-8")
 
 
 @pytest.fixture
@@ -40,16 +46,58 @@ def test_the_job_id_in_the_address_is_not_written_into_the_page(client: TestClie
 
 
 def test_only_the_listed_static_files_are_served(client: TestClient) -> None:
-    for name in STATIC_FILES:
-        assert client.get(f"/dashboard/static/{name}").status_code == 200
-    for name in ["shell.html", "..%2Frouters%2Fdashboard.py", "nope.js"]:
-        assert client.get(f"/dashboard/static/{name}").status_code == 404
+    for name, content_type in STATIC_FILES.items():
+        response = client.get(f"/dashboard/static/{name}")
+        assert response.status_code == 200, name
+        # A module served as anything but JavaScript is refused by the browser.
+        assert response.headers["content-type"].split(";")[0] == content_type
+        assert content_type == ("text/javascript" if name.endswith(".js") else "text/css")
+    refused = [
+        "shell.html",
+        "nope.js",
+        "main.js",  # a listed file's name, but not its path
+        "pages/jobs.js",
+        "js",
+        "js/",
+        "js/pages",
+        "js/pages/nope.js",
+        "JS/main.js",
+        "js/main.js/",
+        "..%2Frouters%2Fdashboard.py",
+        "js%2F..%2Fapp.css",  # encoded, so the client cannot tidy the dots away first
+        "js%2Fpages%2F..%2F..%2F..%2Frouters%2Fdashboard.py",
+        "%2Fetc%2Fpasswd",
+    ]
+    for name in refused:
+        assert client.get(f"/dashboard/static/{name}").status_code == 404, name
 
 
-def test_the_script_writes_data_as_text_and_calls_no_other_host() -> None:
-    script = (DASHBOARD_DIR / "static" / "app.js").read_text()
-    assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "document.write" not in script
-    assert re.findall(r"https?://[^\"' ]+", script) == ["http://www.w3.org/2000/svg"]  # a namespace, not a fetch
+def test_the_list_of_static_files_is_exactly_what_is_in_the_folder() -> None:
+    # A module left off the list would 404 when imported and break its page.
+    static = DASHBOARD_DIR / "static"
+    on_disk = {path.relative_to(static).as_posix() for path in static.rglob("*") if path.is_file()}
+    assert on_disk == set(STATIC_FILES)
+
+
+def test_every_import_names_a_listed_module_and_every_page_has_one() -> None:
+    for name in SCRIPTS:
+        for target in re.findall(r'\bfrom\s+"([^"]+)"', _script(name)):
+            # Imports are relative (no build step resolves bare names), so they resolve as the browser does.
+            assert target.startswith(("./", "../")), (name, target)
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+            assert resolved in STATIC_FILES, (name, target)
+    entry = _script("js/main.js")
+    for page in PAGES:
+        assert f'import * as {page} from "./pages/{page}.js";' in entry
+
+
+def test_the_scripts_write_data_as_text_and_call_no_other_host() -> None:
+    for name in SCRIPTS:
+        script = _script(name)
+        assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "document.write" not in script
+        assert "outerHTML" not in script and "eval(" not in script, name
+        expected = ["http://www.w3.org/2000/svg"] if name == "js/chart.js" else []  # a namespace, not a fetch
+        assert re.findall(r"https?://[^\"' ]+", script) == expected, name
 
 
 def test_the_pages_are_not_part_of_the_api_schema(client: TestClient) -> None:

@@ -1,0 +1,94 @@
+// One job (/dashboard/jobs/{id}): its fields, timings, prompt, result and webhook
+// deliveries; cancel, retry and requeue where this server has them.
+
+import { api, has } from "../api.js";
+import { $, el, fillTable, link, number, row, status, when } from "../dom.js";
+import { act } from "../refresh.js";
+
+const FINAL_JOB_STATUSES = new Set(["succeeded", "failed", "cancelled"]);
+
+// The id comes from the address, read here; the server never writes it into the HTML.
+function jobId() {
+  return decodeURIComponent(location.pathname.split("/").pop());
+}
+
+export function setup() {
+  const actions = { cancel: "/cancel", retry: "/retry", requeue: "/requeue" };
+  for (const [name, suffix] of Object.entries(actions)) {
+    const control = $(`#job-actions [data-action="${name}"]`);
+    const path = `/v1/jobs/{job_id}${suffix}`;
+    control.hidden = !has(path);
+    control.addEventListener("click", () =>
+      act(() => api(`/v1/jobs/${encodeURIComponent(jobId())}${suffix}`, { method: "POST" })),
+    );
+  }
+}
+
+// A <dl> of name/value pairs; a value may be a node (a link, a status).
+function fields(list, pairs) {
+  list.replaceChildren(...pairs.flatMap(([name, value]) => [el("dt", {}, name), el("dd", {}, value ?? "")]));
+}
+
+function promptText(request) {
+  if (request.prompt !== undefined) return request.prompt;
+  if (request.messages) return request.messages.map((m) => `${m.role}: ${m.content}`).join("\n\n");
+  if (request.input) return request.input.join("\n---\n");
+  return JSON.stringify(request, null, 2);
+}
+
+function resultText(result) {
+  if (!result) return "";
+  if (result.text !== undefined) return result.text;
+  // Embeddings: a few numbers of each vector are enough to see them.
+  if (result.embeddings) {
+    return result.embeddings
+      .map((v, i) => `[${i}] ${v.slice(0, 8).map((x) => x.toFixed(4)).join(", ")}, … (${result.dimensions} dimensions)`)
+      .join("\n");
+  }
+  return JSON.stringify(result, null, 2);
+}
+
+export async function load() {
+  const id = encodeURIComponent(jobId());
+  const [j, deliveries] = await Promise.all([api(`/v1/jobs/${id}`), api(`/v1/webhooks/deliveries?job_id=${id}`)]);
+  document.title = `gpuq · ${j.id}`;
+  fields($("#job-fields"), [
+    ["id", j.id],
+    ["status", status(j.status)],
+    ["kind", j.kind],
+    ["model", j.model],
+    ["priority", j.priority],
+    ["owner", j.owner],
+    ["batch", j.batch_id ? link(`/dashboard/jobs?batch_id=${encodeURIComponent(j.batch_id)}`, j.batch_id) : ""],
+    ["worker", j.worker],
+    ["device", j.device],
+    ["host", j.host],
+    ["attempts", String(j.attempts)],
+    ["error", j.error],
+  ]);
+  fields($("#job-timings"), [
+    ["created", when(j.created_at)],
+    ["started", when(j.started_at)],
+    ["finished", when(j.finished_at)],
+    ["queue wait", j.queue_wait_ms === null ? "" : `${j.queue_wait_ms} ms`],
+    ["model load", j.load_ms === null ? "" : `${j.load_ms} ms`],
+    ["run", j.run_ms === null ? "" : `${j.run_ms} ms`],
+    ["tokens", j.prompt_tokens === null ? "" : `${j.prompt_tokens} prompt + ${j.completion_tokens ?? 0} completion`],
+    ["GPU seconds", number(j.gpu_seconds, 2)],
+    ["energy", j.energy_j === null ? "" : `${number(j.energy_j, 1)} J`],
+  ]);
+  $("#job-prompt").textContent = promptText(j.request);
+  $("#job-result").textContent = resultText(j.result);
+  // Cancel and requeue act on unfinished jobs; retry on failed or cancelled ones.
+  const final = FINAL_JOB_STATUSES.has(j.status);
+  $('#job-actions [data-action="cancel"]').disabled = final;
+  $('#job-actions [data-action="requeue"]').disabled = final;
+  $('#job-actions [data-action="retry"]').disabled = !final || j.status === "succeeded";
+  fillTable(
+    $("#job-webhooks"),
+    deliveries.data.map((d) =>
+      row(d.event, d.url, status(d.status), String(d.attempts), d.last_error || String(d.last_status_code ?? ""), when(d.delivered_at)),
+    ),
+    j.request.webhook_url ? "none yet" : "no webhook_url on this job",
+  );
+}
