@@ -325,3 +325,33 @@ def test_a_key_that_is_not_an_admin_key_is_told_so(system: Seeded, tab: Tab) -> 
     expect(page.locator("#sign-in")).to_be_visible()
     screenshot(page, "not-admin")
     assert tab.errors == []  # the role is read from /v1/keys/me first: no 403s are provoked
+
+
+def test_sign_out_and_a_key_revoked_while_the_page_is_open_return_to_the_sign_in_form(system: Seeded, tab: Tab) -> None:
+    admin = {"Authorization": f"Bearer {system.admin_key}"}
+    created = httpx.post(
+        f"{system.url}/v1/keys", json={"name": "dashboard-revoked", "owner": "ops", "role": "admin"}, headers=admin
+    ).json()
+    page = tab.page
+    sign_in(page, system.url, created["key"], "/jobs")
+    loaded(page)
+    page.click("#sign-out")
+    expect(page.locator("#message")).to_have_text("Signed out.")
+    expect(page.locator("#page")).to_be_hidden()
+    assert page.evaluate("sessionStorage.length") == 0
+
+    # Signed in again in the same tab: the page is set up once, and still refreshes.
+    page.fill("#key", created["key"])
+    page.click("#sign-in-form button[type=submit]")
+    expect(page.locator("#page")).to_be_visible()
+    job = system.client.submit({"kind": "noop", "model": MODEL})
+    expect(page.locator(f'#jobs tr[data-job="{job["id"]}"]')).to_have_count(1)
+
+    httpx.delete(f"{system.url}/v1/keys/{created['id']}", headers=admin).raise_for_status()
+    expect(page.locator("#message")).to_contain_text("no longer valid")  # at the next poll
+    expect(page.locator("#page")).to_be_hidden()
+    expect(page.locator("#sign-in")).to_be_visible()
+    assert page.evaluate("sessionStorage.length") == 0
+    # Chromium logs the refused call itself ("401 Unauthorized") as a console error; nothing
+    # else may be reported.
+    assert [e for e in tab.errors if "401" not in e] == []
