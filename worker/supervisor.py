@@ -39,6 +39,7 @@ from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
 from gpuq.fleet.placement import PlacementRequest, group_for
 from gpuq.fleet.snapshot import Fleet, load_fleet
+from gpuq.redis_keys import GPUS_FIELD, LOADED_FIELD
 from gpuq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ class Supervisor:
     def _loaded_by_gpu(self) -> dict[str, list[str]]:
         loaded: dict[str, list[str]] = {}
         for worker in Worker.all(connection=self.redis):
-            fields = self.redis.hmget(worker.key, "gpuq_gpus", "gpuq_loaded")
+            fields = self.redis.hmget(worker.key, GPUS_FIELD, LOADED_FIELD)
             gpus, models = ((v or b"").decode() for v in fields)
             for uuid in filter(None, gpus.split(",")):
                 loaded.setdefault(uuid, []).extend(filter(None, models.split(",")))

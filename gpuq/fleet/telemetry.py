@@ -13,7 +13,7 @@ from redis import Redis
 
 from gpuq.db.tables import utcnow
 from gpuq.fleet.gpus import GpuInfo
-from gpuq.jobs.queues import gpu_telemetry_key
+from gpuq.redis_keys import gpu_telemetry_key
 
 TELEMETRY_TTL_S = 30
 _FIELDS = ("memory_free_mib", "utilisation_pct", "temperature_c", "power_w")

@@ -22,19 +22,23 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from redis import Redis
-from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.utils import utcparse
 from rq.worker import Worker
 
-from gpuq.jobs.queues import CANCEL_FLAG_TTL_S, drained_hosts_key, unload_requests_key
-
-# gpuq's fields on RQ's worker hash (RQ ignores fields it does not know).
-HOST_FIELD = "gpuq_host"
-SLOT_FIELD = "gpuq_slot"
-DEVICE_FIELD = "gpuq_device"
-GPUS_FIELD = "gpuq_gpus"
-LOADED_FIELD = "gpuq_loaded"
-DRAIN_FIELD = "gpuq_drain"
+from gpuq.redis_keys import (
+    CANCEL_FLAG_TTL_S,
+    DEVICE_FIELD,
+    DRAIN_FIELD,
+    GPUS_FIELD,
+    HOST_FIELD,
+    LOADED_FIELD,
+    RQ_WORKER_PREFIX,
+    SLOT_FIELD,
+    drained_hosts_key,
+    rq_worker_channel,
+    rq_worker_key,
+    unload_requests_key,
+)
 
 # Commands on a worker's RQ pub/sub channel, beside RQ's own ``stop-job``.
 CONTROL_COMMAND = "gpuq-control"  # re-read your drain flags now
@@ -104,7 +108,6 @@ def live_workers(redis: Redis) -> list[LiveWorker]:
         pipe.smembers(drained_hosts_key())
         *hashes, hosts = pipe.execute()
     drained_hosts = {h.decode() for h in hosts}
-    prefix = Worker.redis_worker_namespace_prefix
     workers = []
     for key, fields in zip(names, hashes, strict=True):
         if not fields or b"death" in fields:
@@ -112,7 +115,7 @@ def live_workers(redis: Redis) -> list[LiveWorker]:
         host = _text(fields, HOST_FIELD) or _text(fields, "hostname")
         workers.append(
             LiveWorker(
-                name=key.removeprefix(prefix),
+                name=key.removeprefix(RQ_WORKER_PREFIX),
                 host=host,
                 slot=_text(fields, SLOT_FIELD),
                 device=_text(fields, DEVICE_FIELD),
@@ -137,13 +140,13 @@ def _command(redis: Redis, workers: Iterable[str], payload: dict[str, str]) -> N
     message = json.dumps(payload)
     with redis.pipeline(transaction=False) as pipe:
         for name in workers:
-            pipe.publish(PUBSUB_CHANNEL_TEMPLATE % name, message)
+            pipe.publish(rq_worker_channel(name), message)
         pipe.execute()
 
 
 def set_worker_drain(redis: Redis, name: str, *, drained: bool) -> bool:
     """Drain (or undrain) one live worker; False if no such worker is alive."""
-    key = Worker.redis_worker_namespace_prefix + name
+    key = rq_worker_key(name)
     if not redis.eval(_SET_IF_ALIVE, 1, key, DRAIN_FIELD, "1" if drained else "0"):
         return False
     _command(redis, [name], {"command": CONTROL_COMMAND})

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from anyio import to_thread
 from redis import Redis
 from redis.exceptions import RedisError
-from rq import Queue
-from rq.job import Job as RQJob
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuq import store
@@ -33,6 +31,7 @@ from gpuq.errors import RequestError
 from gpuq.fleet.workers import stop_requeued_job
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs, remove_queued
+from gpuq.redis_keys import rq_job_key, rq_queue_key
 from gpuq.stats import metrics
 from gpuq.store.job_actions import RETRYABLE
 
@@ -97,12 +96,12 @@ async def retry_job(db: AsyncSession, redis: Redis, job: Job, *, timeout_s: int)
 def _queue_entry_present(redis: Redis, job_id: str) -> bool:
     """Is the job waiting in Redis: its RQ hash queued and its id in the queue it names
     (``origin``: aging may have moved it up), or already taken by a worker?"""
-    status, origin = redis.hmget(RQJob.key_for(job_id), "status", "origin")
+    status, origin = redis.hmget(rq_job_key(job_id), "status", "origin")
     if status == b"started":
         return True
     if status != b"queued" or origin is None:
         return False
-    return redis.lpos(Queue.redis_queue_namespace_prefix + origin.decode(), job_id) is not None
+    return redis.lpos(rq_queue_key(origin.decode()), job_id) is not None
 
 
 async def requeue_job(db: AsyncSession, redis: Redis, job: Job, *, timeout_s: int) -> tuple[Job, str]:

@@ -15,12 +15,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from redis import Redis
-from rq import Queue
-from rq.job import Job as RQJob
 from rq.utils import utcformat, utcparse
 
 from gpuq.db.tables import utcnow
 from gpuq.jobs.queues import Priority, parse_queue_name, queue_name
+from gpuq.redis_keys import RQ_QUEUE_PREFIX, RQ_QUEUES, rq_job_key, rq_queue_key
 
 SCAN_DEPTH = 100  # oldest entries looked at per queue and tick
 
@@ -38,8 +37,8 @@ return 0
 def gpuq_queues(redis: Redis) -> list[tuple[str, str, str, Priority]]:
     """(queue name, model, kind, priority) of every gpuq queue RQ knows."""
     found = []
-    for key in redis.smembers(Queue.redis_queues_keys):
-        name = key.decode().removeprefix(Queue.redis_queue_namespace_prefix)
+    for key in redis.smembers(RQ_QUEUES):
+        name = key.decode().removeprefix(RQ_QUEUE_PREFIX)
         try:
             model, kind, priority = parse_queue_name(name)
         except ValueError:
@@ -60,10 +59,10 @@ def promote_aged_jobs(redis: Redis, *, aging_s: float, now: datetime | None = No
         if priority == Priority.HIGH:
             continue
         target = queue_name(model, kind, Priority(priority - 1))
-        ids = [i.decode() for i in redis.lrange(Queue.redis_queue_namespace_prefix + name, 0, SCAN_DEPTH - 1)]
+        ids = [i.decode() for i in redis.lrange(rq_queue_key(name), 0, SCAN_DEPTH - 1)]
         with redis.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hget(RQJob.key_for(job_id), "enqueued_at")
+                pipe.hget(rq_job_key(job_id), "enqueued_at")
             stamps = pipe.execute()
         aged = [
             job_id for job_id, stamp in zip(ids, stamps, strict=True) if stamp and utcparse(stamp.decode()) <= cutoff
@@ -71,10 +70,10 @@ def promote_aged_jobs(redis: Redis, *, aging_s: float, now: datetime | None = No
         # Youngest first, each pushed to the front: the oldest ends up first in line.
         for job_id in reversed(aged):
             keys = [
-                Queue.redis_queue_namespace_prefix + name,
-                Queue.redis_queue_namespace_prefix + target,
-                RQJob.key_for(job_id),
-                Queue.redis_queues_keys,
+                rq_queue_key(name),
+                rq_queue_key(target),
+                rq_job_key(job_id),
+                RQ_QUEUES,
             ]
             if move(keys=keys, args=[job_id, target, utcformat(now)]):
                 moved.append(job_id)

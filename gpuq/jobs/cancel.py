@@ -10,14 +10,13 @@ import json
 
 from anyio import to_thread
 from redis import Redis
-from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuq import store
 from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.enqueue import QueueEntry, remove_queued
-from gpuq.jobs.queues import CANCEL_FLAG_TTL_S, cancel_flag_key
+from gpuq.redis_keys import CANCEL_FLAG_TTL_S, cancel_flag_key, rq_worker_channel
 from gpuq.stats import metrics
 
 
@@ -46,7 +45,7 @@ def signal_worker(redis: Redis, job_id: str, worker: str | None) -> None:
     with redis.pipeline(transaction=False) as pipe:
         pipe.set(cancel_flag_key(job_id), 1, ex=CANCEL_FLAG_TTL_S)
         if worker:
-            pipe.publish(PUBSUB_CHANNEL_TEMPLATE % worker, json.dumps({"command": "stop-job", "job_id": job_id}))
+            pipe.publish(rq_worker_channel(worker), json.dumps({"command": "stop-job", "job_id": job_id}))
         pipe.execute()
 
 

@@ -13,12 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from redis import Redis
-from rq import Queue
-from rq.job import Job as RQJob
 from rq.utils import now as rq_now
 from rq.utils import utcformat
 
 from gpuq.jobs.queues import JOB_FUNC, Priority, queue_name
+from gpuq.redis_keys import RQ_JOB_PREFIX, RQ_QUEUES, rq_job_key, rq_queue_key
 
 FAILURE_TTL_S = 7 * 24 * 3600
 SCRIPT_CHUNK = 2000  # jobs per script call
@@ -68,11 +67,7 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
     script = redis.register_script(_ENQUEUE)
     with redis.pipeline(transaction=True) as pipe:
         for name, ids in by_queue.items():
-            keys = [
-                Queue.redis_queue_namespace_prefix + name,
-                Queue.redis_queues_keys,
-                RQJob.redis_job_namespace_prefix,
-            ]
+            keys = [rq_queue_key(name), RQ_QUEUES, RQ_JOB_PREFIX]
             for start in range(0, len(ids), SCRIPT_CHUNK):
                 args: list[str | int | bytes] = [name, now, timeout_s, FAILURE_TTL_S]
                 for job_id in ids[start : start + SCRIPT_CHUNK]:
@@ -85,9 +80,8 @@ def remove_queued(redis: Redis, entries: Iterable[QueueEntry]) -> None:
     """Take jobs out of their queues (cancelled before a worker took them)."""
     with redis.pipeline(transaction=True) as pipe:
         for e in entries:
-            queue = Queue(e.queue, connection=redis)
-            pipe.lrem(queue.key, 0, e.job_id)
-            pipe.delete(f"{queue.job_class.redis_job_namespace_prefix}{e.job_id}")
+            pipe.lrem(rq_queue_key(e.queue), 0, e.job_id)
+            pipe.delete(rq_job_key(e.job_id))
         pipe.execute()
 
 
@@ -95,5 +89,5 @@ def job_keys_exist(redis: Redis, job_ids: list[str]) -> list[bool]:
     """Which jobs still have an RQ job hash (and so a queue entry or a running execution)."""
     with redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
-            pipe.exists(f"{Queue.job_class.redis_job_namespace_prefix}{job_id}")
+            pipe.exists(rq_job_key(job_id))
         return [bool(n) for n in pipe.execute()]

@@ -28,6 +28,7 @@ from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
+from gpuq.redis_keys import rate_limit_key
 
 # Retry-After for a full queue: the queue drains at the fleet's pace, which this check
 # does not know; a few seconds keeps clients from hammering without making them idle long.
@@ -97,7 +98,7 @@ def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> 
             headers={"Retry-After": "60"},
         )
     try:
-        granted, wait_s = redis.eval(_TAKE_TOKENS, 1, f"gpuq:rate:{caller.key_id}", limit, limit / 60.0, count, now_s)  # type: ignore[misc]
+        granted, wait_s = redis.eval(_TAKE_TOKENS, 1, rate_limit_key(caller.key_id), limit, limit / 60.0, count, now_s)  # type: ignore[misc]
     except RedisError as exc:
         raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
     if not int(granted):

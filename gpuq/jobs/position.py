@@ -15,7 +15,6 @@ from typing import Any
 
 from anyio import to_thread
 from redis import Redis
-from rq import Queue
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -23,13 +22,10 @@ from sqlalchemy.orm import Session
 from gpuq.db.tables import Job, JobStatus, utcnow
 from gpuq.jobs.aging import gpuq_queues
 from gpuq.jobs.queues import Priority, queue_name
+from gpuq.redis_keys import rq_queue_key
 from gpuq.stats.filters import StatsFilter
 
 ETA_RATE_WINDOW = timedelta(minutes=15)  # recent enough to follow load, long enough to smooth it
-
-
-def _key(name: str) -> str:
-    return Queue.redis_queue_namespace_prefix + name
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +65,8 @@ def _read_queues(redis: Redis, flt: StatsFilter) -> Listed:
     ]
     with redis.pipeline(transaction=False) as pipe:
         for name, *_ in queues:
-            pipe.llen(_key(name))
-            pipe.lindex(_key(name), 0)
+            pipe.llen(rq_queue_key(name))
+            pipe.lindex(rq_queue_key(name), 0)
         raw = pipe.execute()
     return [
         (q, int(raw[2 * i]), raw[2 * i + 1].decode() if raw[2 * i + 1] else None)
@@ -133,8 +129,8 @@ def _find(redis: Redis, job_id: str, model: str, kind: str) -> tuple[str, int, i
     names = [queue_name(model, kind, p) for p in Priority]  # high first
     with redis.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.lpos(_key(name), job_id)
-            pipe.llen(_key(name))
+            pipe.lpos(rq_queue_key(name), job_id)
+            pipe.llen(rq_queue_key(name))
         raw: list[Any] = pipe.execute()
     found = next((i for i in range(len(names)) if raw[2 * i] is not None), None)
     if found is None:

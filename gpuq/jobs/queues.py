@@ -1,10 +1,9 @@
-"""Every Redis name gpuq uses, in one module.
+"""Queues: priorities, queue names and the order a worker listens in.
 
 Work waits in RQ queues named ``gpuq:<model>:<kind>:<priority>``. A worker listens on
 the queues of the models and kinds its GPU may run (affinity rules can name a kind),
 highest priority first, so RQ's ordered ``BLPOP`` gives priority order for free.
-gpuq's own keys (cancel flags, GPU telemetry) share the ``gpuq:`` prefix; RQ's keys keep
-RQ's own ``rq:`` prefix so RQ's tools still work.
+Every Redis key, these queues' included, is named in ``gpuq.redis_keys``.
 """
 
 from __future__ import annotations
@@ -13,11 +12,14 @@ import enum
 import hashlib
 import re
 
+from gpuq import redis_keys
 from gpuq.db.tables import JobKind
 
-PREFIX = "gpuq"
+# worker/ imports these two from here; their home is gpuq.redis_keys.
+from gpuq.redis_keys import cancel_flag_key as cancel_flag_key
+from gpuq.redis_keys import too_small_key as too_small_key
+
 JOB_FUNC = "worker.tasks.run_job"  # named, not imported: the API never imports the worker
-CANCEL_FLAG_TTL_S = 24 * 3600
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -55,13 +57,13 @@ def queue_name(model: str, kind: str, priority: Priority) -> str:
         raise ValueError(f"invalid model name {model!r}")
     if kind not in KINDS:
         raise ValueError(f"invalid job kind {kind!r}")
-    return f"{PREFIX}:{model}:{kind}:{priority.label}"
+    return redis_keys.queue_name(model, kind, priority.label)
 
 
 def parse_queue_name(name: str) -> tuple[str, str, Priority]:
     """Inverse of :func:`queue_name`; refuses names gpuq did not make."""
     parts = name.split(":")
-    if len(parts) != 4 or parts[0] != PREFIX or not is_valid_model_name(parts[1]) or parts[2] not in KINDS:
+    if len(parts) != 4 or parts[0] != redis_keys.PREFIX or not is_valid_model_name(parts[1]) or parts[2] not in KINDS:
         raise ValueError(f"{name!r} is not a gpuq queue name")
     return parts[1], parts[2], Priority.parse(parts[3])
 
@@ -90,27 +92,3 @@ def worker_queue_names(
 
     ordered = sorted(servable, key=rank)  # stable: keeps the given order when nothing differs
     return [queue_name(model, kind, p) for p in Priority for model, kind in ordered]
-
-
-def cancel_flag_key(job_id: str) -> str:
-    return f"{PREFIX}:cancel:{job_id}"
-
-
-def gpu_telemetry_key(uuid: str) -> str:
-    """Live readings a supervisor publishes for one GPU (a hash with a short TTL)."""
-    return f"{PREFIX}:gpu:{uuid}"
-
-
-def too_small_key(gpu_uuid: str) -> str:
-    """Models that ran out of memory loading on this GPU even alone (a set)."""
-    return f"{PREFIX}:too-small:{gpu_uuid}"
-
-
-def drained_hosts_key() -> str:
-    """Hosts an admin has drained (a set): their workers, present and future, take no jobs."""
-    return f"{PREFIX}:drained-hosts"
-
-
-def unload_requests_key(worker: str) -> str:
-    """Models an admin asked this worker to unload (a set, read with its control flags)."""
-    return f"{PREFIX}:unload:{worker}"

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from redis import Redis
-from rq.job import Job as RQJob
-from rq.worker import Worker
 from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
 from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.redis_keys import rq_job_key, rq_worker_key
 from gpuq.stats import metrics
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ def _requeue_lost_entries(
         return
     with redis.pipeline(transaction=False) as pipe:
         for job_id, *_ in queued:
-            pipe.hget(RQJob.key_for(job_id), "status")
+            pipe.hget(rq_job_key(job_id), "status")
         statuses = pipe.execute()
     lost = [QueueEntry(*row) for row, status in zip(queued, statuses, strict=True) if status not in LIVE_RQ_STATUSES]
     if lost:
@@ -74,7 +73,7 @@ def _live_workers(redis: Redis, names: set[str]) -> set[str]:
     ordered = sorted(names)
     with redis.pipeline(transaction=False) as pipe:
         for name in ordered:
-            key = Worker.redis_worker_namespace_prefix + name
+            key = rq_worker_key(name)
             pipe.exists(key)
             pipe.hexists(key, "death")
         flags = pipe.execute()

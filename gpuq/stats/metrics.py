@@ -37,20 +37,22 @@ from rq.worker import Worker
 
 from gpuq.db.tables import Gpu
 from gpuq.fleet import telemetry
-from gpuq.jobs.queues import PREFIX, Priority, queue_name
+from gpuq.jobs.queues import Priority, queue_name
+from gpuq.redis_keys import (
+    METRICS_JOBS,
+    METRICS_LOAD_TIME,
+    METRICS_LOADS,
+    METRICS_QUEUE_WAIT,
+    METRICS_RUN,
+    METRICS_TOKENS,
+    rq_queue_key,
+)
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # text exposition format 0.0.4, what every Prometheus reads
 MIB = 1 << 20
 _SEP = "\t"  # model names, kinds and statuses never contain a tab (see queues.is_valid_model_name)
-
-JOBS_KEY = f"{PREFIX}:metrics:jobs"  # model, kind, status -> count
-TOKENS_KEY = f"{PREFIX}:metrics:tokens"  # model -> completion tokens
-LOADS_KEY = f"{PREFIX}:metrics:loads"  # model -> loads
-QUEUE_WAIT_KEY = f"{PREFIX}:metrics:queue_wait"  # histogram by model, kind
-RUN_KEY = f"{PREFIX}:metrics:run"  # histogram by model, kind
-LOAD_TIME_KEY = f"{PREFIX}:metrics:load_time"  # histogram by model
 
 # Seconds. Queue waits run from milliseconds (idle fleet) to hours (a big low-priority batch);
 # runs from a noop to a long generation; loads from a cached small model to a 70B on a slow disk.
@@ -97,13 +99,15 @@ class _Increments:
 
     def add_finished(self, jobs: Iterable[FinishedJob]) -> None:
         for job in jobs:
-            self.ints[(JOBS_KEY, _SEP.join((job.model, job.kind, job.status)))] += 1
+            self.ints[(METRICS_JOBS, _SEP.join((job.model, job.kind, job.status)))] += 1
             if job.completion_tokens:
-                self.ints[(TOKENS_KEY, job.model)] += job.completion_tokens
+                self.ints[(METRICS_TOKENS, job.model)] += job.completion_tokens
             if job.queue_wait_s is not None:
-                self.observe(QUEUE_WAIT_KEY, (job.model, job.kind), QUEUE_WAIT_BUCKETS_S, max(0.0, job.queue_wait_s))
+                self.observe(
+                    METRICS_QUEUE_WAIT, (job.model, job.kind), QUEUE_WAIT_BUCKETS_S, max(0.0, job.queue_wait_s)
+                )
             if job.run_s is not None:
-                self.observe(RUN_KEY, (job.model, job.kind), RUN_BUCKETS_S, max(0.0, job.run_s))
+                self.observe(METRICS_RUN, (job.model, job.kind), RUN_BUCKETS_S, max(0.0, job.run_s))
 
     def send(self, pipe: Pipeline) -> None:
         for (key, field), n in self.ints.items():
@@ -154,8 +158,8 @@ def record_model_load(redis: Redis, model: str, seconds: float) -> None:
     try:
         with redis.pipeline(transaction=False) as pipe:
             inc = _Increments()
-            inc.ints[(LOADS_KEY, model)] += 1
-            inc.observe(LOAD_TIME_KEY, (model,), LOAD_BUCKETS_S, seconds)
+            inc.ints[(METRICS_LOADS, model)] += 1
+            inc.observe(METRICS_LOAD_TIME, (model,), LOAD_BUCKETS_S, seconds)
             inc.send(pipe)
             pipe.execute()
     except Exception:
@@ -182,12 +186,12 @@ def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
 def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequence[Gpu]) -> Snapshot:
     """``queues``: the (model, kind) pairs to report depth for, all three priorities each."""
     names = [(m, k, p.label, queue_name(m, k, p)) for m, k in queues for p in Priority]
-    keys = (JOBS_KEY, TOKENS_KEY, LOADS_KEY, QUEUE_WAIT_KEY, RUN_KEY, LOAD_TIME_KEY)
+    keys = (METRICS_JOBS, METRICS_TOKENS, METRICS_LOADS, METRICS_QUEUE_WAIT, METRICS_RUN, METRICS_LOAD_TIME)
     with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hgetall(key)
         for *_, name in names:
-            pipe.llen(f"rq:queue:{name}")
+            pipe.llen(rq_queue_key(name))
         raw = pipe.execute()
     counters = {key: _decode(values) for key, values in zip(keys, raw, strict=False)}
     depth = {(m, k, p): int(n) for (m, k, p, _), n in zip(names, raw[len(keys) :], strict=True)}
@@ -263,20 +267,22 @@ class _SnapshotCollector(Collector):
             depth.add_metric([model, kind, priority], n)
         yield depth
         c = s.counters
-        yield _counter("gpuq_jobs", "jobs that reached a final status", ["model", "kind", "status"], c[JOBS_KEY])
+        yield _counter("gpuq_jobs", "jobs that reached a final status", ["model", "kind", "status"], c[METRICS_JOBS])
         yield _histogram(
             "gpuq_job_queue_wait_seconds",
             "from submission to a worker's claim",
             ["model", "kind"],
-            c[QUEUE_WAIT_KEY],
+            c[METRICS_QUEUE_WAIT],
             QUEUE_WAIT_BUCKETS_S,
         )
         yield _histogram(
-            "gpuq_job_run_seconds", "running, model load excluded", ["model", "kind"], c[RUN_KEY], RUN_BUCKETS_S
+            "gpuq_job_run_seconds", "running, model load excluded", ["model", "kind"], c[METRICS_RUN], RUN_BUCKETS_S
         )
-        yield _counter("gpuq_tokens_generated", "completion tokens generated", ["model"], c[TOKENS_KEY])
-        yield _counter("gpuq_model_loads", "models loaded by workers", ["model"], c[LOADS_KEY])
-        yield _histogram("gpuq_model_load_seconds", "time to load a model", ["model"], c[LOAD_TIME_KEY], LOAD_BUCKETS_S)
+        yield _counter("gpuq_tokens_generated", "completion tokens generated", ["model"], c[METRICS_TOKENS])
+        yield _counter("gpuq_model_loads", "models loaded by workers", ["model"], c[METRICS_LOADS])
+        yield _histogram(
+            "gpuq_model_load_seconds", "time to load a model", ["model"], c[METRICS_LOAD_TIME], LOAD_BUCKETS_S
+        )
         yield from _gpu_families(s.gpus)
         workers = GaugeMetricFamily("gpuq_workers", "live workers by host and state", labels=["host", "state"])
         for (host, state), n in sorted(s.workers.items()):

@@ -1,0 +1,104 @@
+"""Every Redis name gpuq reads or writes, in one module: a reader finds them all here.
+
+Two families share one Redis database:
+
+* **RQ's keys**, named through RQ's own class attributes, so RQ's workers and tools
+  (``rq info``) read what gpuq writes as their own. gpuq chooses only the queue names,
+  ``gpuq:<model>:<kind>:<priority>`` (checked and parsed in ``gpuq.jobs.queues``), and
+  adds its fields to RQ's worker hashes.
+* **gpuq's own keys**, all under ``gpuq:``. Each says what it holds and how long it lives.
+
+Other modules import these names and builders; none spells a key itself.
+"""
+
+from __future__ import annotations
+
+from rq.command import PUBSUB_CHANNEL_TEMPLATE
+from rq.job import Job as RQJob
+from rq.queue import Queue
+from rq.worker import Worker
+
+PREFIX = "gpuq"
+
+# ---------------------------------------------------------------- RQ's keys
+
+RQ_QUEUES = Queue.redis_queues_keys  # a set of the keys of every queue RQ knows
+RQ_QUEUE_PREFIX = Queue.redis_queue_namespace_prefix  # + queue name: the list of job ids waiting in it
+RQ_JOB_PREFIX = RQJob.redis_job_namespace_prefix  # + job id: RQ's job hash (gpuq's job id is RQ's)
+RQ_WORKER_PREFIX = Worker.redis_worker_namespace_prefix  # + worker name: RQ's worker hash, with a TTL
+
+
+def queue_name(model: str, kind: str, priority: str) -> str:
+    """An RQ queue's name from parts ``gpuq.jobs.queues.queue_name`` has checked."""
+    return f"{PREFIX}:{model}:{kind}:{priority}"
+
+
+def rq_queue_key(name: str) -> str:
+    return RQ_QUEUE_PREFIX + name
+
+
+def rq_job_key(job_id: str) -> str:
+    return RQ_JOB_PREFIX + job_id
+
+
+def rq_worker_key(name: str) -> str:
+    return RQ_WORKER_PREFIX + name
+
+
+def rq_worker_channel(name: str) -> str:
+    """The worker's pub/sub channel: RQ's ``stop-job`` and gpuq's control commands."""
+    return PUBSUB_CHANNEL_TEMPLATE % name
+
+
+# gpuq's fields on RQ's worker hash (RQ ignores fields it does not know); they die with it.
+HOST_FIELD = "gpuq_host"
+SLOT_FIELD = "gpuq_slot"
+DEVICE_FIELD = "gpuq_device"
+GPUS_FIELD = "gpuq_gpus"
+LOADED_FIELD = "gpuq_loaded"
+DRAIN_FIELD = "gpuq_drain"  # "1" while an admin has drained this worker
+
+# ---------------------------------------------------------------- gpuq's keys
+
+# How long a cancel flag or an unload request outlives its last write: a day covers any
+# job timeout, and a flag nobody reads any more expires on its own.
+CANCEL_FLAG_TTL_S = 24 * 3600
+
+
+def cancel_flag_key(job_id: str) -> str:
+    """Set (with ``CANCEL_FLAG_TTL_S``) while a running job should stop; its worker checks it."""
+    return f"{PREFIX}:cancel:{job_id}"
+
+
+def gpu_telemetry_key(uuid: str) -> str:
+    """Live readings a supervisor publishes for one GPU (a hash with a short TTL)."""
+    return f"{PREFIX}:gpu:{uuid}"
+
+
+def too_small_key(gpu_uuid: str) -> str:
+    """Models that ran out of memory loading on this GPU even alone (a set)."""
+    return f"{PREFIX}:too-small:{gpu_uuid}"
+
+
+def drained_hosts_key() -> str:
+    """Hosts an admin has drained (a set): their workers, present and future, take no jobs."""
+    return f"{PREFIX}:drained-hosts"
+
+
+def unload_requests_key(worker: str) -> str:
+    """Models an admin asked this worker to unload (a set with ``CANCEL_FLAG_TTL_S``)."""
+    return f"{PREFIX}:unload:{worker}"
+
+
+def rate_limit_key(api_key_id: str) -> str:
+    """An API key's submission token bucket (a hash: tokens, at), expiring once full again."""
+    return f"{PREFIX}:rate:{api_key_id}"
+
+
+# Prometheus counters and histograms (hashes without a TTL: cumulative, as Prometheus expects).
+METRICS_JOBS = f"{PREFIX}:metrics:jobs"  # model, kind, status -> count
+METRICS_TOKENS = f"{PREFIX}:metrics:tokens"  # model -> completion tokens
+METRICS_LOADS = f"{PREFIX}:metrics:loads"  # model -> loads
+METRICS_QUEUE_WAIT = f"{PREFIX}:metrics:queue_wait"  # histogram by model, kind
+METRICS_RUN = f"{PREFIX}:metrics:run"  # histogram by model, kind
+METRICS_LOAD_TIME = f"{PREFIX}:metrics:load_time"  # histogram by model
