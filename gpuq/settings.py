@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     webhook_secret: str = Field(
         "", description="HMAC key for webhook signatures; empty: one is generated in the data directory"
     )
+    webhook_delivery_threads: int = Field(
+        4, ge=1, description="webhooks the scheduler sends at once, each on its own thread, off its tick"
+    )
 
     reconcile_interval_s: float = Field(10.0, gt=0)
     reconcile_grace_s: float = Field(

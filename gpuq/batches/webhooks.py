@@ -1,10 +1,11 @@
 """Webhooks on job and batch completion: signed, retried with backoff, logged in SQL.
 
 An event is first a row (``webhook_deliveries``), written in the same transaction as
-the state change it reports, so a crash cannot lose it. The scheduler sends due rows:
-each attempt is claimed by a conditional UPDATE (so two schedulers do not both send it),
-POSTed with an HMAC-SHA256 signature, and on failure retried after 2, 4, 8 ... seconds
-(at most an hour apart) until ``MAX_ATTEMPTS``.
+the state change it reports, so a crash cannot lose it. The scheduler sends due rows from
+a small pool of threads (``DeliveryPool``), off its tick: each attempt is claimed by a
+conditional UPDATE (so two schedulers do not both send it), POSTed with an HMAC-SHA256
+signature, and on failure retried after 2, 4, 8 ... seconds (at most an hour apart) until
+``MAX_ATTEMPTS``.
 
 Verifying a delivery (receiver side)::
 
@@ -21,13 +22,15 @@ import hmac
 import json
 import logging
 import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq.db.tables import DeliveryStatus, WebhookDelivery, utcnow
 
@@ -100,36 +103,50 @@ def _claim(session: Session, delivery: WebhookDelivery, now: datetime) -> bool:
     return bool(changed)
 
 
+def claim_due(session: Session, *, now: datetime | None = None, limit: int = BATCH_SIZE) -> list[str]:
+    """Claim up to ``limit`` due deliveries for one attempt each; returns their ids. A claimed
+    delivery is not due again for ``CLAIM_S``, so its attempt must start within that time."""
+    now = now or utcnow()
+    due = session.scalars(
+        select(WebhookDelivery)
+        .where(WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.next_attempt_at <= now)
+        .order_by(WebhookDelivery.next_attempt_at)
+        .limit(limit)
+    ).all()
+    return [delivery.id for delivery in due if _claim(session, delivery, now)]  # lost claims: another scheduler's
+
+
 def deliver_due(
     session: Session, secret: bytes, *, now: datetime | None = None, client: httpx.Client | None = None
 ) -> list[str]:
-    """Send every delivery that is due; returns the ids delivered this time."""
+    """Send the deliveries that are due (up to ``BATCH_SIZE``) one after the other, each
+    claimed just before its attempt; returns the ids delivered this time. The scheduler
+    sends from a ``DeliveryPool`` instead."""
     now = now or utcnow()
-    due = list(
-        session.scalars(
-            select(WebhookDelivery)
-            .where(WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.next_attempt_at <= now)
-            .order_by(WebhookDelivery.next_attempt_at)
-            .limit(BATCH_SIZE)
-        )
-    )
     delivered = []
-    own_client = client is None
-    client = client or httpx.Client(timeout=TIMEOUT_S)
-    try:
-        for delivery in due:
-            if not _claim(session, delivery, now):
-                continue  # another scheduler is sending it
-            if _send(session, client, delivery, secret, now):
-                delivered.append(delivery.id)
-    finally:
-        if own_client:
-            client.close()
+    for _ in range(BATCH_SIZE):
+        claimed = claim_due(session, now=now, limit=1)
+        if not claimed:
+            break  # a claimed or retried delivery is not due again at ``now``
+        if send(session, claimed[0], secret, now=now, client=client):
+            delivered.append(claimed[0])
     return delivered
 
 
-def _send(session: Session, client: httpx.Client, delivery: WebhookDelivery, secret: bytes, now: datetime) -> bool:
-    session.refresh(delivery)
+def send(
+    session: Session,
+    delivery_id: str,
+    secret: bytes,
+    *,
+    now: datetime | None = None,
+    client: httpx.Client | None = None,
+) -> bool:
+    """One attempt at a claimed delivery: POST it and record the outcome (delivered, retried
+    after a backoff, or failed for good). Returns whether the receiver accepted it."""
+    now = now or utcnow()
+    delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
+    if delivery is None:
+        return False  # deleted since it was claimed
     body = json.dumps(
         {"id": delivery.id, "event": delivery.event, "data": delivery.payload}, separators=(",", ":")
     ).encode()
@@ -143,7 +160,11 @@ def _send(session: Session, client: httpx.Client, delivery: WebhookDelivery, sec
         "X-Gpuq-Signature": sign(secret, timestamp, body),
     }
     try:
-        response = client.post(delivery.url, content=body, headers=headers)
+        if client is None:
+            with httpx.Client(timeout=TIMEOUT_S) as own:
+                response = own.post(delivery.url, content=body, headers=headers)
+        else:
+            response = client.post(delivery.url, content=body, headers=headers)
         delivery.last_status_code, delivery.last_error = response.status_code, None
         ok = response.is_success
         if not ok:
@@ -159,3 +180,50 @@ def _send(session: Session, client: httpx.Client, delivery: WebhookDelivery, sec
         delivery.next_attempt_at = now + timedelta(seconds=backoff_s(delivery.attempts))
     session.commit()
     return ok
+
+
+class DeliveryPool:
+    """Sends due deliveries from ``threads`` threads of its own, so that a slow receiver (up
+    to ``TIMEOUT_S`` an attempt) holds up one of them, not the scheduler's tick.
+
+    ``dispatch`` claims only as many deliveries as there are idle threads: each attempt then
+    starts at once, well within its claim (``CLAIM_S``); one left waiting in a queue could see
+    its claim lapse and be sent twice. Claiming stays the conditional UPDATE, so several
+    schedulers, each with its pool, still send every attempt once."""
+
+    def __init__(self, sessions: sessionmaker[Session], secret: bytes, *, threads: int) -> None:
+        self._sessions = sessions
+        self._secret = secret
+        self._threads = threads
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="webhook")
+        self._lock = threading.Lock()
+        self._busy = 0
+
+    def dispatch(self) -> int:
+        """Claim due deliveries for the idle threads and hand them over; returns how many."""
+        with self._lock:
+            idle = self._threads - self._busy
+        if idle <= 0:
+            return 0
+        with self._sessions() as session:
+            claimed = claim_due(session, limit=idle)
+        for delivery_id in claimed:
+            with self._lock:
+                self._busy += 1
+            self._executor.submit(self._send, delivery_id)
+        return len(claimed)
+
+    def _send(self, delivery_id: str) -> None:
+        try:
+            with self._sessions() as session:
+                send(session, delivery_id, self._secret)
+        except Exception:
+            # The database failed under us: the claim lapses after CLAIM_S and the attempt is made again.
+            log.exception("webhook %s: the attempt could not be recorded; it will be retried", delivery_id)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def close(self) -> None:
+        """Stop taking work; attempts in flight finish in the background (at most ``TIMEOUT_S``)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
