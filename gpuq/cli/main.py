@@ -127,8 +127,9 @@ def _maybe(value: float | int | None, unit: str) -> str:
 
 @main.command()
 def scheduler() -> None:
-    """Run the scheduler loop: priority aging and the SQL-to-Redis reconciler. Safe to run more than one."""
-    from gpuq.local.embedded import run_scheduler
+    """Run the scheduler: priority aging, cron schedules, batch finalisation, webhooks, the
+    SQL-to-Redis reconciler and stats rollups. Safe to run more than one."""
+    from gpuq.scheduler import run_scheduler
 
     run_scheduler(get_settings(), threading.Event())
 

@@ -9,30 +9,21 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
-from redis import Redis
-
 from gpuq.auth.admin_key import ensure_admin_key, key_file, read_key_file
-from gpuq.batches.schedules import fire_due_schedules
-from gpuq.batches.service import advance_batches
-from gpuq.batches.webhooks import deliver_due, load_secret
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.jobs.aging import promote_aged_jobs
-from gpuq.jobs.reconciler import reconcile_once
 from gpuq.local.redis_server import PrivateRedis
 from gpuq.registry.models import register_bundled_model
+from gpuq.scheduler import run_scheduler
 from gpuq.settings import ENV_PREFIX, Settings
-from gpuq.stats import rollups as stats_rollup
 
 log = logging.getLogger(__name__)
 
 WORKER_STOP_TIMEOUT_S = 30
-SCHEDULER_TICK_S = 1.0
 
 
 def prepare_database(settings: Settings) -> str | None:
@@ -61,41 +52,6 @@ def settings_env(settings: Settings) -> dict[str, str]:
         f"{ENV_PREFIX}REDIS_URL": settings.redis_url,
         f"{ENV_PREFIX}DATA_DIR": str(settings.data_dir),
     }
-
-
-def run_scheduler(settings: Settings, stop: threading.Event) -> None:
-    """The scheduler loop. Every tick: cron schedules, priority aging, batch progress
-    (expiry, finalisation) and webhook deliveries; every ``reconcile_interval_s``: the
-    SQL-to-Redis reconciler and the stats rollups of days that have ended (so no stats
-    request pays for them; a request still rolls up what is missing when no scheduler
-    runs). Safe to run in several processes at once."""
-    engine = sync_engine(settings.database_url)
-    sessions = sync_sessions(engine)
-    redis = Redis.from_url(settings.require_redis_url())
-    webhook_secret = load_secret(settings.webhook_secret, settings.data_dir)
-    next_reconcile = time.monotonic() + settings.reconcile_interval_s
-    while not stop.wait(SCHEDULER_TICK_S):
-        try:
-            promote_aged_jobs(redis, aging_s=settings.priority_aging_s)
-            with sessions() as session:
-                fire_due_schedules(session, redis, timeout_s=settings.job_timeout_s)
-                advance_batches(session, redis, settings.data_dir)
-                deliver_due(session, webhook_secret)
-            if time.monotonic() >= next_reconcile:
-                next_reconcile = time.monotonic() + settings.reconcile_interval_s
-                with sessions() as session:
-                    reconcile_once(
-                        session,
-                        redis,
-                        grace_s=settings.reconcile_grace_s,
-                        max_attempts=settings.job_max_attempts,
-                        timeout_s=settings.job_timeout_s,
-                    )
-                    stats_rollup.refresh(session)
-        except Exception:
-            log.exception("scheduler pass failed; will retry")
-    redis.close()
-    engine.dispose()
 
 
 @dataclass
