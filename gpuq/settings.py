@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "GPUQ_"
 DEFAULT_DATA_DIR = Path("./data")
+# Continuous batching defaults, from `python -m bench batching` (docs/benchmarks.md).
+DEFAULT_CPU_SLOTS = 4
+DEFAULT_GPU_SLOTS = 8
 
 
 class Settings(BaseSettings):
@@ -53,6 +56,13 @@ class Settings(BaseSettings):
 
     worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
     worker_max_loaded_models: int = Field(2, ge=1)
+    worker_slots: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="sequences a worker decodes together per generation model (continuous batching); "
+        "0: 8 on a GPU, 4 on the CPU (docs/benchmarks.md)",
+    )
     worker_keep_alive_s: float = Field(
         300.0, description="idle time before a loaded model is unloaded (a job's keep_alive wins); < 0: never"
     )
@@ -85,6 +95,11 @@ class Settings(BaseSettings):
     @cached_property
     def llama_threads(self) -> int:
         return self.worker_threads if self.worker_threads > 0 else max(1, os.cpu_count() or 1)
+
+    def slots_for(self, *, on_gpu: bool) -> int:
+        if self.worker_slots > 0:
+            return self.worker_slots
+        return DEFAULT_GPU_SLOTS if on_gpu else DEFAULT_CPU_SLOTS
 
     @property
     def host(self) -> str:

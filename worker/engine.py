@@ -1,4 +1,4 @@
-"""llama.cpp behind four verbs: load, unload (drop the reference), generate, embed.
+"""llama.cpp behind a few verbs: load, close, admit/generate (through the decoder), embed.
 
 Imports ``llama_cpp`` lazily, so ``CUDA_VISIBLE_DEVICES`` set by the worker's launcher is
 in place before CUDA is first touched.
@@ -6,21 +6,14 @@ in place before CUDA is first touched.
 
 from __future__ import annotations
 
+import ctypes
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-from gpuq.jobs.prompt import prompt_text, tokenize_prompt
+from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
+from worker.decoder import BatchDecoder, Generation, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    text: str
-    finish_reason: str  # "stop", "length" or "cancelled"
-    prompt_tokens: int
-    completion_tokens: int
 
 
 class JobCancelled(Exception):
@@ -28,8 +21,11 @@ class JobCancelled(Exception):
 
 
 class LoadedModel:
-    """One llama.cpp model instance, for generation or for embedding (llama.cpp sets the mode
-    per context, so a model used both ways is loaded twice; the weights are mmapped once)."""
+    """One model loaded for generation or for embedding (llama.cpp sets the mode per context,
+    so a model used both ways is loaded twice; the weights are mmapped once).
+
+    For generation the weights get a :class:`BatchDecoder` context with ``slots`` sequences
+    (continuous batching); for embeddings, llama-cpp-python's ``Llama`` in embedding mode."""
 
     def __init__(
         self,
@@ -40,66 +36,52 @@ class LoadedModel:
         threads: int,
         gpu_layers: int,
         tensor_split: list[float] | None = None,
+        slots: int = 1,
     ) -> None:
-        import llama_cpp
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        kwargs: dict[str, Any] = {
-            "model_path": path,
-            "n_ctx": n_ctx,
-            "n_threads": threads,
-            "n_threads_batch": threads,
-            "n_gpu_layers": gpu_layers,
-            "verbose": False,
-        }
-        if tensor_split:  # a GPU group: layers spread across its GPUs in these proportions
-            kwargs["tensor_split"] = tensor_split
-        if embedding:
-            # Each text must fit one micro-batch for pooled embeddings.
-            kwargs |= {
-                "embedding": True,
-                "pooling_type": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                "n_batch": n_ctx,
-                "n_ubatch": n_ctx,
-            }
-        self.llm = llama_cpp.Llama(**kwargs)
         self.embedding = embedding
-        self.formatter = None
-        template = self.llm.metadata.get("tokenizer.chat_template")
-        if template and not embedding:
-            eos, bos = self.llm.token_eos(), self.llm.token_bos()
-            self.formatter = Jinja2ChatFormatter(
-                template=template,
-                eos_token=self.llm._model.token_get_text(eos) if eos != -1 else "",
-                bos_token=self.llm._model.token_get_text(bos) if bos != -1 else "",
-            )
+        self.formatter: ChatFormatter | None = None
+        self.decoder: BatchDecoder | None = None
+        if embedding:
+            self.llm = _embedding_llama(path, n_ctx, threads, gpu_layers, tensor_split)
+            return
+        self.model = _load_weights(path, gpu_layers, tensor_split)
+        self.formatter = chat_formatter(self.model)
+        self.decoder = BatchDecoder(self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads)
 
     def close(self) -> None:
-        self.llm.close()
+        if self.decoder is not None:
+            self.decoder.close()
+            self.model.close()
+        else:
+            self.llm.close()
+
+    def prompt_tokens(self, request: dict[str, Any]) -> list[int]:
+        return tokenize_prompt(self.model.tokenize, prompt_text(request, self.formatter))
+
+    def admit(self, key: str, request: dict[str, Any], cancel: threading.Event, deadline: float | None = None) -> int:
+        """Starts a generation in a free slot; returns its prompt's token count."""
+        assert self.decoder is not None, "an embedding model does not generate"
+        tokens = self.prompt_tokens(request)
+        self.decoder.admit(
+            key,
+            tokens,
+            max_tokens=request["max_tokens"],
+            sampling=Sampling.of(request),
+            stop=request.get("stop") or [],
+            cancel=cancel,
+            deadline=deadline,
+        )
+        return len(tokens)
 
     def generate(self, request: dict[str, Any], cancel: threading.Event) -> Generation:
-        import llama_cpp
-
-        tokens = tokenize_prompt(self.llm.tokenize, prompt_text(request, self.formatter))
-        # Called once per sampled token: this is where a running job stops when cancelled.
-        stopping = llama_cpp.StoppingCriteriaList([lambda _ids, _logits: cancel.is_set()])
-        out = self.llm.create_completion(
-            prompt=tokens,
-            max_tokens=request["max_tokens"],
-            temperature=request["temperature"],
-            top_p=request["top_p"],
-            seed=request.get("seed"),
-            stop=request.get("stop") or [],
-            stopping_criteria=stopping,
-        )
-        choice = out["choices"][0]  # type: ignore[index]
-        usage = out["usage"]  # type: ignore[index]
-        return Generation(
-            text=choice["text"],
-            finish_reason="cancelled" if cancel.is_set() else (choice["finish_reason"] or "stop"),
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage["completion_tokens"],
-        )
+        """One generation alone, start to end (the decoder may hold no other sequence)."""
+        assert self.decoder is not None and self.decoder.active == 0
+        self.admit("alone", request, cancel)
+        while True:
+            for finished in self.decoder.step():
+                if finished.generation is None:
+                    raise RuntimeError(finished.error or "the generation was sent back")
+                return finished.generation
 
     def embed(self, texts: list[str], cancel: threading.Event) -> tuple[list[list[float]], int]:
         """Mean-pooled, L2-normalised vectors, and the number of input tokens.
@@ -123,3 +105,37 @@ class LoadedModel:
 def _normalise(vector: list[float]) -> list[float]:
     norm = sum(x * x for x in vector) ** 0.5
     return [x / norm for x in vector] if norm > 0 else vector
+
+
+def _load_weights(path: str, gpu_layers: int, tensor_split: list[float] | None) -> Any:
+    """The model's weights (llama.cpp's ``llama_model``), offloaded as asked; contexts come apart."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaModel
+
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = gpu_layers
+    if tensor_split:  # a GPU group: layers spread across its GPUs in these proportions
+        split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
+        params.tensor_split = split
+    return LlamaModel(path_model=path, params=params, verbose=False)  # it keeps params (and the split) alive
+
+
+def _embedding_llama(path: str, n_ctx: int, threads: int, gpu_layers: int, tensor_split: list[float] | None) -> Any:
+    import llama_cpp
+
+    kwargs: dict[str, Any] = {
+        "model_path": path,
+        "n_ctx": n_ctx,
+        "n_threads": threads,
+        "n_threads_batch": threads,
+        "n_gpu_layers": gpu_layers,
+        "verbose": False,
+        "embedding": True,
+        "pooling_type": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        # Each text must fit one micro-batch for pooled embeddings.
+        "n_batch": n_ctx,
+        "n_ubatch": n_ctx,
+    }
+    if tensor_split:
+        kwargs["tensor_split"] = tensor_split
+    return llama_cpp.Llama(**kwargs)

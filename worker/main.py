@@ -44,6 +44,7 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
             threads=settings.llama_threads,
             gpu_layers=device.gpu_layers,
             tensor_split=tensor_split(),
+            slots=settings.slots_for(on_gpu=device.on_gpu),
         )
 
     def tensor_split() -> list[float] | None:
@@ -104,6 +105,7 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         worker_ttl_s=settings.worker_ttl_s,
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
         queue_refresh_interval_s=settings.worker_refresh_interval_s,
+        job_timeout_s=settings.job_timeout_s,
         connection=redis,
     )
     log.info(

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class JobMonitor:
+    """Watches the jobs the worker is running: one at a time, or several decoded together."""
+
     def __init__(
         self,
         redis: Redis,
@@ -38,8 +40,7 @@ class JobMonitor:
         self._heartbeat = heartbeat
         self._interval_s = heartbeat_interval_s
         self._lock = threading.Lock()
-        self._job_id: str | None = None
-        self._cancel = threading.Event()
+        self._running: dict[str, threading.Event] = {}
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="job-monitor", daemon=True)
 
@@ -53,31 +54,36 @@ class JobMonitor:
     def begin(self, job_id: str) -> threading.Event:
         """Watch a job from now on; returns the event that is set when it is cancelled."""
         with self._lock:
-            self._job_id = job_id
-            self._cancel = threading.Event()
-            return self._cancel
+            cancel = self._running[job_id] = threading.Event()
+            return cancel
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel the job if it is the one running now; True if it was."""
+        """Cancel the job if it is running here now; True if it was."""
         with self._lock:
-            if self._job_id != job_id:
-                return False
-            self._cancel.set()
-            return True
+            event = self._running.get(job_id)
+        if event is None:
+            return False
+        event.set()
+        return True
 
-    def end(self) -> None:
+    def end(self, job_id: str) -> None:
         with self._lock:
-            self._job_id = None
+            self._running.pop(job_id, None)
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval_s):
             with self._lock:
-                job_id = self._job_id
-            if job_id is None:
+                job_ids = list(self._running)
+            if not job_ids:
                 continue  # idle: RQ's own loop heartbeats between jobs
             try:
                 self._heartbeat()
-                if self._redis.exists(cancel_flag_key(job_id)):
-                    self.cancel(job_id)
+                with self._redis.pipeline(transaction=False) as pipe:
+                    for job_id in job_ids:
+                        pipe.exists(cancel_flag_key(job_id))
+                    flags = pipe.execute()
+                for job_id, flagged in zip(job_ids, flags, strict=True):
+                    if flagged:
+                        self.cancel(job_id)
             except RedisError:
                 log.warning("monitor could not reach Redis; will retry", exc_info=True)

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,13 +21,36 @@ from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus, utcnow
 from gpuq.stats.metrics import FinishedJob
 from worker.catalog import ModelInfo
-from worker.energy import NOT_MEASURED, EnergyMeter
+from worker.decoder import Finished, Generation
+from worker.energy import NOT_MEASURED, EnergyMeter, JobEnergy, Measurement
 from worker.engine import JobCancelled, LoadedModel
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Running:
+    """A claimed job's bookkeeping from its start to its outcome."""
+
+    claimed: store.ClaimedJob
+    outcome: store.Outcome
+    started: float  # time.perf_counter()
+    energy: JobEnergy | None
+    spec: ModelSpec | None = None
+    keep_alive: float | None = None
+    _measured: Measurement | None = None
+
+    def energy_stop(self) -> Measurement:
+        if self._measured is None:
+            self._measured = self.energy.stop() if self.energy is not None else NOT_MEASURED
+        return self._measured
+
+
+def _spec(model: ModelInfo, *, embedding: bool) -> ModelSpec:
+    return ModelSpec(model.name, model.path, model.context_length, embedding, model.vram_mib)
 
 
 class JobRunner:
@@ -60,8 +84,11 @@ class JobRunner:
         self._hand_back = hand_back
         self._health = health
         self._energy = energy  # None on the CPU or a simulated GPU: nothing to measure
+        self._generating: dict[str, _Running] = {}  # job id -> its bookkeeping, while its sequence runs
+        self._kept: list[tuple[ModelSpec, float | None]] = []  # models used since keep_models, with keep_alive
 
-    def run(self, job_id: str, cancel: threading.Event) -> None:
+    def claim(self, job_id: str) -> store.ClaimedJob | None:
+        """Queued to running in SQL for this worker; None (and logged) if it is no longer queued."""
         with self._sessions() as session:
             claimed = store.claim_job(
                 session,
@@ -73,33 +100,121 @@ class JobRunner:
             )
         if claimed is None:
             log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
+        return claimed
+
+    def run(self, job_id: str, cancel: threading.Event) -> None:
+        """One job from claim to outcome, alone (embeddings, noop, or a generation run by itself)."""
+        claimed = self.claim(job_id)
+        if claimed is None:
             return
         model = self._models(claimed.model)
+        running = self._start(claimed)
+        try:
+            handed_back = not self._execute(claimed, model, cancel, running.outcome)
+        except BaseException:
+            running.energy_stop()
+            raise
+        if handed_back:
+            running.energy_stop()
+            return
+        self._settle(running)
 
+    # ------------------------------------------------------------- generations decoded together
+
+    def admit_generation(
+        self, claimed: store.ClaimedJob, cancel: threading.Event, deadline: float | None
+    ) -> LoadedModel | None:
+        """Loads the job's model (if need be) and starts its sequence in a free slot of the
+        model's decoder. None when the job ended at once (failed, handed back); its outcome
+        is then already on its way."""
+        running = self._start(claimed)
+        model = self._models(claimed.model)
+        try:
+            if model is None:
+                raise LookupError(f"model {claimed.model!r} is no longer registered")
+            spec = _spec(model, embedding=False)
+            loaded, running.outcome.load_ms = self._load(spec)
+            running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
+            running.outcome.prompt_tokens = loaded.admit(claimed.id, claimed.request, cancel, deadline)
+        except HandBack as exc:
+            self._hand_back_or_settle(running, exc)
+            return None
+        except Exception as exc:
+            log.exception("job %s failed", claimed.id)
+            running.outcome.status, running.outcome.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
+            self._settle(running)
+            return None
+        self._generating[claimed.id] = running
+        return loaded
+
+    def finish_generation(self, finished: Finished) -> None:
+        """A sequence left the decoder: record its outcome, or send its job back to its queue."""
+        running = self._generating.pop(finished.key)
+        outcome = running.outcome
+        if finished.evicted:
+            self._hand_back_or_settle(running, HandBack("no KV cache room beside the other sequences"))
+            return
+        if finished.generation is None:
+            outcome.status, outcome.error = JobStatus.FAILED, finished.error
+        else:
+            self._record_generation(finished.generation, outcome)
+        self._settle(running)
+
+    def unload(self, model: str) -> None:
+        self._cache.unload(model)
+
+    def keep_models(self) -> None:
+        """After a run of generations: their models' keep_alive starts now (a keep_alive of 0
+        unloads only here, never while a sequence of the model is live)."""
+        kept, self._kept = self._kept, []
+        unload_now = False
+        for spec, keep_alive in kept:
+            self._cache.keep(spec, self._default_keep_alive_s if keep_alive is None else keep_alive)
+            unload_now |= keep_alive == 0
+        if unload_now:
+            self._cache.unload_expired()
+
+    # ------------------------------------------------------------- one job's bookkeeping
+
+    def _start(self, claimed: store.ClaimedJob) -> _Running:
         outcome = store.Outcome(
-            job_id=job_id,
+            job_id=claimed.id,
             worker=self.worker_name,
             status=JobStatus.SUCCEEDED,
             finished_at=utcnow(),
             webhook_url=claimed.request.get("webhook_url"),
             owner=claimed.owner,
         )
-        started = time.perf_counter()
         # Measured around the whole job, model load included; two NVML reads per job (or a
         # sampling thread on GPUs without an energy counter), nothing per token.
         energy = self._energy.start() if self._energy is not None else None
-        try:
-            handed_back = not self._execute(claimed, model, cancel, outcome)
-        finally:
-            measured = energy.stop() if energy is not None else NOT_MEASURED
-        if handed_back:
-            return
+        return _Running(claimed, outcome, time.perf_counter(), energy)
+
+    def _settle(self, running: _Running) -> None:
+        outcome = running.outcome
+        measured = running.energy_stop()
+        if running.spec is not None:
+            self._kept.append((running.spec, running.keep_alive))
         if self._health is not None:
             self._health.record(outcome.error)
         outcome.finished_at = utcnow()
-        outcome.run_ms = int((time.perf_counter() - started) * 1000) - (outcome.load_ms or 0)
+        outcome.run_ms = int((time.perf_counter() - running.started) * 1000) - (outcome.load_ms or 0)
         outcome.gpu_seconds, outcome.energy_j = measured.gpu_seconds, measured.energy_j
-        self._writer.submit(outcome, _finished(claimed, outcome))
+        self._writer.submit(outcome, _finished(running.claimed, outcome))
+
+    def _hand_back_or_settle(self, running: _Running, exc: HandBack) -> None:
+        self._hand_back_or_fail(running.claimed, running.outcome, exc)
+        if running.outcome.status == JobStatus.FAILED:
+            self._settle(running)
+        else:
+            running.energy_stop()
+
+    def _hand_back_or_fail(self, claimed: store.ClaimedJob, outcome: store.Outcome, exc: HandBack) -> None:
+        log.warning("handing job %s back: %s", claimed.id, exc)
+        if self._hand_back is not None:
+            self._hand_back(claimed, str(exc))
+        else:
+            outcome.status, outcome.error = JobStatus.FAILED, str(exc)
 
     def _execute(
         self, claimed: store.ClaimedJob, model: ModelInfo | None, cancel: threading.Event, outcome: store.Outcome
@@ -113,11 +228,8 @@ class JobRunner:
             else:
                 self._run_model_job(claimed, model, cancel, outcome)
         except HandBack as exc:
-            log.warning("handing job %s back: %s", claimed.id, exc)
-            if self._hand_back is not None:
-                self._hand_back(claimed, str(exc))
-                return False
-            outcome.status, outcome.error = JobStatus.FAILED, str(exc)
+            self._hand_back_or_fail(claimed, outcome, exc)
+            return outcome.status == JobStatus.FAILED
         except JobCancelled:
             outcome.status = JobStatus.CANCELLED
         except Exception as exc:  # a job's failure is recorded, never raised into the worker loop
@@ -130,7 +242,7 @@ class JobRunner:
         self, claimed: store.ClaimedJob, model: ModelInfo, cancel: threading.Event, outcome: store.Outcome
     ) -> None:
         embedding = claimed.kind == JobKind.EMBED
-        spec = ModelSpec(model.name, model.path, model.context_length, embedding, model.vram_mib)
+        spec = _spec(model, embedding=embedding)
         loaded, outcome.load_ms = self._load(spec)
         keep_alive = claimed.request.get("keep_alive")
         try:
@@ -168,7 +280,10 @@ class JobRunner:
             outcome.result = {"embeddings": vectors, "dimensions": len(vectors[0]) if vectors else 0}
             outcome.prompt_tokens = tokens
             return
-        generation = loaded.generate(claimed.request, cancel)
+        self._record_generation(loaded.generate(claimed.request, cancel), outcome)
+
+    @staticmethod
+    def _record_generation(generation: Generation, outcome: store.Outcome) -> None:
         outcome.result = {"text": generation.text, "finish_reason": generation.finish_reason}
         outcome.prompt_tokens = generation.prompt_tokens
         outcome.completion_tokens = generation.completion_tokens

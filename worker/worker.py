@@ -39,8 +39,10 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.worker import Worker, WorkerStatus
 
+from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
-from gpuq.jobs.queues import worker_queue_names
+from gpuq.jobs.queues import parse_queue_name, worker_queue_names
+from worker.batching import GenerationRun
 from worker.monitor import JobMonitor
 from worker.runner import JobRunner
 
@@ -79,6 +81,7 @@ class GpuqWorker(SimpleWorker):
         worker_ttl_s: int,
         heartbeat_interval_s: float,
         queue_refresh_interval_s: float = 5.0,
+        job_timeout_s: float = 3600.0,
         **kwargs: object,
     ) -> None:
         self._list_servable = list_servable
@@ -90,6 +93,7 @@ class GpuqWorker(SimpleWorker):
         self._loaded_elsewhere: frozenset[str] = frozenset()
         self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
         self._queue_refresh_interval_s = queue_refresh_interval_s
+        self.job_timeout_s = job_timeout_s
         super().__init__(
             [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._servable)],
             name=runner.worker_name,
@@ -101,7 +105,7 @@ class GpuqWorker(SimpleWorker):
         self._last_heartbeat_mono = 0.0
         self._suspension_checked_at = 0.0
         self._published_loaded: str | None = None
-        self._running: tuple[Job, Execution] | None = None
+        self._running: dict[str, tuple[Job, Execution]] = {}  # job id -> RQ's view of it, while it runs
         # Held while the model cache is in use (a job, the idle housekeeping); free only
         # while the worker waits for work, which is when the pub/sub thread may unload.
         self._cache_lock = threading.Lock()
@@ -109,7 +113,7 @@ class GpuqWorker(SimpleWorker):
         self._control_read_at = float("-inf")
         self._control_changed = threading.Event()  # set by pub/sub: re-read the flags now
         self._unloads_pending: set[str] = set()
-        self._requeued_job: str | None = None
+        self._requeued_jobs: set[str] = set()
         self.monitor = JobMonitor(
             self.connection,
             heartbeat=self._heartbeat_running_job,
@@ -252,24 +256,19 @@ class GpuqWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         with self._cache_lock:
-            self._execute_job(job, queue)
-        if self._requeued_job == job.id:
-            # An admin requeued this job while it ran here, and this worker may take it
-            # again next. The stopped run's outcome must be written (and discarded: the
-            # row is queued) before that claim, or it would match the new run.
-            self._requeued_job = None
+            if parse_queue_name(queue.name)[1] == JobKind.GENERATE:
+                GenerationRun(self, queue).run(job)  # this job, and others of its model beside it
+            else:
+                self._execute_job(job, queue)
+        if self._requeued_jobs:
+            # An admin requeued a job while it ran here, and this worker may take it again
+            # next. The stopped run's outcome must be written (and discarded: the row is
+            # queued) before that claim, or it would match the new run.
+            self._requeued_jobs.clear()
             self._flush_outcomes()
 
     def _execute_job(self, job: Job, queue: Queue) -> None:
-        # Plain pipelines, not MULTI/EXEC: each write stands alone, and a half-applied one
-        # is repaired from SQL by the reconciler. The worker's own heartbeat is not repeated
-        # here; RQ's loop sends it (throttled) between jobs.
-        with self.connection.pipeline(transaction=False) as pipe:
-            execution = Execution.create(job, self.worker_ttl, pipeline=pipe, worker_name=self.name)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            pipe.execute()
-        self._running = (job, execution)
+        execution = self.begin_execution(job)
         cancel = self.monitor.begin(job.id)
         try:
             self.runner.run(job.id, cancel)
@@ -278,20 +277,42 @@ class GpuqWorker(SimpleWorker):
             # row is still queued in SQL; RQ's failed registry keeps the trace and the
             # reconciler enqueues the job again.
             log.exception("job %s could not be run", job.id)
-            self.monitor.end()
-            self._running = None
-            self.handle_job_failure(job, queue, exc_string=traceback.format_exc(), execution=execution)
-            self.set_state(WorkerStatus.IDLE)
+            self.fail_execution(job, queue, execution)
             return
-        self.monitor.end()
-        self._running = None
+        self.end_execution(job, execution)
+
+    def begin_execution(self, job: Job) -> Execution:
+        """RQ's bookkeeping of a job's start: its execution, registry entry and hash, one pipeline.
+
+        Plain pipelines, not MULTI/EXEC: each write stands alone, and a half-applied one is
+        repaired from SQL by the reconciler. The worker's own heartbeat is not repeated here;
+        RQ's loop sends it (throttled) between jobs, the monitor during them."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            execution = Execution.create(job, self.worker_ttl, pipeline=pipe, worker_name=self.name)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            pipe.execute()
+        self._running[job.id] = (job, execution)
+        return execution
+
+    def end_execution(self, job: Job, execution: Execution) -> None:
+        self.monitor.end(job.id)
+        self._running.pop(job.id, None)
         with self.connection.pipeline(transaction=False) as pipe:
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
             pipe.eval(_DELETE_UNLESS_QUEUED, 1, job.key)  # result_ttl=0: the result lives in SQL
             self.increment_successful_job_count(pipeline=pipe)
-            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            if not self._running:
+                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             self._publish_loaded(pipe)
             pipe.execute()
+
+    def fail_execution(self, job: Job, queue: Queue, execution: Execution) -> None:
+        self.monitor.end(job.id)
+        self._running.pop(job.id, None)
+        self.handle_job_failure(job, queue, exc_string=traceback.format_exc(), execution=execution)
+        if not self._running:
+            self.set_state(WorkerStatus.IDLE)
 
     def _publish_loaded(self, pipe: Pipeline) -> None:
         """Which models this worker holds, on its RQ worker hash (for telemetry, dashboards
@@ -304,11 +325,10 @@ class GpuqWorker(SimpleWorker):
             )
 
     def _heartbeat_running_job(self) -> None:
-        running = self._running
+        running = list(self._running.values())
         with self.connection.pipeline(transaction=False) as pipe:
             self.heartbeat(self.worker_ttl, pipeline=pipe)
-            if running is not None:
-                job, execution = running
+            for job, execution in running:
                 execution.heartbeat(job.started_job_registry, self.worker_ttl, pipeline=pipe)
             pipe.execute()
 
@@ -323,9 +343,9 @@ class GpuqWorker(SimpleWorker):
             return
         if command == control.REQUEUE_COMMAND:
             job_id = str(payload.get("job_id"))
-            self._requeued_job = job_id  # before the cancel, so execute_job sees it when the run ends
+            self._requeued_jobs.add(job_id)  # before the cancel, so execute_job sees it when the run ends
             if not self.monitor.cancel(job_id):
-                self._requeued_job = None
+                self._requeued_jobs.discard(job_id)
                 log.info("requeue of %s, which is not running here", job_id)
             return
         if command == control.CONTROL_COMMAND:

@@ -38,29 +38,35 @@ def tokenize_prompt(tokenize: Tokenize, text: str) -> list[int]:
     return tokenize(text.encode("utf-8"), True, True)
 
 
+def chat_formatter(model: Any) -> ChatFormatter | None:
+    """The model's own chat template (GGUF ``tokenizer.chat_template``) as llama-cpp-python
+    renders it, or None when the file has none. ``model`` is a llama_cpp ``LlamaModel``."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = model.metadata().get("tokenizer.chat_template")
+    if not template:
+        return None
+    eos, bos = model.token_eos(), model.token_bos()
+    return Jinja2ChatFormatter(
+        template=template,
+        eos_token=model.token_get_text(eos) if eos != -1 else "",
+        bos_token=model.token_get_text(bos) if bos != -1 else "",
+    )
+
+
 class VocabTokenizer:
     """A GGUF file's vocabulary and chat template, without its weights."""
 
     def __init__(self, path: str) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaModel
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
         self._model = LlamaModel(path_model=path, params=params, verbose=False)
         self._lock = threading.Lock()
         self._skeletons: dict[tuple[str, ...], int] = {}
-        metadata = self._model.metadata()
-        template = metadata.get("tokenizer.chat_template")
-        self.formatter: ChatFormatter | None = None
-        if template:
-            eos, bos = self._model.token_eos(), self._model.token_bos()
-            self.formatter = Jinja2ChatFormatter(
-                template=template,
-                eos_token=self._model.token_get_text(eos) if eos != -1 else "",
-                bos_token=self._model.token_get_text(bos) if bos != -1 else "",
-            )
+        self.formatter = chat_formatter(self._model)
 
     def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
         with self._lock:

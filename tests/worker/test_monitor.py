@@ -17,7 +17,7 @@ def test_a_cancel_flag_is_seen_with_the_next_heartbeat_when_the_command_was_miss
         assert len(beats) >= 2 and not cancel.is_set()
         redis.set(cancel_flag_key("job_a"), 1)
         assert cancel.wait(timeout=1.0)
-        monitor.end()
+        monitor.end("job_a")
         idle_beats = len(beats)
         time.sleep(0.3)
         assert len(beats) == idle_beats  # no heartbeats of its own between jobs
@@ -30,6 +30,6 @@ def test_a_command_cancels_only_the_job_that_is_running(redis):
     cancel = monitor.begin("job_b")
     assert not monitor.cancel("job_other") and not cancel.is_set()
     assert monitor.cancel("job_b") and cancel.is_set()
-    monitor.end()
+    monitor.end("job_b")
     assert not monitor.cancel("job_b")
     assert isinstance(cancel, threading.Event)

@@ -1,0 +1,146 @@
+"""The worker's continuous-batching loop: many generations of one model decoded together.
+
+RQ's loop hands the worker one job at a time. When that job is a generation, the worker
+stays here until the model has no live sequence left: each turn it takes further waiting
+jobs for the same model while slots are free (without blocking, in priority order), runs
+one decoder step for all of them, and settles the sequences that ended. Every job keeps
+exactly what a job run alone has: its SQL claim, its own RQ execution and registry entry
+(so ``rq info`` is true), heartbeats, cancellation, a deadline, and its outcome through the
+writer.
+
+Priorities stay intact because admission reads the worker's own ordered queue list (every
+``high`` queue, then ``normal``, then ``low``; loaded models first within each): the run
+admits from the first non-empty queue only if it is this model's, and stops admitting as
+soon as a queue ahead of it, another model's, has a job waiting. The live sequences then
+finish, RQ's loop takes that job next, and no ``high`` job waits behind the admission of a
+``low`` one. A drained worker admits nothing more and lets the live sequences finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from rq import Queue
+from rq.executions import Execution
+from rq.job import Job
+
+from gpuq.db.tables import JobKind
+from gpuq.jobs.queues import parse_queue_name
+from worker.decoder import DecodeError, Finished
+from worker.engine import LoadedModel
+
+if TYPE_CHECKING:
+    from worker.worker import GpuqWorker
+
+log = logging.getLogger(__name__)
+
+INTAKE_POLL_S = 0.05  # with a slot free and nothing found, look at the queues again after this long
+
+
+class GenerationRun:
+    def __init__(self, worker: GpuqWorker, queue: Queue) -> None:
+        self._worker = worker
+        self._model = parse_queue_name(queue.name)[0]
+        self._queues = {queue.name: queue}
+        self._jobs: dict[str, tuple[Job, Queue, Execution]] = {}
+        self._loaded: LoadedModel | None = None
+        self._polled_at = float("-inf")
+
+    def run(self, job: Job) -> None:
+        queue = next(iter(self._queues.values()))
+        self._admit(job, queue)
+        try:
+            while self._loaded is not None and self._loaded.decoder is not None and self._loaded.decoder.active:
+                self._take_more(self._loaded.decoder.free_slots)
+                try:
+                    finished = self._loaded.decoder.step()
+                except DecodeError as exc:
+                    self._fail_all(exc)
+                    break
+                for done in finished:
+                    self._settle(done)
+        finally:
+            self._worker.runner.keep_models()
+
+    # ------------------------------------------------------------- intake
+
+    def _take_more(self, free: int) -> None:
+        """Admits waiting jobs of this model into free slots, while they are the most urgent."""
+        if free <= 0 or time.monotonic() - self._polled_at < INTAKE_POLL_S:
+            return
+        self._polled_at = time.monotonic()
+        worker = self._worker
+        worker._read_control()  # throttled to once a second unless pub/sub said it changed
+        if worker._control.drained:
+            return
+        while free > 0:
+            taken = self._next_waiting()
+            if taken is None:
+                return
+            if self._admit(*taken):
+                free -= 1
+            self._polled_at = float("-inf")  # a job came: look again at once while slots are free
+
+    def _next_waiting(self) -> tuple[Job, Queue] | None:
+        """The job at the front of the first non-empty queue, if that queue is this model's."""
+        queues = self._worker._ordered_queues
+        with self._worker.connection.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.llen(queue.key)
+            lengths = pipe.execute()
+        for queue, length in zip(queues, lengths, strict=True):
+            if not length:
+                continue
+            model, kind, _priority = parse_queue_name(queue.name)
+            if model != self._model or kind != JobKind.GENERATE:
+                return None  # a job ahead of ours in the worker's order: let this run end
+            return Queue.dequeue_any(
+                [queue],
+                None,  # no timeout: a plain LPOP, never blocking the live sequences
+                connection=self._worker.connection,
+                job_class=self._worker.job_class,
+                serializer=self._worker.serializer,
+            )
+        return None
+
+    def _admit(self, job: Job, queue: Queue) -> bool:
+        worker = self._worker
+        execution = worker.begin_execution(job)
+        cancel = worker.monitor.begin(job.id)
+        try:
+            claimed = worker.runner.claim(job.id)
+            loaded = None
+            if claimed is not None:
+                deadline = time.monotonic() + worker.job_timeout_s
+                loaded = worker.runner.admit_generation(claimed, cancel, deadline)
+        except Exception:
+            # Infrastructure (SQL unreachable while claiming, say): the row is still queued,
+            # RQ's failed registry keeps the trace and the reconciler enqueues the job again.
+            log.exception("job %s could not be started", job.id)
+            worker.fail_execution(job, queue, execution)
+            return False
+        if loaded is None:  # not queued any more, or ended at once (failed, handed back)
+            worker.end_execution(job, execution)
+            return False
+        log.info("%s: %s (%d running)", queue.name, job.id, len(self._jobs) + 1)
+        self._loaded = loaded
+        self._jobs[job.id] = (job, queue, execution)
+        return True
+
+    # ------------------------------------------------------------- endings
+
+    def _settle(self, finished: Finished) -> None:
+        job, _queue, execution = self._jobs.pop(finished.key)
+        self._worker.runner.finish_generation(finished)
+        self._worker.end_execution(job, execution)
+
+    def _fail_all(self, exc: DecodeError) -> None:
+        """llama_decode failed outright: every live sequence fails with the error, and the
+        model is unloaded so the next job gets a fresh context."""
+        log.error("decoding failed with %d sequences live: %s", len(self._jobs), exc)
+        for job_id in list(self._jobs):
+            self._settle(Finished(job_id, error=f"{type(exc).__name__}: {exc}"))
+        self._worker.runner.unload(self._model)
+        self._loaded = None

@@ -1,0 +1,324 @@
+"""Continuous batching: one llama.cpp context that decodes up to K sequences together.
+
+Decoding is bound by memory bandwidth: reading the weights once for K tokens costs little
+more than reading them for one, so K sequences decoded together give several times the
+tokens per second of one after another (llama.cpp's server slots, Ollama's
+``OLLAMA_NUM_PARALLEL`` and vLLM do the same). Each :meth:`BatchDecoder.step` is one
+``llama_decode`` holding the next token of every generating sequence plus a bounded chunk
+of the prompts admitted since, so a long prompt never stalls the others for long. A
+sequence joins when a slot is free and leaves when it ends; its KV cells are removed and
+its slot reused at once.
+
+Each sequence has its own KV stream (``kv_unified=False``) and its own sampler chain, the
+chain ``Llama.create_completion`` builds, with the same stop-string and length rules, so a
+seeded (or greedy) job gives the same text whether it ran alone or beside others.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+N_BATCH = 512  # tokens per llama_decode at most, as Llama's default
+PREFILL_CHUNK_TOKENS = 64  # prompt tokens per step while other sequences generate
+PENALTY_LAST_N = 64  # Llama's last_n_tokens_size: the window the repeat penalty looks at
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    text: str
+    finish_reason: str  # "stop", "length" or "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The knobs of create_completion's sampler chain that gpuq exposes, with its defaults."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, request: dict[str, Any]) -> Sampling:
+        defaults = cls()
+        return cls(
+            temperature=request.get("temperature", defaults.temperature),
+            top_p=request.get("top_p", defaults.top_p),
+            top_k=request.get("top_k") or defaults.top_k,
+            min_p=request.get("min_p", defaults.min_p),
+            repeat_penalty=request.get("repeat_penalty") or defaults.repeat_penalty,
+            seed=request.get("seed"),
+        )
+
+
+class DecodeError(RuntimeError):
+    """llama_decode failed for a reason other than a full KV cache: the context is unusable."""
+
+
+@dataclass(eq=False)
+class _Sequence:
+    key: str
+    slot: int
+    prompt: list[int]
+    max_tokens: int
+    stop: list[bytes]
+    sampler: Any  # llama_cpp._internals.LlamaSampler
+    cancel: threading.Event
+    deadline: float | None  # time.monotonic() past which the job is cut off
+    admitted: int  # admission order: the newest sequence is the one sent back when KV runs out
+    fed: int = 0  # prompt tokens already decoded
+    completion: list[int] = field(default_factory=list)
+    multibyte_fix: int = 0
+    logits_at: int = -1  # index in this step's batch whose logits to sample, -1 if none
+
+    @property
+    def generating(self) -> bool:
+        return self.fed == len(self.prompt)
+
+    @property
+    def n_past(self) -> int:
+        return self.fed + max(0, len(self.completion) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A sequence that left the decoder: its generation, or why it has none."""
+
+    key: str
+    generation: Generation | None = None
+    error: str | None = None  # the job failed (a deadline passed)
+    evicted: bool = False  # no KV room: the job should go back to its queue
+
+
+class BatchDecoder:
+    """Up to ``slots`` sequences of one model, decoded together in one llama.cpp context."""
+
+    def __init__(self, model: Any, *, slots: int, n_ctx_per_seq: int, threads: int) -> None:
+        import llama_cpp
+        from llama_cpp._internals import LlamaContext
+
+        self._llama = llama_cpp
+        self._model = model  # llama_cpp._internals.LlamaModel, shared: weights are loaded once
+        self.slots = slots
+        self.n_ctx_per_seq = n_ctx_per_seq
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx_per_seq * slots
+        params.n_batch = params.n_ubatch = N_BATCH
+        params.n_seq_max = slots
+        params.kv_unified = False  # a KV stream per sequence: outputs do not depend on neighbours
+        params.n_threads = params.n_threads_batch = threads
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as Llama's default
+        params.no_perf = True
+        self._ctx = LlamaContext(model=model, params=params, verbose=False)
+        self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
+        self._n_vocab = model.n_vocab()
+        self._running: dict[int, _Sequence] = {}
+        self._admitted = 0
+
+    def close(self) -> None:
+        for seq in self._running.values():
+            seq.sampler.close()
+        self._running.clear()
+        if self._batch is not None:
+            self._llama.llama_batch_free(self._batch)
+            self._batch = None
+        self._ctx.close()
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - len(self._running)
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    def running_keys(self) -> list[str]:
+        return [seq.key for seq in self._running.values()]
+
+    def admit(
+        self,
+        key: str,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        sampling: Sampling,
+        stop: Iterable[str] = (),
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Add a sequence; it starts with its prompt at the next step. Needs a free slot."""
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        if len(prompt) >= self.n_ctx_per_seq:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.n_ctx_per_seq}")
+        slot = next(s for s in range(self.slots) if s not in self._running)  # StopIteration: no free slot
+        # create_completion's rule: the completion is cut where the context ends.
+        if max_tokens <= 0 or max_tokens + len(prompt) >= self.n_ctx_per_seq:
+            max_tokens = self.n_ctx_per_seq - len(prompt)
+        self._admitted += 1
+        self._running[slot] = _Sequence(
+            key=key,
+            slot=slot,
+            prompt=list(prompt),
+            max_tokens=max_tokens,
+            stop=[s.encode("utf-8") for s in stop if s],
+            sampler=self._sampler(sampling),
+            cancel=cancel or threading.Event(),
+            deadline=deadline,
+            admitted=self._admitted,
+        )
+
+    def step(self) -> list[Finished]:
+        """One llama_decode for every running sequence; returns those that ended."""
+        finished = self._cut_off()
+        if not self._running:
+            return finished
+        fed_before = {seq.slot: seq.fed for seq in self._running.values()}
+        batch = self._fill_batch()
+        code = self._llama.llama_decode(self._ctx.ctx, batch)
+        if code == 1:
+            # No KV room for this batch (llama.cpp left the cache as it was): the newest
+            # sequence goes back to its queue, the others redo this step's tokens next time.
+            newest = max(self._running.values(), key=lambda s: s.admitted)
+            log.warning("no KV cache room for %d sequences; sending %s back", len(self._running), newest.key)
+            self._remove(newest)
+            for seq in self._running.values():
+                seq.fed, seq.logits_at = fed_before[seq.slot], -1
+            return [*finished, Finished(newest.key, evicted=True)]
+        if code != 0:
+            raise DecodeError(f"llama_decode returned {code}")
+        for seq in list(self._running.values()):
+            if seq.logits_at >= 0:
+                done = self._sample(seq)
+                if done is not None:
+                    finished.append(done)
+        return finished
+
+    # ------------------------------------------------------------- internals
+
+    def _sampler(self, sampling: Sampling) -> Any:
+        """The chain create_completion builds (Llama._init_sampler), per sequence."""
+        from llama_cpp._internals import LlamaSampler
+
+        seed = sampling.seed if sampling.seed is not None else secrets.randbelow(2**32)
+        sampler = LlamaSampler()
+        sampler.add_penalties(self._n_vocab, PENALTY_LAST_N, sampling.repeat_penalty, 0.0, 0.0)
+        if sampling.temperature < 0:
+            sampler.add_dist(seed)
+        elif sampling.temperature == 0:
+            sampler.add_greedy()
+        else:
+            sampler.add_top_k(sampling.top_k)
+            sampler.add_typical(1.0, 1)
+            sampler.add_top_p(sampling.top_p, 1)
+            sampler.add_min_p(sampling.min_p, 1)
+            sampler.add_temp(sampling.temperature)
+            sampler.add_dist(seed)
+        return sampler
+
+    def _cut_off(self) -> list[Finished]:
+        """Sequences cancelled or past their deadline leave before the step; the others go on."""
+        out = []
+        now = time.monotonic()
+        for seq in list(self._running.values()):
+            if seq.cancel.is_set():
+                self._remove(seq)
+                out.append(Finished(seq.key, self._generation(seq, "cancelled")))
+            elif seq.deadline is not None and now >= seq.deadline:
+                self._remove(seq)
+                out.append(Finished(seq.key, error="timed out (GPUQ_JOB_TIMEOUT_S)"))
+        return out
+
+    def _fill_batch(self) -> Any:
+        batch = self._batch
+        n = 0
+        generating = [s for s in self._running.values() if s.generating and s.completion]
+        for seq in generating:  # one token each: the one sampled last step
+            self._put(batch, n, seq.completion[-1], seq.n_past, seq.slot, logits=True)
+            seq.logits_at = n
+            n += 1
+        # New prompts fill what is left, bounded while others generate so they are not stalled.
+        budget = (N_BATCH if not generating else PREFILL_CHUNK_TOKENS) - n
+        for seq in sorted(self._running.values(), key=lambda s: s.admitted):
+            if seq.generating:
+                continue
+            seq.logits_at = -1
+            take = min(len(seq.prompt) - seq.fed, budget, N_BATCH - n)
+            if take <= 0:
+                continue
+            for i in range(take):
+                pos = seq.fed + i
+                last = pos == len(seq.prompt) - 1
+                self._put(batch, n, seq.prompt[pos], pos, seq.slot, logits=last)
+                if last:
+                    seq.logits_at = n
+                n += 1
+            seq.fed += take
+            budget -= take
+        batch.n_tokens = n
+        return batch
+
+    @staticmethod
+    def _put(batch: Any, i: int, token: int, pos: int, seq_id: int, *, logits: bool) -> None:
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq_id
+        batch.logits[i] = logits
+
+    def _sample(self, seq: _Sequence) -> Finished | None:
+        """create_completion's loop body for one token: EOS, stop strings, length."""
+        token = self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, seq.logits_at)
+        seq.logits_at = -1
+        if self._llama.llama_vocab_is_eog(self._model.vocab, token):
+            return self._end(seq, "stop")
+        seq.completion.append(token)
+        text = self._model.detokenize(seq.completion)
+        # As create_completion: hold the checks while the text ends inside a UTF-8 character.
+        for k, char in enumerate(text[-3:]):
+            k = 3 - k
+            for num, pattern in ((2, 192), (3, 224), (4, 240)):
+                if num > k and pattern & char == pattern:
+                    seq.multibyte_fix = num - k
+        if seq.multibyte_fix > 0:
+            seq.multibyte_fix -= 1
+            return None
+        stops = [s for s in seq.stop if s in text]
+        if stops:
+            return self._end(seq, "stop", text[: text.index(stops[0])])
+        if len(seq.completion) >= seq.max_tokens:
+            return self._end(seq, "length")
+        return None
+
+    def _end(self, seq: _Sequence, reason: str, text: bytes | None = None) -> Finished:
+        self._remove(seq)
+        return Finished(seq.key, self._generation(seq, reason, text))
+
+    def _generation(self, seq: _Sequence, reason: str, text: bytes | None = None) -> Generation:
+        if text is None:
+            text = self._model.detokenize(seq.completion)
+        return Generation(
+            text=text.decode("utf-8", errors="ignore"),
+            finish_reason=reason,
+            prompt_tokens=len(seq.prompt),
+            completion_tokens=len(seq.completion),
+        )
+
+    def _remove(self, seq: _Sequence) -> None:
+        """Frees the slot and its KV cells at once, so the next admission can use them."""
+        self._llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+        seq.sampler.close()
+        del self._running[seq.slot]
