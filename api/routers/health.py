@@ -5,9 +5,9 @@ from __future__ import annotations
 from anyio import to_thread
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from api.deps import SessionDep, StateDep
+from gpuq import store
 
 router = APIRouter(tags=["health"])
 
@@ -21,7 +21,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(db: SessionDep, state: StateDep) -> JSONResponse:
     checks: dict[str, str] = {}
     try:
-        await db.execute(text("SELECT 1"))
+        await db.run_sync(store.check_database)
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"unreachable: {exc}"

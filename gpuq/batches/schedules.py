@@ -20,10 +20,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from redis import Redis
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpuq import store
 from gpuq.batches import service as batches
 from gpuq.batches.files import PURPOSE_BATCH, LineScanner, files_dir, jsonl_line, new_file_id
 from gpuq.db.tables import File, MisfirePolicy, Schedule, ScheduleRun, utcnow
@@ -104,12 +103,10 @@ def fire(
 ) -> ScheduleRun | None:
     """Run the schedule's batch for one tick, unless another scheduler already has."""
     run = ScheduleRun(schedule_id=schedule.id, fire_time=fire_time, trigger=trigger, created_at=utcnow())
-    session.add(run)
-    try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()
+    if not store.claim_schedule_run(session, run):
         return None
+    batch_id: str | None = None
+    error: str | None = None
     try:
         batch = batches.start_batch(
             session,
@@ -122,12 +119,11 @@ def fire(
             timeout_s=timeout_s,
             owner=schedule.owner,
         )
-        run.batch_id = batch.id
+        batch_id = batch.id
     except RequestError as exc:
-        run.error = exc.message
+        error = exc.message
         log.warning("schedule %s could not start its batch: %s", schedule.name, exc.message)
-    schedule.last_fired_at = utcnow()
-    session.commit()
+    store.record_schedule_fired(session, schedule, run, batch_id=batch_id, error=error)
     return run
 
 
@@ -137,8 +133,7 @@ def fire_due_schedules(
     """The scheduler's tick: fire every schedule that is due, once, by its misfire policy."""
     now = now or utcnow()
     runs = []
-    due = session.scalars(select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now))
-    for schedule in list(due):
+    for schedule in store.due_schedules(session, now):
         latest = _latest_due(schedule, now)
         on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
         if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:
@@ -147,8 +142,7 @@ def fire_due_schedules(
                 runs.append(run)
         else:
             log.info("schedule %s missed its tick at %s (misfire policy: skip)", schedule.name, latest)
-        schedule.next_fire_at = next_fire_time(schedule.cron, schedule.timezone, now)
-        session.commit()
+        store.set_next_fire_time(session, schedule, next_fire_time(schedule.cron, schedule.timezone, now))
     return runs
 
 

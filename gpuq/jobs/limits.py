@@ -20,13 +20,11 @@ import time
 from anyio import to_thread
 from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.auth.access import Caller
-from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
 from gpuq.redis_keys import rate_limit_key
 
@@ -54,15 +52,6 @@ return {0, tostring((wanted - tokens) / rate)}
 """
 
 
-def queued_job_count(session: Session, key_id: str) -> int:
-    return (
-        session.scalar(
-            select(func.count()).select_from(Job).where(Job.api_key_id == key_id, Job.status == JobStatus.QUEUED)
-        )
-        or 0
-    )
-
-
 def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
     limit = caller.max_queued_jobs
     if limit is None:
@@ -75,7 +64,7 @@ def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
             headers={"Retry-After": str(QUEUE_FULL_RETRY_S)},
         )
     store.hold_key_until_commit(session, caller.key_id)
-    queued = queued_job_count(session, caller.key_id)
+    queued = store.count_queued_jobs_of_key(session, caller.key_id)
     if queued + adding > limit:
         raise RequestError(
             429,

@@ -15,10 +15,10 @@ from typing import Any
 
 from anyio import to_thread
 from redis import Redis
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from gpuq import store
 from gpuq.db.tables import Job, JobStatus, utcnow
 from gpuq.jobs.aging import gpuq_queues
 from gpuq.jobs.queues import Priority, queue_name
@@ -76,10 +76,7 @@ def _read_queues(redis: Redis, flt: StatsFilter) -> Listed:
 
 
 def _created(session: Session, listed: Listed) -> dict[str, datetime]:
-    fronts = [front for _q, _depth, front in listed if front]
-    if not fronts:
-        return {}
-    return {row.id: row.created_at for row in session.execute(select(Job.id, Job.created_at).where(Job.id.in_(fronts)))}
+    return store.creation_times(session, [front for _q, _depth, front in listed if front])
 
 
 def _depths(listed: Listed, created: dict[str, datetime], now: datetime) -> list[QueueDepth]:
@@ -139,15 +136,8 @@ def _find(redis: Redis, job_id: str, model: str, kind: str) -> tuple[str, int, i
 
 
 def _per_min(session: Session, model: str, kind: str, now: datetime) -> float:
-    recent = session.scalar(
-        select(func.count()).where(
-            Job.model == model,
-            Job.kind == kind,
-            Job.status.in_((JobStatus.SUCCEEDED, JobStatus.FAILED)),
-            Job.finished_at >= now - ETA_RATE_WINDOW,
-        )
-    )
-    return (recent or 0) / (ETA_RATE_WINDOW.total_seconds() / 60)
+    recent = store.count_finished_since(session, model, kind, now - ETA_RATE_WINDOW)
+    return recent / (ETA_RATE_WINDOW.total_seconds() / 60)
 
 
 def _position(job: Job, place: tuple[str, int, int] | None, per_min: float | None) -> Position:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from gpuq import store
 from gpuq.db.tables import ApiKey, Gpu, Job, JobKind, Model, utcnow
 from gpuq.errors import RequestError
 from gpuq.jobs.queues import Priority
@@ -67,15 +68,16 @@ class StatsFilter:
         return "rows"
 
     def job_conditions(self) -> list[ColumnElement[bool]]:
-        pairs = (
-            (Job.model, self.model),
-            (Job.kind, self.kind),
-            (Job.priority, self.priority),
-            (Job.owner, self.tenant),
-            (Job.host, self.host),
-            (Job.gpu_uuid, self.gpu),
+        """On the job rows, as the store builds every job filter's."""
+        as_jobs = store.JobFilter(
+            model=self.model,
+            kind=self.kind,
+            priority=self.priority,
+            owner=self.tenant,
+            host=self.host,
+            gpu_uuid=self.gpu,
         )
-        return [column == value for column, value in pairs if value is not None]
+        return store.job_conditions(as_jobs)
 
 
 def parse_window(since: datetime | None, until: datetime | None, *, now: datetime | None = None) -> Window:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from gpuq.db.tables import Batch, BatchStatus, Job, JobStatus, utcnow
 from gpuq.store._sql import NO_SYNC
-from gpuq.store.jobs import JobFilter, _conditions
+from gpuq.store.jobs import JobFilter, job_conditions
 
 RETRYABLE = (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 CANCELLABLE = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
@@ -61,12 +61,12 @@ def _batch_open() -> ColumnElement[bool]:
 
 
 def count_matching_jobs(session: Session, flt: JobFilter) -> int:
-    return session.scalar(select(func.count()).select_from(Job).where(*_conditions(flt))) or 0
+    return session.scalar(select(func.count()).select_from(Job).where(*job_conditions(flt))) or 0
 
 
 def matching_job_ids(session: Session, flt: JobFilter, *, limit: int) -> list[str]:
     """Oldest first, at most ``limit``."""
-    query = select(Job.id).where(*_conditions(flt)).order_by(Job.created_at, Job.id).limit(limit)
+    query = select(Job.id).where(*job_conditions(flt)).order_by(Job.created_at, Job.id).limit(limit)
     return list(session.scalars(query))
 
 

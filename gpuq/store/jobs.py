@@ -125,7 +125,8 @@ class JobFilter:
     batch_id: str | None = None
 
 
-def _conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
+def job_conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
+    """The WHERE conditions of a filter: one place, for listing, bulk actions and stats."""
     equal = (
         (Job.model, flt.model),
         (Job.kind, flt.kind),
@@ -150,7 +151,7 @@ def list_jobs(session: Session, flt: JobFilter, *, limit: int, after: str | None
 
     Returns the page and whether more rows follow.
     """
-    query = select(Job).where(*_conditions(flt))
+    query = select(Job).where(*job_conditions(flt))
     if after is not None:
         anchor = session.get(Job, after)
         if anchor is None:
@@ -164,6 +165,31 @@ def list_jobs(session: Session, flt: JobFilter, *, limit: int, after: str | None
 def count_jobs_by_status(session: Session) -> dict[str, int]:
     rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
     return {status: n for status, n in rows}
+
+
+def count_queued_jobs_of_key(session: Session, api_key_id: str) -> int:
+    """The jobs submitted with this API key that wait in a queue (what ``max_queued_jobs`` bounds)."""
+    query = select(func.count()).select_from(Job).where(Job.api_key_id == api_key_id, Job.status == JobStatus.QUEUED)
+    return session.scalar(query) or 0
+
+
+def creation_times(session: Session, job_ids: Sequence[str]) -> dict[str, datetime]:
+    """When each of these jobs was submitted; ids with no row are absent."""
+    if not job_ids:
+        return {}
+    rows = session.execute(select(Job.id, Job.created_at).where(Job.id.in_(job_ids)))
+    return {row.id: row.created_at for row in rows}
+
+
+def count_finished_since(session: Session, model: str, kind: str, since: datetime) -> int:
+    """Jobs of this model and kind that succeeded or failed at ``since`` or later: the recent pace of its workers."""
+    query = select(func.count()).where(
+        Job.model == model,
+        Job.kind == kind,
+        Job.status.in_((JobStatus.SUCCEEDED, JobStatus.FAILED)),
+        Job.finished_at >= since,
+    )
+    return session.scalar(query) or 0
 
 
 # ---------------------------------------------------------------- cancelling

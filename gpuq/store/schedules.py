@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import (
     Batch,
     Schedule,
     ScheduleRun,
+    utcnow,
 )
 
 # ---------------------------------------------------------------- schedules
@@ -34,6 +37,41 @@ def delete_schedule(session: Session, schedule_id: int) -> bool:
     deleted = session.execute(delete(Schedule).where(Schedule.id == schedule_id)).rowcount
     session.commit()
     return bool(deleted)
+
+
+def due_schedules(session: Session, now: datetime) -> list[Schedule]:
+    """Enabled schedules whose next fire time has come."""
+    return list(session.scalars(select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)))
+
+
+def set_next_fire_time(session: Session, schedule: Schedule, when: datetime) -> None:
+    schedule.next_fire_at = when
+    session.commit()
+
+
+# ---------------------------------------------------------------- runs
+
+
+def claim_schedule_run(session: Session, run: ScheduleRun) -> bool:
+    """Insert the run of one tick; False when another scheduler has inserted that tick's
+    run first (a run is unique per schedule and fire time): that scheduler fires it."""
+    session.add(run)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return False
+    return True
+
+
+def record_schedule_fired(
+    session: Session, schedule: Schedule, run: ScheduleRun, *, batch_id: str | None, error: str | None
+) -> None:
+    """The batch a claimed run started, or why it could not, and when the schedule last fired."""
+    run.batch_id = batch_id
+    run.error = error
+    schedule.last_fired_at = utcnow()
+    session.commit()
 
 
 def schedule_runs(session: Session, schedule_id: int, *, limit: int) -> list[tuple[ScheduleRun, str | None]]:
