@@ -15,6 +15,7 @@ up: install
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
 
 test: install-test lint
 	.venv/bin/pytest
