@@ -32,7 +32,6 @@ from typing import Any
 
 from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from gpuq import store
@@ -435,16 +434,7 @@ def _finish(session: Session, batch: Batch, data_dir: Path, *, claimed_at: datet
     output = files["output"].id if "output" in files else None
     errors = files["errors"].id if "errors" in files else None
     final, stamp = _final_status(batch, claimed_at)
-    won = session.execute(
-        update(Batch)
-        .execution_options(synchronize_session=False)
-        .where(Batch.id == batch.id, Batch.status == BatchStatus.FINALIZING)
-        .values(status=final.value, output_file_id=output, error_file_id=errors, **stamp)
-    ).rowcount
-    if not won:
-        session.rollback()
-        return False  # another scheduler finished it first, with the same files
-    session.add_all(files.values())
+    rows: list[object] = list(files.values())
     if batch.webhook_url:
         counts = request_counts(session, batch)
         event = {
@@ -454,10 +444,13 @@ def _finish(session: Session, batch: Batch, data_dir: Path, *, claimed_at: datet
             "output_file_id": output,
             "error_file_id": errors,
         }
-        session.add(
+        rows.append(
             new_delivery(f"batch.{final.value}", batch.webhook_url, event, batch_id=batch.id, owner=batch.owner)
         )
-    session.commit()
+    if not store.finish_batch(
+        session, batch.id, new=final.value, rows=rows, output_file_id=output, error_file_id=errors, **stamp
+    ):
+        return False  # another scheduler finished it first, with the same files
     log.info("batch %s %s", batch.id, final.value)
     return True
 

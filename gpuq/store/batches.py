@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from gpuq.db.tables import (
     Batch,
+    BatchStatus,
     File,
     Job,
     JobStatus,
@@ -95,6 +96,24 @@ def set_batch_status(session: Session, batch_id: str, *, old: Sequence[str], new
     ).rowcount
     session.commit()
     return bool(changed)
+
+
+def finish_batch(session: Session, batch_id: str, *, new: str, rows: Sequence[object], **values: Any) -> bool:
+    """Move a ``finalizing`` batch to its final status and save ``rows`` (its output files, its
+    webhook event) in one transaction; False, with nothing saved, when another scheduler
+    finished it first."""
+    changed = session.execute(
+        update(Batch)
+        .execution_options(**NO_SYNC)
+        .where(Batch.id == batch_id, Batch.status == BatchStatus.FINALIZING)
+        .values(status=new, **values)
+    ).rowcount
+    if not changed:
+        session.rollback()
+        return False
+    session.add_all(rows)
+    session.commit()
+    return True
 
 
 def cancel_queued_batch_jobs(session: Session, batch_id: str, *, error: str) -> list[tuple[str, str, str, int]]:
