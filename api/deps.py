@@ -1,10 +1,11 @@
-"""What routes depend on, as ``Annotated`` aliases: the app's state, a database session, Redis."""
+"""What routes depend on, as ``Annotated`` aliases: the app's state, a database session, Redis,
+the caller; and the one check that a caller may see a job, a batch or a file."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Protocol, TypeVar
 
 from fastapi import Depends, Request
 from redis import Redis
@@ -13,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.auth.access import Caller
+from gpuq.db.tables import Batch, File, Job
 from gpuq.errors import RequestError
 from gpuq.settings import Settings
 
@@ -73,3 +75,35 @@ AdminDep = Annotated[Caller, Depends(get_admin)]
 ADMIN_ONLY = [Depends(get_admin)]
 # For routers whose every route needs some valid key.
 KEY_REQUIRED = [Depends(get_caller)]
+
+
+class Owned(Protocol):
+    @property
+    def owner(self) -> str | None: ...
+
+
+Row = TypeVar("Row", bound=Owned)
+
+
+async def visible_or_404(
+    db: AsyncSession, caller: Caller, read: Callable[[Session, str], Row | None], row_id: str, noun: str
+) -> Row:
+    """The row if the caller's tenant may see it. Another tenant's row answers the same 404
+    as a missing one, so ids cannot be probed across tenants."""
+    found = await db.run_sync(read, row_id)
+    if found is None or not caller.may_see(found.owner):
+        raise RequestError(404, f"{noun} {row_id!r} does not exist")
+    return found
+
+
+async def visible_job(db: AsyncSession, caller: Caller, job_id: str) -> Job:
+    return await visible_or_404(db, caller, store.get_job, job_id, "job")
+
+
+async def visible_file(db: AsyncSession, caller: Caller, file_id: str) -> File:
+    return await visible_or_404(db, caller, store.get_file, file_id, "file")
+
+
+async def visible_batch(db: AsyncSession, caller: Caller, batch_id: str) -> Batch:
+    db.expire_all()  # a batch moves on in other sessions (its start thread, the scheduler): read it afresh
+    return await visible_or_404(db, caller, store.get_batch, batch_id, "batch")

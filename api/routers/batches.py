@@ -8,11 +8,9 @@ from anyio import to_thread
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from api.deps import CallerDep, SessionDep, StateDep
-from api.routers.files import visible_file
+from api.deps import CallerDep, SessionDep, StateDep, visible_batch, visible_file
 from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
 from gpuq import store
-from gpuq.auth.access import Caller
 from gpuq.batches import service as batches
 from gpuq.db.tables import Batch
 from gpuq.errors import RequestError
@@ -20,14 +18,6 @@ from gpuq.jobs.limits import admit_sync
 from gpuq.jobs.queues import Priority
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
-
-
-async def visible_batch(db: SessionDep, caller: Caller, batch_id: str) -> Batch:
-    db.expire_all()
-    batch = await db.run_sync(store.get_batch, batch_id)
-    if batch is None or not caller.may_see(batch.owner):
-        raise RequestError(404, f"batch {batch_id!r} does not exist")
-    return batch
 
 
 async def _object(db: SessionDep, batch: Batch) -> BatchObject:

@@ -8,13 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Form, UploadFile
 from fastapi.responses import FileResponse
 
-from api.deps import CallerDep, SessionDep, StateDep
+from api.deps import CallerDep, SessionDep, StateDep, visible_file
 from api.schemas import FileObject
 from gpuq import store
-from gpuq.auth.access import Caller
 from gpuq.batches.files import files_dir, store_upload
-from gpuq.db.tables import File
-from gpuq.errors import RequestError
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -40,13 +37,6 @@ async def upload_file(
     )
     stored.owner = caller.owner
     return FileObject.of(await db.run_sync(lambda s: store.save_file(s, stored)))
-
-
-async def visible_file(db: SessionDep, caller: Caller, file_id: str) -> File:
-    found = await db.run_sync(store.get_file, file_id)
-    if found is None or not caller.may_see(found.owner):
-        raise RequestError(404, f"file {file_id!r} does not exist")
-    return found
 
 
 @router.get("/{file_id}", response_model=FileObject)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from api.deps import AdminDep, CallerDep, SessionDep, StateDep
-from api.routers.jobs import visible_job
+from api.deps import AdminDep, CallerDep, SessionDep, StateDep, visible_job
 from api.schemas import JobPublic
 from api.schemas.job_actions import BulkResult, JobSelection, Requeued
 from gpuq import store

@@ -8,11 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from api.deps import CallerDep, SessionDep, StateDep
+from api.deps import CallerDep, SessionDep, StateDep, visible_job
 from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from gpuq import store
-from gpuq.auth.access import Caller
-from gpuq.db.tables import Job, JobKind, JobStatus
+from gpuq.db.tables import JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.limits import admit
@@ -56,13 +55,6 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
         db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
     )
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
-
-
-async def visible_job(db: SessionDep, caller: Caller, job_id: str) -> Job:
-    job = await db.run_sync(store.get_job, job_id)
-    if job is None or not caller.may_see(job.owner):
-        raise RequestError(404, f"job {job_id!r} does not exist")
-    return job
 
 
 @router.get("/{job_id}", response_model=JobPublic)
