@@ -15,7 +15,6 @@ from gpuq.batches import service as batches
 from gpuq.db.tables import Batch
 from gpuq.errors import RequestError
 from gpuq.jobs.limits import admit_sync
-from gpuq.jobs.queues import Priority
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -41,7 +40,7 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
                 endpoint=body.endpoint,
                 completion_window=body.completion_window,
                 metadata=body.metadata,
-                priority=Priority.parse(body.priority).value,
+                priority=body.priority,
                 timeout_s=state.settings.job_timeout_s,
                 webhook_url=str(body.webhook_url) if body.webhook_url else None,
                 owner=caller.owner,

@@ -15,7 +15,6 @@ from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.errors import RequestError
 from gpuq.jobs import actions as job_actions
-from gpuq.jobs.queues import Priority
 from gpuq.store.job_actions import CANCELLABLE, RETRYABLE
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -34,7 +33,7 @@ def _filter(body: JobSelection, caller: Caller, *, allowed: tuple[str, ...], act
         statuses=statuses,
         model=body.model,
         kind=body.kind.value if body.kind else None,
-        priority=Priority.parse(body.priority).value if body.priority else None,
+        priority=body.priority,
         created_after=body.created_after,
         created_before=body.created_before,
         owner=body.owner if caller.is_admin else caller.owner,

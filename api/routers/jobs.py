@@ -10,13 +10,13 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from api.deps import CallerDep, SessionDep, StateDep, visible_job
 from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
+from api.schemas.common import PriorityName
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.limits import admit
 from gpuq.jobs.position import job_position_async
-from gpuq.jobs.queues import Priority
 from gpuq.jobs.submit import submit_jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -78,7 +78,7 @@ async def list_jobs(
     status_: Annotated[list[JobStatus] | None, Query(alias="status")] = None,
     model: str | None = None,
     kind: JobKind | None = None,
-    priority: str | None = None,
+    priority: Annotated[PriorityName | None, Query(description="high, normal or low")] = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -90,10 +90,6 @@ async def list_jobs(
 ) -> JobsPublic:
     """Newest first. Filters combine; `status` may repeat. Page with `after` = `next_after`.
     Submitters see their own tenant's jobs; admins see all, or one tenant's with `owner`."""
-    try:
-        prio = Priority.parse(priority).value if priority is not None else None
-    except ValueError as exc:
-        raise RequestError(422, str(exc)) from None
     for bound in (created_after, created_before):
         if bound is not None and bound.tzinfo is None:
             raise RequestError(422, "created_after/created_before need a time zone, e.g. 2026-01-31T12:00:00Z")
@@ -101,7 +97,7 @@ async def list_jobs(
         statuses=tuple(s.value for s in status_ or ()),
         model=model,
         kind=kind.value if kind else None,
-        priority=prio,
+        priority=priority,
         created_after=created_after,
         created_before=created_before,
         owner=caller.owner if not caller.is_admin else owner,

@@ -23,16 +23,8 @@ from gpuq.batches import schedules
 from gpuq.batches import service as batches
 from gpuq.db.tables import Schedule, utcnow
 from gpuq.errors import RequestError
-from gpuq.jobs.queues import Priority
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], dependencies=ADMIN_ONLY)
-
-
-def _priority(name: str) -> int:
-    try:
-        return Priority.parse(name).value
-    except ValueError as exc:
-        raise RequestError(422, str(exc)) from None
 
 
 async def _get(db: SessionDep, schedule_id: int) -> Schedule:
@@ -53,7 +45,6 @@ async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep,
     schedule that could never run is a 422 today, not a failed run tonight."""
     schedules.zone(body.timezone)
     next_fire_at = schedules.first_fire_time(body.cron, body.timezone)
-    priority = _priority(body.priority)
     if any(s.name == body.name for s in await db.run_sync(store.list_schedules)):
         raise RequestError(409, f"a schedule named {body.name!r} exists already")
 
@@ -63,11 +54,11 @@ async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep,
                 file = store.get_file(session, body.input_file_id or "")
                 if file is None:
                     raise RequestError(422, f"input file {body.input_file_id!r} does not exist")
-                batches.plan_batch_jobs(session, path=file.path, batch_id="dry-run", priority=priority)
+                batches.plan_batch_jobs(session, path=file.path, batch_id="dry-run", priority=body.priority)
                 return file.id
             file = schedules.store_inline_requests(body.requests, state.settings.data_dir)
             try:
-                batches.plan_batch_jobs(session, path=file.path, batch_id="dry-run", priority=priority)
+                batches.plan_batch_jobs(session, path=file.path, batch_id="dry-run", priority=body.priority)
             except RequestError:
                 Path(file.path).unlink()  # nothing half-created
                 raise
@@ -81,7 +72,7 @@ async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep,
         input_file_id=file_id,
         requests=body.requests,
         endpoint=body.endpoint,
-        priority=priority,
+        priority=body.priority,
         enabled=body.enabled,
         misfire=body.misfire,
         next_fire_at=next_fire_at,
@@ -108,7 +99,7 @@ async def update_schedule(schedule_id: int, body: SchedulePatch, db: SessionDep)
     if body.misfire is not None:
         schedule.misfire = body.misfire
     if body.priority is not None:
-        schedule.priority = _priority(body.priority)
+        schedule.priority = body.priority
     if body.enabled is not None:
         schedule.enabled = body.enabled
     if body.cron or body.timezone or resumed:  # a resumed schedule does not fire for its pause

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
+from api.schemas.common import PriorityName
 from api.schemas.stats import (
     EnergyRow,
     FailureReasonPublic,
@@ -50,7 +51,7 @@ class StatsQuery:
         host: str | None = None,
         tenant: str | None = None,
         kind: str | None = None,
-        priority: Annotated[str | None, Query(description="high, normal or low")] = None,
+        priority: Annotated[PriorityName | None, Query(description="high, normal or low")] = None,
     ) -> None:
         self.since, self.until = since, until
         self.filters = {"model": model, "gpu": gpu, "host": host, "tenant": tenant, "kind": kind, "priority": priority}
@@ -212,7 +213,7 @@ async def queues(
     state: StateDep,
     model: str | None = None,
     kind: str | None = None,
-    priority: Annotated[str | None, Query(description="high, normal or low")] = None,
+    priority: Annotated[PriorityName | None, Query(description="high, normal or low")] = None,
 ) -> StatsQueues:
     """Jobs waiting now per model, kind and priority (from the queues), with how long the front one has waited."""
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from api.schemas.common import unix_time
+from api.schemas.common import PriorityName, unix_time
 from gpuq.db.tables import FINAL_STATUSES, Batch, File, utcnow
-from gpuq.jobs.queues import Priority
 
 
 class FileObject(BaseModel):
@@ -41,14 +40,10 @@ class BatchCreate(BaseModel):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = Field(None, max_length=16)
-    priority: str = Field("low", description="gpuq extension: batches default below interactive jobs")
+    priority: PriorityName = Field(
+        "low", validate_default=True, description="gpuq extension: batches default below interactive jobs"
+    )
     webhook_url: HttpUrl | None = Field(None, description="gpuq extension: POSTed a signed event when it ends")
-
-    @field_validator("priority")
-    @classmethod
-    def _known_priority(cls, value: str) -> str:
-        Priority.parse(value)
-        return value.lower()
 
 
 class RequestCounts(BaseModel):

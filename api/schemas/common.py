@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
+
+from gpuq.jobs.queues import Priority
 
 MAX_CONTEXT_TOKENS = 1 << 20
 MAX_EMBED_INPUTS = 2048
@@ -13,6 +16,24 @@ MAX_STOP_SEQUENCES = 4
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _priority(value: object) -> Priority:
+    if isinstance(value, Priority):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("give a priority by name: high, normal or low")
+    return Priority.parse(value)  # raises ValueError naming the choices
+
+
+# A priority as users write it (high, normal or low, any case), parsed once, where the
+# request is read, into the enum the rest of gpuq uses; shown by name again in responses.
+PriorityName = Annotated[
+    Priority,
+    PlainValidator(_priority),
+    PlainSerializer(lambda p: p.label, return_type=str),
+    WithJsonSchema({"type": "string", "enum": [p.label for p in Priority]}),
+]
 
 
 class ErrorBody(BaseModel):

@@ -6,10 +6,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from api.schemas.common import Strict
+from api.schemas.common import PriorityName, Strict
 from api.schemas.jobs import JobPublic
 from gpuq.db.tables import JobKind, JobStatus
-from gpuq.jobs.queues import Priority
 
 
 class JobSelection(Strict):
@@ -19,17 +18,10 @@ class JobSelection(Strict):
     status: list[JobStatus] | None = Field(None, min_length=1)
     model: str | None = Field(None, min_length=1, max_length=128)
     kind: JobKind | None = None
-    priority: str | None = Field(None, description="high, normal or low")
+    priority: PriorityName | None = Field(None, description="high, normal or low")
     owner: str | None = Field(None, min_length=1, max_length=128, description="admins only; submitters get their own")
     created_after: datetime | None = None
     created_before: datetime | None = None
-
-    @field_validator("priority")
-    @classmethod
-    def _known_priority(cls, value: str | None) -> str | None:
-        if value is not None:
-            Priority.parse(value)  # raises ValueError naming the choices
-        return value
 
     @field_validator("created_after", "created_before")
     @classmethod

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 
-from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_EMBED_INPUTS, MAX_STOP_SEQUENCES, Strict
+from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_EMBED_INPUTS, MAX_STOP_SEQUENCES, PriorityName, Strict
 from gpuq.db.tables import Job, JobKind
 from gpuq.jobs.queues import Priority
 from gpuq.jobs.submit import JobSpec
@@ -26,15 +26,9 @@ class JobBase(Strict):
         le=7 * 24 * 3600,
         description="seconds the model stays loaded after this job (as Ollama's keep_alive); -1 forever, 0 unload now",
     )
-    priority: str = Field("normal", description="high, normal or low")
+    priority: PriorityName = Field("normal", validate_default=True, description="high, normal or low")
     idempotency_key: str | None = Field(None, min_length=1, max_length=255)
     webhook_url: HttpUrl | None = Field(None, description="POSTed a signed event when the job ends")
-
-    @field_validator("priority")
-    @classmethod
-    def _known_priority(cls, value: str) -> str:
-        Priority.parse(value)  # raises ValueError with the list of choices
-        return value.lower()
 
     def spec(self, request: dict[str, Any], kind: JobKind) -> JobSpec:
         if self.keep_alive is not None:
@@ -44,7 +38,7 @@ class JobBase(Strict):
         return JobSpec(
             kind=kind,
             model=self.model,
-            priority=Priority.parse(self.priority).value,
+            priority=self.priority,
             request=request,
             idempotency_key=self.idempotency_key,
         )

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import Strict
+from api.schemas.common import PriorityName, Strict
 from gpuq.db.tables import Schedule, ScheduleRun
 from gpuq.jobs.queues import Priority
 
@@ -19,7 +19,7 @@ class ScheduleCreate(Strict):
     input_file_id: str | None = Field(None, description="a stored batch file to run...")
     requests: list[dict[str, Any]] | None = Field(None, min_length=1, description="...or inline batch lines")
     endpoint: str = "/v1/chat/completions"
-    priority: str = "low"
+    priority: PriorityName = Field("low", validate_default=True)
     enabled: bool = True
     misfire: Literal["skip", "run_once"] = "skip"
     owner: str | None = Field(
@@ -30,7 +30,6 @@ class ScheduleCreate(Strict):
     def _one_input(self) -> ScheduleCreate:
         if (self.input_file_id is None) == (self.requests is None):
             raise ValueError("give exactly one of `input_file_id` (a stored batch file) or `requests` (inline lines)")
-        Priority.parse(self.priority)
         return self
 
 
@@ -39,7 +38,7 @@ class SchedulePatch(Strict):
     cron: str | None = Field(None, min_length=1, max_length=128)
     timezone: str | None = None
     misfire: Literal["skip", "run_once"] | None = None
-    priority: str | None = None
+    priority: PriorityName | None = None
 
 
 class SchedulePublic(BaseModel):

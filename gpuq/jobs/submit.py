@@ -29,6 +29,7 @@ from gpuq.fleet.placement import PlacementRequest, can_ever_run, evaluate, expla
 from gpuq.fleet.snapshot import Fleet, load_fleet
 from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
 from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
+from gpuq.jobs.queues import Priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ class JobSpec:
 
     kind: JobKind
     model: str
-    priority: int
+    priority: Priority
     request: dict[str, Any]
     idempotency_key: str | None = None
 

@@ -113,7 +113,7 @@ def parse_filter(
     *,
     model: str | None = None,
     kind: str | None = None,
-    priority: str | None = None,
+    priority: Priority | None = None,
     tenant: str | None = None,
     host: str | None = None,
     gpu: str | None = None,
@@ -125,12 +125,6 @@ def parse_filter(
     history check is one indexed lookup."""
     if kind is not None and kind not in {k.value for k in JobKind}:
         raise RequestError(422, f"unknown kind {kind!r}; use one of: {', '.join(k.value for k in JobKind)}")
-    prio = None
-    if priority is not None:
-        try:
-            prio = Priority.parse(priority).value
-        except ValueError as exc:
-            raise RequestError(422, str(exc)) from None
     checks: tuple[tuple[str, str | None, Callable[[], Iterable[str]], ColumnElement[bool] | None], ...] = (
         ("model", model, lambda: session.scalars(select(Model.name)), Job.model == model),
         ("tenant", tenant, lambda: session.scalars(select(ApiKey.owner).distinct()), Job.owner == tenant),
@@ -144,7 +138,7 @@ def parse_filter(
         if value in known or session.scalar(select(Job.id).where(in_history).limit(1)) is not None:
             continue
         raise RequestError(422, _unknown(name, value, known))
-    return StatsFilter(model=model, kind=kind, priority=prio, tenant=tenant, host=host, gpu=gpu)
+    return StatsFilter(model=model, kind=kind, priority=priority, tenant=tenant, host=host, gpu=gpu)
 
 
 def _unknown(name: str, value: str, known: set[str]) -> str:
