@@ -79,6 +79,11 @@ class GenerationRun:
             taken = self._next_waiting()
             if taken is None:
                 return
+            if taken[0].id in self._jobs:
+                # An admin requeued a job still running here: its old run ends at the next
+                # step; it may start again only after that.
+                taken[1].push_job_id(taken[0].id, at_front=True)
+                return
             if self._admit(*taken):
                 free -= 1
             self._polled_at = float("-inf")  # a job came: look again at once while slots are free
@@ -107,6 +112,11 @@ class GenerationRun:
 
     def _admit(self, job: Job, queue: Queue) -> bool:
         worker = self._worker
+        if job.id in worker._requeued_jobs:
+            # Its stopped run's outcome must be written (and discarded) before this claim, or
+            # it would match the new run.
+            worker._requeued_jobs.discard(job.id)
+            worker._flush_outcomes()
         execution = worker.begin_execution(job)
         cancel = worker.monitor.begin(job.id)
         try:
