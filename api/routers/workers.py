@@ -20,7 +20,7 @@ router = APIRouter(tags=["workers"], dependencies=ADMIN_ONLY)
 
 
 async def _running_by_worker(db: SessionDep) -> dict[str, str]:
-    return {worker: job_id for job_id, *_, worker, _attempts in await db.run_sync(store.running_jobs) if worker}
+    return {r.worker: r.entry.job_id for r in await db.run_sync(store.running_jobs) if r.worker}
 
 
 async def _views(db: SessionDep, state: StateDep, *, host: str | None = None) -> list[WorkerPublic]:

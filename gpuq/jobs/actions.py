@@ -30,7 +30,8 @@ from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
 from gpuq.fleet.workers import stop_requeued_job
 from gpuq.jobs.cancel import signal_worker
-from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs, remove_queued
+from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
+from gpuq.jobs.queues import QueueEntry
 from gpuq.redis_keys import rq_job_key, rq_queue_key
 from gpuq.stats import metrics
 from gpuq.store.job_actions import RETRYABLE
@@ -89,7 +90,7 @@ async def retry_job(db: AsyncSession, redis: Redis, job: Job, *, timeout_s: int)
     if not changed:  # someone else retried (or the batch closed) between our read and the UPDATE
         now = await _reload(db, job.id)
         raise RequestError(409, f"job {job.id} is {now.status} now; it was changed by another request")
-    await _enqueue(redis, [QueueEntry(*row) for row in changed], timeout_s=timeout_s)
+    await _enqueue(redis, changed, timeout_s=timeout_s)
     return await _reload(db, job.id)
 
 
@@ -106,7 +107,7 @@ def _queue_entry_present(redis: Redis, job_id: str) -> bool:
 
 async def requeue_job(db: AsyncSession, redis: Redis, job: Job, *, timeout_s: int) -> tuple[Job, str]:
     """Returns the job and what was done, in words."""
-    entry = QueueEntry(job.id, job.model, job.kind, job.priority)
+    entry = QueueEntry.of(job)
     if job.status == JobStatus.QUEUED:
         if await to_thread.run_sync(lambda: _queue_entry_present(redis, job.id)):
             return job, "already waiting in its queue; nothing to do"
@@ -143,7 +144,7 @@ async def _matching(db: AsyncSession, flt: store.JobFilter) -> list[str]:
 async def retry_matching(db: AsyncSession, redis: Redis, flt: store.JobFilter, *, timeout_s: int) -> BulkOutcome:
     ids = await _matching(db, flt)
     changed = await db.run_sync(store.retry_finished_jobs, ids)
-    await _enqueue(redis, [QueueEntry(*row) for row in changed], timeout_s=timeout_s)
+    await _enqueue(redis, changed, timeout_s=timeout_s)
     return BulkOutcome(len(ids), len(changed))
 
 
@@ -155,10 +156,10 @@ async def cancel_matching(db: AsyncSession, redis: Redis, flt: store.JobFilter) 
     stopping = await db.run_sync(store.request_cancel_of_running_jobs, ids)
 
     def tell_redis() -> None:
-        remove_queued(redis, [QueueEntry(*row) for row in cancelled])
+        remove_queued(redis, cancelled)
         # Counted as single cancels are; a running job is counted when its worker stops it.
         metrics.record_finished_jobs(
-            redis, [metrics.FinishedJob(model, kind, JobStatus.CANCELLED.value) for _id, model, kind, _p in cancelled]
+            redis, [metrics.FinishedJob(e.model, e.kind, JobStatus.CANCELLED.value) for e in cancelled]
         )
         for job_id, worker in stopping:
             signal_worker(redis, job_id, worker)

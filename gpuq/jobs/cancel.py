@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuq import store
 from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
-from gpuq.jobs.enqueue import QueueEntry, remove_queued
+from gpuq.jobs.enqueue import remove_queued
+from gpuq.jobs.queues import QueueEntry
 from gpuq.redis_keys import CANCEL_FLAG_TTL_S, cancel_flag_key, rq_worker_channel
 from gpuq.stats import metrics
 
@@ -24,7 +25,7 @@ async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
     """Returns the job after the request: ``cancelled``, or ``running`` with cancel requested."""
     job = await _get(db, job_id)
     if job.status == JobStatus.QUEUED and await db.run_sync(store.cancel_queued_job, job_id):
-        entry = QueueEntry(job.id, job.model, job.kind, job.priority)
+        entry = QueueEntry.of(job)
         await to_thread.run_sync(lambda: remove_queued(redis, [entry]))
         cancelled = metrics.FinishedJob(job.model, job.kind, JobStatus.CANCELLED.value)
         await to_thread.run_sync(lambda: metrics.record_finished_jobs(redis, [cancelled]))

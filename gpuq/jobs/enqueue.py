@@ -10,29 +10,16 @@ from __future__ import annotations
 import pickle
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from redis import Redis
 from rq.utils import now as rq_now
 from rq.utils import utcformat
 
-from gpuq.jobs.queues import JOB_FUNC, Priority, queue_name
+from gpuq.jobs.queues import JOB_FUNC, QueueEntry
 from gpuq.redis_keys import RQ_JOB_PREFIX, RQ_QUEUES, rq_job_key, rq_queue_key
 
 FAILURE_TTL_S = 7 * 24 * 3600
 SCRIPT_CHUNK = 2000  # jobs per script call
-
-
-@dataclass(frozen=True, slots=True)
-class QueueEntry:
-    job_id: str
-    model: str
-    kind: str
-    priority: int
-
-    @property
-    def queue(self) -> str:
-        return queue_name(self.model, self.kind, Priority(self.priority))
 
 
 # Writes RQ's job hash (the fields of ``rq.job.Job.to_dict`` a worker reads) and pushes the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
+from typing import NamedTuple, Protocol
 
 from gpuq import redis_keys
 from gpuq.db.tables import JobKind
@@ -58,6 +59,37 @@ def queue_name(model: str, kind: str, priority: Priority) -> str:
     if kind not in KINDS:
         raise ValueError(f"invalid job kind {kind!r}")
     return redis_keys.queue_name(model, kind, priority.label)
+
+
+class Queueable(Protocol):
+    """What a job needs to be queued: a jobs row, a job about to be inserted, a claimed job."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+
+
+class QueueEntry(NamedTuple):
+    """A job's place in Redis: its id in the queue of its model, kind and priority. The store
+    returns these for the rows it changes, so callers pass them on as they are."""
+
+    job_id: str
+    model: str
+    kind: str
+    priority: int
+
+    @classmethod
+    def of(cls, job: Queueable) -> QueueEntry:
+        return cls(job.id, job.model, job.kind, job.priority)
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.model, self.kind, Priority(self.priority))
 
 
 def parse_queue_name(name: str) -> tuple[str, str, Priority]:

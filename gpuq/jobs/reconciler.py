@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
-from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.queues import QueueEntry
 from gpuq.redis_keys import rq_job_key, rq_worker_key
 from gpuq.stats import metrics
 
@@ -60,10 +61,10 @@ def _requeue_lost_entries(
     if not queued:
         return
     with redis.pipeline(transaction=False) as pipe:
-        for job_id, *_ in queued:
-            pipe.hget(rq_job_key(job_id), "status")
+        for entry in queued:
+            pipe.hget(rq_job_key(entry.job_id), "status")
         statuses = pipe.execute()
-    lost = [QueueEntry(*row) for row, status in zip(queued, statuses, strict=True) if status not in LIVE_RQ_STATUSES]
+    lost = [entry for entry, status in zip(queued, statuses, strict=True) if status not in LIVE_RQ_STATUSES]
     if lost:
         enqueue_jobs(redis, lost, timeout_s=timeout_s)
         report.requeued.extend(e.job_id for e in lost)
@@ -86,18 +87,20 @@ def _recover_from_dead_workers(
     running = store.running_jobs(session)
     if not running:
         return
-    alive = _live_workers(redis, {worker for *_, worker, _attempts in running if worker})
+    alive = _live_workers(redis, {r.worker for r in running if r.worker})
     back: list[QueueEntry] = []
-    for job_id, model, kind, priority, worker, attempts in running:
-        if worker in alive:
+    for job in running:
+        if job.worker in alive:
             continue
-        if attempts >= max_attempts:
-            error = f"worker {worker} stopped responding while running this job; gave up after {attempts} attempts"
-            if store.fail_abandoned_job(session, job_id, worker=worker, error=error):
-                report.failed.append(job_id)
-                metrics.record_finished_jobs(redis, [metrics.FinishedJob(model, kind, JobStatus.FAILED.value)])
-        elif store.return_to_queue(session, job_id, worker=worker):
-            back.append(QueueEntry(job_id, model, kind, priority))
+        entry, worker = job.entry, job.worker
+        if job.attempts >= max_attempts:
+            error = f"worker {worker} stopped responding while running this job; gave up after {job.attempts} attempts"
+            if store.fail_abandoned_job(session, entry.job_id, worker=worker, error=error):
+                report.failed.append(entry.job_id)
+                failed = metrics.FinishedJob(entry.model, entry.kind, JobStatus.FAILED.value)
+                metrics.record_finished_jobs(redis, [failed])
+        elif store.return_to_queue(session, entry.job_id, worker=worker):
+            back.append(entry)
     if back:
         enqueue_jobs(redis, back, timeout_s=timeout_s)
         report.recovered.extend(e.job_id for e in back)

@@ -27,9 +27,9 @@ from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError
 from gpuq.fleet.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for
 from gpuq.fleet.snapshot import Fleet, load_fleet
-from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
-from gpuq.jobs.queues import Priority
+from gpuq.jobs.queues import Priority, QueueEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +204,7 @@ async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.N
         raise RequestError(
             409, "an idempotency_key in this request was used by a concurrent request; retry to get its job"
         ) from None
-    entries = [QueueEntry(n.id, n.model, n.kind, n.priority) for n in new]
+    entries = [QueueEntry.of(n) for n in new]
     try:
         await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
     except RedisError as exc:

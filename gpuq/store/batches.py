@@ -16,8 +16,9 @@ from gpuq.db.tables import (
     JobStatus,
     utcnow,
 )
+from gpuq.jobs.queues import QueueEntry
 from gpuq.store._sql import NO_SYNC
-from gpuq.store.jobs import NewJob, _job_rows
+from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, NewJob, _job_rows, queue_entry
 
 # ---------------------------------------------------------------- files and batches
 
@@ -116,7 +117,7 @@ def finish_batch(session: Session, batch_id: str, *, new: str, rows: Sequence[ob
     return True
 
 
-def cancel_queued_batch_jobs(session: Session, batch_id: str, *, error: str) -> list[tuple[str, str, str, int]]:
+def cancel_queued_batch_jobs(session: Session, batch_id: str, *, error: str) -> list[QueueEntry]:
     """Queued jobs of a batch to cancelled; returns them for their Redis entries to go too."""
     now = utcnow()
     rows = session.execute(
@@ -124,10 +125,10 @@ def cancel_queued_batch_jobs(session: Session, batch_id: str, *, error: str) -> 
         .execution_options(**NO_SYNC)
         .where(Job.batch_id == batch_id, Job.status == JobStatus.QUEUED)
         .values(status=JobStatus.CANCELLED, error=error, finished_at=now, cancel_requested_at=now)
-        .returning(Job.id, Job.model, Job.kind, Job.priority)
+        .returning(*QUEUE_ENTRY_COLUMNS)
     ).all()
     session.commit()
-    return [(r.id, r.model, r.kind, r.priority) for r in rows]
+    return [queue_entry(r) for r in rows]
 
 
 def running_batch_jobs(session: Session, batch_id: str) -> list[tuple[str, str | None]]:

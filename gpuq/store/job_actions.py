@@ -15,8 +15,9 @@ from sqlalchemy import ColumnElement, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import Batch, BatchStatus, Job, JobStatus, utcnow
+from gpuq.jobs.queues import QueueEntry
 from gpuq.store._sql import NO_SYNC
-from gpuq.store.jobs import JobFilter, job_conditions
+from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, JobFilter, job_conditions, queue_entry
 
 RETRYABLE = (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 CANCELLABLE = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
@@ -43,8 +44,6 @@ _NEW_RUN: dict[str, Any] = {
     "energy_j": None,
 }
 
-QueueRow = tuple[str, str, str, int]  # (id, model, kind, priority): what enqueueing needs
-
 
 def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
     for start in range(0, len(ids), _CHUNK):
@@ -70,19 +69,19 @@ def matching_job_ids(session: Session, flt: JobFilter, *, limit: int) -> list[st
     return list(session.scalars(query))
 
 
-def retry_finished_jobs(session: Session, ids: Sequence[str]) -> list[QueueRow]:
+def retry_finished_jobs(session: Session, ids: Sequence[str]) -> list[QueueEntry]:
     """Failed or cancelled to queued, as a fresh run, for the ids still failed or cancelled
     and not of a finalised batch; returns those changed, to be enqueued."""
-    changed: list[QueueRow] = []
+    changed: list[QueueEntry] = []
     for chunk in _chunks(ids):
         rows = session.execute(
             update(Job)
             .execution_options(**NO_SYNC)
             .where(Job.id.in_(chunk), Job.status.in_(RETRYABLE), _batch_open())
             .values(**_NEW_RUN)
-            .returning(Job.id, Job.model, Job.kind, Job.priority)
-        ).all()
-        changed += [(r.id, r.model, r.kind, r.priority) for r in rows]
+            .returning(*QUEUE_ENTRY_COLUMNS)
+        )
+        changed += [queue_entry(r) for r in rows]
     session.commit()
     return changed
 
@@ -107,19 +106,19 @@ def requeue_running_job(session: Session, job_id: str, *, worker: str | None) ->
     return bool(changed)
 
 
-def cancel_queued_jobs(session: Session, ids: Sequence[str]) -> list[QueueRow]:
+def cancel_queued_jobs(session: Session, ids: Sequence[str]) -> list[QueueEntry]:
     """Queued to cancelled for the ids still queued; returns those changed (to take out of Redis)."""
     now = utcnow()
-    changed: list[QueueRow] = []
+    changed: list[QueueEntry] = []
     for chunk in _chunks(ids):
         rows = session.execute(
             update(Job)
             .execution_options(**NO_SYNC)
             .where(Job.id.in_(chunk), Job.status == JobStatus.QUEUED)
             .values(status=JobStatus.CANCELLED.value, cancel_requested_at=now, finished_at=now)
-            .returning(Job.id, Job.model, Job.kind, Job.priority)
-        ).all()
-        changed += [(r.id, r.model, r.kind, r.priority) for r in rows]
+            .returning(*QUEUE_ENTRY_COLUMNS)
+        )
+        changed += [queue_entry(r) for r in rows]
     session.commit()
     return changed
 

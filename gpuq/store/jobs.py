@@ -18,6 +18,7 @@ from gpuq.db.tables import (
     JobStatus,
     utcnow,
 )
+from gpuq.jobs.queues import QueueEntry
 from gpuq.store._sql import NO_SYNC
 
 
@@ -351,22 +352,30 @@ def _job_event(outcome: Outcome) -> dict[str, Any]:
 # ---------------------------------------------------------------- reconciling
 
 
-def queued_jobs_created_before(session: Session, cutoff: datetime) -> list[tuple[str, str, str, int]]:
-    """(id, model, kind, priority) of queued rows older than ``cutoff``."""
-    rows = session.execute(
-        select(Job.id, Job.model, Job.kind, Job.priority).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
-    )
-    return [(r.id, r.model, r.kind, r.priority) for r in rows]
+QUEUE_ENTRY_COLUMNS = (Job.id, Job.model, Job.kind, Job.priority)  # what a QueueEntry is read from
 
 
-def running_jobs(session: Session) -> list[tuple[str, str, str, int, str | None, int]]:
-    """(id, model, kind, priority, worker, attempts) of running rows."""
-    rows = session.execute(
-        select(Job.id, Job.model, Job.kind, Job.priority, Job.worker, Job.attempts).where(
-            Job.status == JobStatus.RUNNING
-        )
-    )
-    return [(r.id, r.model, r.kind, r.priority, r.worker, r.attempts) for r in rows]
+def queue_entry(row: Any) -> QueueEntry:
+    """A row selected (or returned) with ``QUEUE_ENTRY_COLUMNS``, as the entry that queues it."""
+    return QueueEntry(row.id, row.model, row.kind, row.priority)
+
+
+def queued_jobs_created_before(session: Session, cutoff: datetime) -> list[QueueEntry]:
+    """Queued rows older than ``cutoff``."""
+    query = select(*QUEUE_ENTRY_COLUMNS).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
+    return [queue_entry(r) for r in session.execute(query)]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    entry: QueueEntry  # where it goes back to if its worker died
+    worker: str | None
+    attempts: int
+
+
+def running_jobs(session: Session) -> list[RunningJob]:
+    query = select(*QUEUE_ENTRY_COLUMNS, Job.worker, Job.attempts).where(Job.status == JobStatus.RUNNING)
+    return [RunningJob(queue_entry(r), r.worker, r.attempts) for r in session.execute(query)]
 
 
 def return_to_queue(session: Session, job_id: str, *, worker: str | None) -> bool:

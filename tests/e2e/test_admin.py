@@ -14,8 +14,8 @@ from gpuq.cli.client import ApiError, GpuqClient
 from gpuq.cli.main import main
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Role
-from gpuq.jobs.enqueue import QueueEntry, remove_queued
-from gpuq.jobs.queues import Priority, queue_name
+from gpuq.jobs.enqueue import remove_queued
+from gpuq.jobs.queues import Priority, QueueEntry, queue_name
 
 MODEL = "smollm2-135m"
 NOOP = {"kind": "noop", "model": MODEL}

@@ -6,8 +6,8 @@ from rq.job import Job as RQJob
 
 from gpuq.db.tables import utcnow
 from gpuq.jobs.aging import promote_aged_jobs
-from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
-from gpuq.jobs.queues import Priority
+from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.queues import Priority, QueueEntry
 
 
 def queue(redis, priority: str) -> list[str]:

@@ -8,7 +8,8 @@ from rq.worker import Worker
 
 from gpuq import store
 from gpuq.db.tables import utcnow
-from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
+from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.queues import QueueEntry
 from gpuq.jobs.reconciler import reconcile_once
 from tests.conftest import both_databases
 from tests.gpuq.store.test_store import make_job
@@ -23,7 +24,7 @@ def queue_of(redis: Redis, name: str) -> list[str]:
 @both_databases
 def test_queued_rows_with_no_redis_entry_are_enqueued_again_once(session, redis):
     kept, lost = store.insert_jobs(session, [make_job(priority=0), make_job(priority=2)])
-    enqueue_jobs(redis, [QueueEntry(kept.id, kept.model, kept.kind, kept.priority)], timeout_s=60)
+    enqueue_jobs(redis, [QueueEntry.of(kept)], timeout_s=60)
 
     report = reconcile_once(session, redis, **RECONCILE)
     assert report.requeued == [lost.id]
