@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from gpuq.auth.access import hash_secret, new_secret
 from gpuq.db.tables import ApiKey, Role, utcnow
+from gpuq.store._sql import commit_changed
 
 # last_used_at is for humans auditing keys: writing it once a minute is precise enough
 # and spares a write on every request.
@@ -70,11 +71,8 @@ def get_api_key(session: Session, key_id: str) -> ApiKey | None:
 
 def revoke_api_key(session: Session, key_id: str) -> bool:
     """True if the key existed and was active; it stops working at once."""
-    changed = session.execute(
-        update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    statement = update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
+    return commit_changed(session, statement)
 
 
 def has_admin_key(session: Session) -> bool:

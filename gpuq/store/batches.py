@@ -17,7 +17,7 @@ from gpuq.db.tables import (
     utcnow,
 )
 from gpuq.jobs.queues import QueueEntry
-from gpuq.store._sql import NO_SYNC
+from gpuq.store._sql import NO_SYNC, commit_changed
 from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, NewJob, _job_rows, queue_entry
 
 # ---------------------------------------------------------------- files and batches
@@ -89,14 +89,13 @@ def batches_with_status(session: Session, statuses: Sequence[str]) -> list[Batch
 
 def set_batch_status(session: Session, batch_id: str, *, old: Sequence[str], new: str, **values: Any) -> bool:
     """Move a batch from one of ``old`` to ``new`` (conditional: one scheduler wins)."""
-    changed = session.execute(
+    statement = (
         update(Batch)
         .execution_options(**NO_SYNC)
         .where(Batch.id == batch_id, Batch.status.in_(old))
         .values(status=new, **values)
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    )
+    return commit_changed(session, statement)
 
 
 def finish_batch(session: Session, batch_id: str, *, new: str, rows: Sequence[object], **values: Any) -> bool:

@@ -12,7 +12,7 @@ from gpuq.db.tables import (
     Gpu,
     utcnow,
 )
-from gpuq.store._sql import NO_SYNC
+from gpuq.store._sql import NO_SYNC, commit_changed
 
 # ---------------------------------------------------------------- GPU inventory
 
@@ -36,14 +36,13 @@ def list_gpus(session: Session) -> Sequence[Gpu]:
 
 
 def set_gpu_health(session: Session, uuid: str, *, healthy: bool, reason: str | None) -> bool:
-    changed = session.execute(
+    statement = (
         update(Gpu)
         .execution_options(**NO_SYNC)
         .where(Gpu.uuid == uuid)
         .values(healthy=healthy, unhealthy_reason=reason)
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    )
+    return commit_changed(session, statement)
 
 
 # ---------------------------------------------------------------- affinity rules
@@ -64,6 +63,4 @@ def save_rule(session: Session, rule: AffinityRule) -> AffinityRule:
 
 
 def delete_rule(session: Session, rule_id: int) -> bool:
-    deleted = session.execute(delete(AffinityRule).where(AffinityRule.id == rule_id)).rowcount
-    session.commit()
-    return bool(deleted)
+    return commit_changed(session, delete(AffinityRule).where(AffinityRule.id == rule_id))

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from gpuq.db.tables import Batch, BatchStatus, Job, JobStatus, utcnow
 from gpuq.jobs.queues import QueueEntry
-from gpuq.store._sql import NO_SYNC
+from gpuq.store._sql import NO_SYNC, commit_changed
 from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, JobFilter, job_conditions, queue_entry
 
 RETRYABLE = (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
@@ -90,7 +90,7 @@ def requeue_running_job(session: Session, job_id: str, *, worker: str | None) ->
     """Running on ``worker`` to queued, unless the run has ended or a cancel was asked for
     meanwhile: the worker's outcome write and this UPDATE are both conditional, so exactly
     one wins. Attempts stay counted (the stopped run was one)."""
-    changed = session.execute(
+    statement = (
         update(Job)
         .execution_options(**NO_SYNC)
         .where(
@@ -101,9 +101,8 @@ def requeue_running_job(session: Session, job_id: str, *, worker: str | None) ->
             _batch_open(),
         )
         .values(**_NEW_RUN)
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    )
+    return commit_changed(session, statement)
 
 
 def cancel_queued_jobs(session: Session, ids: Sequence[str]) -> list[QueueEntry]:

@@ -19,7 +19,7 @@ from gpuq.db.tables import (
     utcnow,
 )
 from gpuq.jobs.queues import QueueEntry
-from gpuq.store._sql import NO_SYNC
+from gpuq.store._sql import NO_SYNC, commit_changed
 
 
 def new_job_id() -> str:
@@ -199,22 +199,19 @@ def count_finished_since(session: Session, model: str, kind: str, since: datetim
 def cancel_queued_job(session: Session, job_id: str) -> bool:
     """Queued to cancelled, only if it is still queued. True if this call cancelled it."""
     now = utcnow()
-    changed = session.execute(
+    statement = (
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
         .values(status=JobStatus.CANCELLED, cancel_requested_at=now, finished_at=now)
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    )
+    return commit_changed(session, statement)
 
 
 def mark_cancel_requested(session: Session, job_id: str) -> bool:
     """Record that a running job should stop; the worker makes it final."""
-    changed = session.execute(
-        update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested_at=utcnow())
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    still_running = (Job.id == job_id, Job.status == JobStatus.RUNNING)
+    statement = update(Job).where(*still_running).values(cancel_requested_at=utcnow())
+    return commit_changed(session, statement)
 
 
 # ---------------------------------------------------------------- running (worker side)
@@ -380,20 +377,18 @@ def running_jobs(session: Session) -> list[RunningJob]:
 
 def return_to_queue(session: Session, job_id: str, *, worker: str | None) -> bool:
     """A job whose worker died goes back to queued (its attempts stay counted)."""
-    changed = session.execute(
+    statement = (
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
         .values(status=JobStatus.QUEUED, worker=None, device=None, started_at=None)
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    )
+    return commit_changed(session, statement)
 
 
 def fail_abandoned_job(session: Session, job_id: str, *, worker: str | None, error: str) -> bool:
-    changed = session.execute(
+    statement = (
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
         .values(status=JobStatus.FAILED, error=error, finished_at=utcnow())
-    ).rowcount
-    session.commit()
-    return bool(changed)
+    )
+    return commit_changed(session, statement)

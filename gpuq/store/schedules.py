@@ -15,6 +15,7 @@ from gpuq.db.tables import (
     ScheduleRun,
     utcnow,
 )
+from gpuq.store._sql import commit_changed
 
 # ---------------------------------------------------------------- schedules
 
@@ -34,9 +35,7 @@ def save_schedule(session: Session, schedule: Schedule) -> Schedule:
 
 
 def delete_schedule(session: Session, schedule_id: int) -> bool:
-    deleted = session.execute(delete(Schedule).where(Schedule.id == schedule_id)).rowcount
-    session.commit()
-    return bool(deleted)
+    return commit_changed(session, delete(Schedule).where(Schedule.id == schedule_id))
 
 
 def due_schedules(session: Session, now: datetime) -> list[Schedule]:
