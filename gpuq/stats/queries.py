@@ -99,8 +99,14 @@ def _rollup_rows(p: Plan, flt: StatsFilter) -> list[ColumnElement[bool]]:
 
 
 def _model_rows(r: Any, flt: StatsFilter) -> list[ColumnElement[bool]]:
+    """The filter's model, kind and priority on a rollup table ``r`` (job rows: ``flt.job_conditions()``)."""
     pairs = ((r.model, flt.model), (r.kind, flt.kind), (r.priority, flt.priority))
     return [c == v for c, v in pairs if v is not None]
+
+
+def _gpu_rows(t: Any, flt: StatsFilter) -> list[ColumnElement[bool]]:
+    """The filter's GPU and host on a table of GPU samples ``t`` (raw or hourly)."""
+    return [c == v for c, v in ((t.gpu_uuid, flt.gpu), (t.host, flt.host)) if v is not None]
 
 
 @dataclass(slots=True)
@@ -212,9 +218,7 @@ def latency_percentiles(
         metric_bin: tuple[Any, Any, Any] = (d.metric, d.bin, d.jobs)
     else:
         r = JobLatencyDaily
-        conditions = [r.day >= p.rollup_from, r.day < p.rollup_to] + [
-            c == v for c, v in ((r.model, flt.model), (r.kind, flt.kind), (r.priority, flt.priority)) if v is not None
-        ]
+        conditions = [r.day >= p.rollup_from, r.day < p.rollup_to, *_model_rows(r, flt)]
         metric_bin = (r.metric, r.bin, r.jobs)
     metric, b, jobs = metric_bin
     for name, bin_, n in session.execute(select(metric, b, func.sum(jobs)).where(*conditions).group_by(metric, b)):
@@ -455,7 +459,7 @@ def gpu_series(
                 func.count(s.power_w),
                 func.max(s.temperature_c),
             )
-            .where(in_raw, *[c == v for c, v in ((s.gpu_uuid, flt.gpu), (s.host, flt.host)) if v is not None])
+            .where(in_raw, *_gpu_rows(s, flt))
             .group_by(s.gpu_uuid, s.host, index)
         )
     if p.uses_rollup:
@@ -476,7 +480,7 @@ def gpu_series(
             .where(
                 h.hour >= p.rollup_from,
                 h.hour < p.rollup_to,
-                *[c == v for c, v in ((h.gpu_uuid, flt.gpu), (h.host, flt.host)) if v is not None],
+                *_gpu_rows(h, flt),
             )
             .group_by(h.gpu_uuid, h.host, index)
         )
