@@ -39,6 +39,7 @@ async def register_model(body: ModelCreate, db: SessionDep, state: StateDep) -> 
             kinds=set(body.kinds),
             context_length=body.context_length,
             vram_override_mib=body.vram_mib,
+            slots=state.settings.slots_for(on_gpu=True),  # K, as the workers read it from the same settings
         )
 
     try:

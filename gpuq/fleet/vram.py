@@ -1,18 +1,28 @@
-"""How much GPU memory a model needs at a given context, estimated from GGUF metadata.
+"""How much GPU memory one llama.cpp context of a model needs, estimated from GGUF metadata.
 
     total = (weights + KV cache + compute buffer) * (1 + margin) + per-GPU overhead
 
 * weights: the bytes of the GGUF file's tensors, as they are loaded.
-* KV cache: layers x context x KV heads x (key + value head size) x bytes per element
-  (f16 by default, as llama.cpp allocates it).
-* compute buffer: llama.cpp's graph scratch for one batch, with Ollama's estimate for
-  llama-style graphs (``llm/memory.go``): the larger of the attention and the output
-  projection buffers. For SmolLM2 at 2,048 tokens this gives 97.1 MiB where llama.cpp
-  reports 99.4 MiB.
+* KV cache: layers x cells x KV heads x (key + value head size) x bytes per element (f16,
+  as llama.cpp allocates it). A context holds one KV stream per sequence, each of the
+  sequence's context padded to 256 cells as llama.cpp pads it: a generation context of the
+  worker holds K sequences (``GPUQ_WORKER_SLOTS``), an embedding context one (llama-cpp-python
+  sets ``kv_unified`` for embeddings, so its parallel sequences share one stream of n_ctx).
+* compute buffer: llama.cpp's graph scratch for one micro-batch, adapted from Ollama's
+  estimate for llama-style graphs (``llm/memory.go``): the larger of the attention buffer
+  (the KQ scores of one micro-batch against one sequence's cells, per head) and the output
+  buffer (the logits of every token of the micro-batch). With separate KV streams the
+  scores of K sequences add up to one sequence's, so K does not enter; the micro-batch
+  does: 512 tokens for generation (``worker/decoder.py``), the whole context for
+  embeddings (each text must fit one micro-batch for pooled embeddings). The output term
+  also counts the f32 KQ mask (micro-batch x cells), which stays allocated while the
+  logits are computed: without it the estimate fell 9 % short of what llama.cpp allocated
+  for SmolLM2's embedding context at 4,096 tokens, with it every case measured is within
+  2.5 % (see ``tests/gpuq/fleet/test_vram.py``).
 * margin and overhead: slack for what the formula misses, and the CUDA context and
   cuBLAS workspace every GPU pays once per process.
 
-Pure functions: no file access here, see ``gguf_metadata.read_shape``.
+Pure functions: no file access here, see ``gpuq.registry.gguf.read_metadata``.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ from dataclasses import dataclass
 
 MIB = 1 << 20
 F16_BYTES = 2
-DEFAULT_BATCH = 512
+F32_BYTES = 4
+GENERATION_BATCH_TOKENS = 512  # n_batch = n_ubatch of the worker's generation contexts (worker/decoder.py)
+KV_PAD_CELLS = 256  # llama.cpp rounds each sequence's KV stream up to a multiple of this
 DEFAULT_MARGIN = 0.05
 DEFAULT_OVERHEAD_MIB = 256.0
 
@@ -47,16 +59,24 @@ class VramEstimate:
     compute_mib: float
     overhead_mib: float
     total_mib: float
+    n_seqs: int  # sequences with their own KV stream: K for generation, 1 for embeddings
+    n_ctx: int  # tokens per sequence, as registered
+    n_batch: int  # tokens per micro-batch
 
 
-def kv_cache_bytes(shape: ModelShape, n_ctx: int, bytes_per_element: int = F16_BYTES) -> int:
+def padded_cells(n_ctx: int) -> int:
+    return -(-n_ctx // KV_PAD_CELLS) * KV_PAD_CELLS
+
+
+def kv_cache_bytes(shape: ModelShape, n_cells: int, bytes_per_element: int = F16_BYTES) -> int:
     per_token = shape.head_count_kv * (shape.key_length + shape.value_length) * bytes_per_element
-    return shape.block_count * n_ctx * per_token
+    return shape.block_count * n_cells * per_token
 
 
-def compute_buffer_bytes(shape: ModelShape, n_ctx: int, n_batch: int = DEFAULT_BATCH) -> int:
-    attention = 4 * n_batch * (1 + 4 * shape.embedding_length + n_ctx * (1 + shape.head_count))
-    output = 4 * n_batch * (shape.embedding_length + shape.vocab_size)
+def compute_buffer_bytes(shape: ModelShape, n_ctx: int, n_batch: int = GENERATION_BATCH_TOKENS) -> int:
+    """``n_ctx`` is the cells one sequence attends over (its own stream), ``n_batch`` the micro-batch."""
+    attention = F32_BYTES * n_batch * (1 + 4 * shape.embedding_length + n_ctx * (1 + shape.head_count))
+    output = F32_BYTES * n_batch * (shape.embedding_length + shape.vocab_size + n_ctx)
     return max(attention, output)
 
 
@@ -64,12 +84,27 @@ def estimate_vram(
     shape: ModelShape,
     *,
     n_ctx: int,
-    n_batch: int = DEFAULT_BATCH,
+    n_seqs: int = 1,
+    n_batch: int = GENERATION_BATCH_TOKENS,
     margin: float = DEFAULT_MARGIN,
     overhead_mib: float = DEFAULT_OVERHEAD_MIB,
 ) -> VramEstimate:
+    """One context of ``n_seqs`` sequences of ``n_ctx`` tokens each, decoding ``n_batch`` tokens at a time."""
+    cells_per_seq = padded_cells(n_ctx)
+    # llama.cpp caps a causal context's batch at its (unpadded) size.
+    n_batch = min(n_batch, n_ctx * n_seqs)
     weights = shape.weights_bytes / MIB
-    kv = kv_cache_bytes(shape, n_ctx) / MIB
-    compute = compute_buffer_bytes(shape, n_ctx, n_batch) / MIB
+    kv = kv_cache_bytes(shape, n_seqs * cells_per_seq) / MIB
+    compute = compute_buffer_bytes(shape, cells_per_seq, n_batch) / MIB
     total = (weights + kv + compute) * (1 + margin) + overhead_mib
-    return VramEstimate(weights, kv, compute, overhead_mib, total)
+    return VramEstimate(weights, kv, compute, overhead_mib, total, n_seqs, n_ctx, n_batch)
+
+
+def estimate_generation(shape: ModelShape, *, n_ctx: int, slots: int) -> VramEstimate:
+    """A worker's generation context: ``slots`` (K) sequences of ``n_ctx`` tokens, 512-token batches."""
+    return estimate_vram(shape, n_ctx=n_ctx, n_seqs=slots, n_batch=GENERATION_BATCH_TOKENS)
+
+
+def estimate_embedding(shape: ModelShape, *, n_ctx: int) -> VramEstimate:
+    """A worker's embedding context: one KV stream of ``n_ctx`` and a micro-batch of ``n_ctx`` tokens."""
+    return estimate_vram(shape, n_ctx=n_ctx, n_seqs=1, n_batch=n_ctx)

@@ -13,10 +13,11 @@ from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import Model, ModelKind
-from gpuq.fleet.vram import estimate_vram
+from gpuq.fleet.vram import ModelShape, VramEstimate, estimate_embedding, estimate_generation
 from gpuq.jobs.queues import is_valid_model_name
 from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, bundled_model_path
 from gpuq.registry.gguf import NotAGgufFile, read_metadata
+from gpuq.settings import get_settings
 
 
 class InvalidModel(ValueError):
@@ -37,6 +38,36 @@ def resolve_model_path(models_dir: Path, path: str) -> Path:
     return full
 
 
+def gpu_slots() -> int:
+    """K, the sequences a GPU worker's generation context holds: workers read the same settings."""
+    return get_settings().slots_for(on_gpu=True)
+
+
+def estimate_for_kinds(shape: ModelShape, *, n_ctx: int, kinds: set[ModelKind], slots: int) -> VramEstimate:
+    """The largest of the contexts a worker may load for this model's kinds (see ``gpuq/fleet/vram.py``).
+
+    One figure serves both kinds: placement must find a GPU that holds either context, and a
+    worker's cache counts the figure once per context it loads."""
+    estimates = []
+    if ModelKind.GENERATE in kinds:
+        estimates.append(estimate_generation(shape, n_ctx=n_ctx, slots=slots))
+    if ModelKind.EMBED in kinds:
+        estimates.append(estimate_embedding(shape, n_ctx=n_ctx))
+    return max(estimates, key=lambda e: e.total_mib)
+
+
+def vram_basis(model: Model, slots: int) -> str:
+    """What a model's VRAM figure counts, in words for the placement preview."""
+    if model.vram_override_mib is not None:
+        return "measured by an admin"
+    contexts = []
+    if model.can_generate:
+        contexts.append(f"generation with K={slots} sequences of {model.context_length} tokens")
+    if model.can_embed:
+        contexts.append(f"embeddings in {model.context_length}-token batches")
+    return "estimate for " + " or ".join(contexts) + (", whichever needs more" if len(contexts) > 1 else "")
+
+
 def build_model(
     *,
     name: str,
@@ -44,8 +75,10 @@ def build_model(
     kinds: set[ModelKind],
     context_length: int | None,
     vram_override_mib: int | None = None,
+    slots: int | None = None,
 ) -> Model:
-    """A model row with its VRAM estimate for the registered context (see ``gpuq/vram.py``);
+    """A model row with its VRAM estimate for the registered context and ``slots`` sequences per
+    generation context (K; None: this process's ``GPUQ_WORKER_SLOTS`` on a GPU, see ``gpu_slots``).
     ``vram_override_mib`` is an admin's measured figure, which placement then uses instead."""
     if not is_valid_model_name(name):
         raise InvalidModel(f"model name {name!r} is invalid: use letters, digits, '.', '_' or '-' (at most 128)")
@@ -69,12 +102,14 @@ def build_model(
         context_length_trained=meta.context_length,
         size_bytes=meta.size_bytes,
         architecture=meta.architecture,
-        vram_estimate_mib=math.ceil(estimate_vram(meta.shape, n_ctx=n_ctx).total_mib),
+        vram_estimate_mib=math.ceil(
+            estimate_for_kinds(meta.shape, n_ctx=n_ctx, kinds=kinds, slots=slots or gpu_slots()).total_mib
+        ),
         vram_override_mib=vram_override_mib,
     )
 
 
-def register_bundled_model(session: Session) -> Model | None:
+def register_bundled_model(session: Session, *, slots: int | None = None) -> Model | None:
     """Register SmolLM2 once; leaves an existing registration of that name alone."""
     path = bundled_model_path()
     if path is None or store.get_model(session, BUNDLED_MODEL_NAME) is not None:
@@ -84,5 +119,6 @@ def register_bundled_model(session: Session) -> Model | None:
         path=path,
         kinds={ModelKind.GENERATE, ModelKind.EMBED},
         context_length=BUNDLED_CONTEXT_LENGTH,
+        slots=slots,
     )
     return store.save_model(session, model)
