@@ -6,13 +6,14 @@ from fnmatch import fnmatchcase
 
 from fastapi import APIRouter, Response, status
 
-from api.deps import ADMIN_ONLY, SessionDep
+from api.deps import ADMIN_ONLY, SessionDep, StateDep
 from api.schemas import PlacementPreview, PreviewGpu, RuleCreate, RulePublic, RuleSaved, RulesPublic
 from gpuq import store
 from gpuq.db.tables import AffinityRule, JobKind
 from gpuq.errors import RequestError
 from gpuq.fleet.placement import Candidate, PlacementRequest, preview
 from gpuq.fleet.snapshot import load_fleet, rule_of
+from gpuq.registry.models import vram_basis
 
 router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"], dependencies=ADMIN_ONLY)
 
@@ -44,13 +45,17 @@ async def delete_rule(rule_id: int, db: SessionDep) -> Response:
 
 
 @router.get("/preview", response_model=PlacementPreview)
-async def preview_placement(model: str, db: SessionDep, kind: JobKind = JobKind.GENERATE) -> PlacementPreview:
+async def preview_placement(
+    model: str, db: SessionDep, state: StateDep, kind: JobKind = JobKind.GENERATE
+) -> PlacementPreview:
     """Where may `model` run for `kind` jobs, and why: per GPU, the deciding rule and the memory check."""
     registered = await db.run_sync(store.get_model, model)
     if registered is None:
         raise RequestError(404, f"model {model!r} is not registered")
     fleet = await db.run_sync(load_fleet)
-    request = PlacementRequest(model, kind.value, registered.vram_mib)
+    slots = state.settings.slots_for(on_gpu=True)
+    basis = vram_basis(registered, slots)
+    request = PlacementRequest(model, kind.value, registered.vram_mib, basis)
     rows = preview(request, fleet.gpus, fleet.rules)
     gpus = [
         PreviewGpu(
@@ -72,7 +77,15 @@ async def preview_placement(model: str, db: SessionDep, kind: JobKind = JobKind.
         else f"{model} may run on {len(able)} of {len(gpus)} GPUs"
         + (": " + ", ".join(f"{g.host}/{g.index}" for g in able) if able else "")
     )
-    return PlacementPreview(model=model, kind=kind.value, vram_mib=registered.vram_mib, gpus=gpus, summary=summary)
+    return PlacementPreview(
+        model=model,
+        kind=kind.value,
+        vram_mib=registered.vram_mib,
+        vram_slots=slots,
+        vram_basis=basis,
+        gpus=gpus,
+        summary=summary,
+    )
 
 
 async def _save(db: SessionDep, rule: AffinityRule) -> RuleSaved:

@@ -86,6 +86,10 @@ class PreviewGpu(BaseModel):
 class PlacementPreview(BaseModel):
     model: str
     kind: str
-    vram_mib: int
+    vram_mib: int = Field(description="what placement uses: the admin's measured figure if set, else the estimate")
+    vram_slots: int = Field(
+        description="K: sequences per generation context on a GPU worker (GPUQ_WORKER_SLOTS), counted in the estimate"
+    )
+    vram_basis: str = Field(description="what vram_mib counts, in words")
     gpus: list[PreviewGpu]
     summary: str

@@ -30,6 +30,7 @@ class PlacementRequest:
     model: str
     kind: str
     vram_mib: int
+    vram_basis: str = ""  # what the figure counts (K sequences of n tokens, or an admin's measure), for people
 
 
 class Filter(Protocol):
@@ -145,11 +146,13 @@ class PreviewRow:
 
 
 def preview(request: PlacementRequest, gpus: Sequence[Candidate], rules: list[Rule]) -> list[PreviewRow]:
-    """Where may this model run, and why: the rule that decides, and the memory check, per GPU."""
+    """Where may this model run, and why: the rule that decides, and the memory check, per GPU
+    (with what the figure counts, when the request says)."""
+    basis = f" ({request.vram_basis})" if request.vram_basis else ""
     rows = []
     for gpu in gpus:
         decision = decide(rules, request.model, request.kind, gpu.target)
         too_small = FitsMemoryFilter().reject(request, gpu)
         fit = too_small or f"fits: needs {request.vram_mib} MiB of {gpu.target.memory_total_mib} MiB"
-        rows.append(PreviewRow(gpu, decision.allowed, too_small is None, [decision.reason, fit]))
+        rows.append(PreviewRow(gpu, decision.allowed, too_small is None, [decision.reason, fit + basis]))
     return rows

@@ -104,8 +104,15 @@ def test_rules_crud_with_warnings_and_the_preview(client, fleet, settings, model
     assert preview["gpus"][0]["reasons"][0] == "allow rules confine this model to other GPUs"
     generate = client.get("/v1/affinity-rules/preview", params={"model": MODEL}).json()
     assert all(g["may_run"] for g in generate["gpus"])  # the rule names embed jobs only
+    slots = settings.slots_for(on_gpu=True)
+    assert generate["vram_slots"] == slots and f"K={slots} sequences of 2048 tokens" in generate["vram_basis"]
+    assert (
+        generate["gpus"][0]["reasons"][1]
+        == f"fits: needs {generate['vram_mib']} MiB of 24576 MiB ({generate['vram_basis']})"
+    )
     big = client.get("/v1/affinity-rules/preview", params={"model": "big"}).json()
     assert [g["may_run"] for g in big["gpus"]] == [False, False, False, True]
+    assert big["vram_mib"] == 60 * 1024 and big["vram_basis"] == "measured by an admin"
 
     replaced = client.put(
         f"/v1/affinity-rules/{rule_id}", json={"model_pattern": "smollm2-*", "effect": "deny", "gpu_indices": [0]}

@@ -94,6 +94,15 @@ def test_the_preview_explains_each_gpu():
     rows = preview(PlacementRequest("llama-3-8b", "generate", 30_000), gpus, [TEXT_ON_0_1])
     assert [(r.allowed, r.fits) for r in rows] == [(True, False), (True, False), (False, True), (False, True)]
     assert rows[0].reasons[0] == "rule 1: allow llama-* selects this GPU"
+    assert rows[0].reasons[1] == "too small: the model needs 30000 MiB, the GPU has 24576 MiB"
+
+
+def test_the_preview_says_what_the_memory_figure_counts():
+    gpus = [Candidate(t, t.memory_total_mib) for t in FLEET]
+    basis = "estimate for generation with K=8 sequences of 8192 tokens"
+    rows = preview(PlacementRequest("llama-3-8b", "generate", 14_374, basis), gpus, [])
+    assert rows[0].reasons[1] == f"fits: needs 14374 MiB of 24576 MiB ({basis})"
+    assert rows[1].reasons[1] == f"fits: needs 14374 MiB of 24576 MiB ({basis})"
 
 
 def test_a_model_no_single_gpu_holds_gets_the_smallest_group_on_one_host():
