@@ -127,6 +127,7 @@ class BatchDecoder:
         self._n_vocab = model.n_vocab()
         self._running: dict[int, _Sequence] = {}
         self._admitted = 0
+        self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last decode
 
     def close(self) -> None:
         for seq in self._running.values():
@@ -251,7 +252,7 @@ class BatchDecoder:
             seq.logits_at = n
             n += 1
         # New prompts fill what is left, bounded while others generate so they are not stalled.
-        budget = (N_BATCH if not generating else PREFILL_CHUNK_TOKENS) - n
+        budget = N_BATCH - n if not generating else PREFILL_CHUNK_TOKENS
         for seq in sorted(self._running.values(), key=lambda s: s.admitted):
             if seq.generating:
                 continue
@@ -269,6 +270,7 @@ class BatchDecoder:
             seq.fed += take
             budget -= take
         batch.n_tokens = n
+        self.last_step = (len(generating), n - len(generating))
         return batch
 
     @staticmethod

@@ -1,0 +1,93 @@
+"""Continuous batching through the whole path: one worker process decodes several jobs of a
+model at once, each keeping its own text, RQ bookkeeping and history row, and priorities
+across models still hold."""
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+import llama_cpp
+from redis import Redis
+from rq.registry import StartedJobRegistry
+
+MODEL = "smollm2-135m"
+PROMPTS = [
+    "The three primary colours are",
+    "Count: 1, 2, 3,",
+    "Question: name a fruit that is yellow. Answer:",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The capital of France is",
+]
+MAX_TOKENS = 48
+
+
+def _direct(model_path: str, prompt: str) -> str:
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=2, verbose=False)
+    try:
+        return llm.create_completion(prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=1)["choices"][0]["text"]
+    finally:
+        llm.close()
+
+
+def _at(job: dict, field: str) -> datetime:
+    return datetime.fromisoformat(job[field])
+
+
+def test_one_worker_runs_several_generations_at_once_each_with_its_own_text(processes, model_path):
+    processes.settings["GPUQ_WORKER_SLOTS"] = "4"
+    _api, url = processes.start_api()
+    _worker, name = processes.start_worker()
+    redis = Redis.from_url(processes.redis_url)
+    started = StartedJobRegistry(f"gpuq:{MODEL}:generate:normal", connection=redis)
+    with processes.client(url) as client:
+        bodies = [{"kind": "generate", "model": MODEL, "prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
+        jobs = client.submit_many([b | {"temperature": 0, "seed": 1} for b in bodies])
+        most_started = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            most_started = max(most_started, started.count)  # what `rq info` counts as running
+            if all(client.job(j["id"])["status"] == "succeeded" for j in jobs):
+                break
+            time.sleep(0.05)
+        done = [client.job(j["id"]) for j in jobs]
+    redis.close()
+
+    assert [j["status"] for j in done] == ["succeeded"] * len(PROMPTS)
+    assert most_started >= 3  # RQ saw several of them started at the same time, on one worker
+    assert {j["worker"] for j in done} == {name}
+    # At some moment at least three jobs were running together (their run times overlap).
+    overlaps = max(
+        sum(_at(o, "started_at") <= _at(j, "started_at") < _at(o, "finished_at") for o in done) for j in done
+    )
+    assert overlaps >= 3
+    for prompt, job in zip(PROMPTS, done, strict=True):
+        assert job["result"]["text"] == _direct(model_path, prompt), prompt
+        assert job["completion_tokens"] == MAX_TOKENS and job["attempts"] == 1
+    assert started.count == 0  # every execution was cleaned up
+
+
+def test_a_high_job_of_another_model_is_not_held_behind_the_admission_of_low_ones(processes, model_path):
+    processes.settings |= {"GPUQ_WORKER_SLOTS": "2", "GPUQ_WORKER_REFRESH_INTERVAL_S": "0.5"}
+    (Path(processes.workdir) / "models" / "other.gguf").symlink_to(model_path)
+    _api, url = processes.start_api()
+    processes.start_worker()
+    with processes.client(url) as client:
+        client.register_model({"name": "other", "path": "other.gguf"})
+        time.sleep(2)  # the worker re-reads what it serves every 0.5 s: it now listens on other's queues
+        low = {"kind": "generate", "model": MODEL, "prompt": "Count: 1, 2, 3,", "priority": "low", "temperature": 0}
+        # Different lengths, so the run always has a sequence ending while others go on.
+        lows = client.submit_many([low | {"max_tokens": 60 + 30 * i} for i in range(6)])
+        deadline = time.monotonic() + 60
+        while client.job(lows[0]["id"])["status"] == "queued" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        high = {"kind": "generate", "model": "other", "prompt": "Hello", "max_tokens": 8, "priority": "high"}
+        high = client.submit(high)
+        high_done = client.wait(high["id"], timeout_s=120)
+        lows_done = [client.wait(j["id"], timeout_s=300) for j in lows]
+
+    assert high_done["status"] == "succeeded"
+    assert all(j["status"] == "succeeded" for j in lows_done)
+    # The two low jobs running when it came finish; the four still queued start after it.
+    after = [j for j in lows_done if _at(j, "started_at") > _at(high_done, "started_at")]
+    assert len(after) >= 4
