@@ -1,17 +1,27 @@
 """Fixtures on real parts: the running PostgreSQL and Redis (or a private redis-server when
 none is reachable), SQLite files, and the bundled GGUF model.
 
-Isolation: each test gets a fresh database (a new PostgreSQL database, or a new SQLite
-file) migrated with Alembic, and a Redis db index that is flushed before and after it.
+Isolation: each test gets its own database and a Redis db index that is flushed before and
+after it. Running every Alembic revision is the slow part of a database, so it happens once
+per session and backend, into a template; a test's migrated database is a copy of it (a copied
+SQLite file, or a PostgreSQL database created from the template database). Tests that need an
+unmigrated database (``empty_database_url`` alone) still get an empty one.
+
+Tiers: markers are set here, by path and by fixture use (``pytest_collection_modifyitems``),
+so that no test file has to remember them: ``e2e`` (starts the API or workers as processes),
+``postgres``, ``browser`` and ``model``. ``make test-fast`` runs what needs neither PostgreSQL
+nor started processes, and PostgreSQL must answer only when a selected test uses it.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -33,6 +43,10 @@ REDIS_URL = os.environ.get("GPUQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 REDIS_DB = int(os.environ.get("GPUQ_TEST_REDIS_DB", "13"))
 DATABASES = ["sqlite", "postgresql"]
 
+TESTS_DIR = Path(__file__).parent
+# Using one of these fixtures means the test starts the API or workers as real processes.
+PROCESS_FIXTURES = frozenset({"processes", "system"})
+
 
 def _reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
@@ -44,16 +58,52 @@ def _reachable(url: str, default_port: int) -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not _reachable(POSTGRES_URL, 5432):
-        pytest.exit(
-            f"PostgreSQL is not reachable at {POSTGRES_URL}: the suite runs its SQL tests on PostgreSQL "
-            "as well as SQLite. Start PostgreSQL (trust auth) or set GPUQ_TEST_POSTGRES_URL.",
-            returncode=2,
-        )
+    # Every tier needs the model: migrated databases register it, as `gpuq db upgrade` does.
     try:
         require_bundled_model_path()
     except FileNotFoundError as exc:
         pytest.exit(str(exc), returncode=2)
+
+
+def _starts_processes(item: pytest.Item, fixtures: set[str]) -> bool:
+    if TESTS_DIR / "e2e" in item.path.parents or fixtures & PROCESS_FIXTURES:
+        return True
+    # A test module that builds GpuqProcesses itself, without one of the fixtures.
+    return hasattr(getattr(item, "module", None), "GpuqProcesses")
+
+
+def _runs_on_postgres(item: pytest.Item) -> bool:
+    # The backend is a parameter: `empty_database_url` (both_databases and its kin) or an e2e `system`.
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(value == "postgresql" for value in callspec.params.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m, so that -m sees these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if _starts_processes(item, fixtures):
+            item.add_marker(pytest.mark.e2e)
+        if _runs_on_postgres(item):
+            item.add_marker(pytest.mark.postgres)
+        if "browser" in fixtures:
+            item.add_marker(pytest.mark.browser)
+        if "model_path" in fixtures:
+            item.add_marker(pytest.mark.model)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Stop early, with the reason, when selected tests need a PostgreSQL that does not answer."""
+    if session.config.option.collectonly:
+        return
+    needing = sum(1 for item in session.items if item.get_closest_marker("postgres"))
+    if needing and not _reachable(POSTGRES_URL, 5432):
+        pytest.exit(
+            f"PostgreSQL is not reachable at {POSTGRES_URL}, and {needing} selected tests run on it "
+            "(the suite runs its SQL tests on PostgreSQL as well as SQLite). Start PostgreSQL (trust auth), "
+            "set GPUQ_TEST_POSTGRES_URL, or leave them out with -m 'not postgres' (make test-fast).",
+            returncode=2,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -91,11 +141,17 @@ def redis(redis_url: str) -> Iterator[Redis]:
     client.close()
 
 
-def _create_postgres_database() -> tuple[str, str]:
-    name = f"gpuq_test_{secrets.token_hex(6)}"
+def _postgres_url(name: str) -> str:
+    return POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _create_postgres_database(prefix: str = "gpuq_test_", template: str | None = None) -> tuple[str, str]:
+    name = f"{prefix}{secrets.token_hex(6)}"
+    # A template must have no other connections while it is copied; only its session fixture opens it.
+    from_template = f' TEMPLATE "{template}"' if template else ""
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return name, POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+        conn.execute(f'CREATE DATABASE "{name}"{from_template}')
+    return name, _postgres_url(name)
 
 
 def _drop_postgres_database(name: str) -> None:
@@ -126,16 +182,75 @@ def migrate_and_register(url: str) -> str:
     return url
 
 
+@dataclass(frozen=True)
+class Template:
+    """A database migrated once per session (bundled model registered), copied for each test."""
+
+    backend: str
+    source: str  # the SQLite file, or the PostgreSQL database's name
+
+    @contextmanager
+    def copy(self, directory: Path) -> Iterator[str]:
+        """A copy of the template: a SQLite file in directory, or a PostgreSQL database dropped afterwards."""
+        if self.backend == "sqlite":
+            target = directory / "gpuq.db"
+            shutil.copy(self.source, target)
+            yield f"sqlite:///{target}"
+            return
+        name, url = _create_postgres_database(template=self.source)
+        try:
+            yield url
+        finally:
+            _drop_postgres_database(name)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Template:
+    path = tmp_path_factory.mktemp("template") / "gpuq.db"
+    migrate_and_register(f"sqlite:///{path}")
+    # WAL mode: copying the file alone is whole only once the last connection has folded the
+    # log back into it and removed it, which disposing the engines above does.
+    assert not Path(f"{path}-wal").exists(), "the SQLite template still has a write-ahead log"
+    return Template("sqlite", str(path))
+
+
+@pytest.fixture(scope="session")
+def postgresql_template() -> Iterator[Template]:
+    name, url = _create_postgres_database(prefix="gpuq_tmpl_")
+    try:
+        migrate_and_register(url)
+        yield Template("postgresql", name)
+    finally:
+        _drop_postgres_database(name)
+
+
+def database_template(request: pytest.FixtureRequest, backend: str) -> Template:
+    """The session's template for backend, made on first use (a SQLite-only run never migrates PostgreSQL)."""
+    template: Template = request.getfixturevalue(f"{backend}_template")
+    return template
+
+
 @pytest.fixture
 def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database with no tables yet, on the backend named by the test's parameter."""
-    with fresh_database(getattr(request, "param", "sqlite"), tmp_path) as url:
-        yield url
+    """The test's database, on the backend named by the test's parameter (SQLite unless parametrized).
+
+    Empty, unless the test also uses ``database_url``, which is this same database migrated:
+    then it is a copy of the session's template, as migrating it would leave it, only faster.
+    (Tests choose the backend by parametrizing this fixture, so ``database_url`` depends on it.)
+    """
+    backend = getattr(request, "param", "sqlite")
+    if "database_url" in request.fixturenames:
+        with database_template(request, backend).copy(tmp_path) as url:
+            yield url
+    else:
+        with fresh_database(backend, tmp_path) as url:
+            yield url
 
 
 @pytest.fixture
 def database_url(empty_database_url: str) -> str:
-    return migrate_and_register(empty_database_url)
+    """The test's database, migrated and with the bundled model registered (see empty_database_url)."""
+    return empty_database_url
 
 
 @pytest.fixture

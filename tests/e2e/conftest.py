@@ -6,9 +6,10 @@ import pytest
 
 from gpuq.cli.client import GpuqClient
 from gpuq.testing import GpuqProcesses
-from tests.conftest import DATABASES, REDIS_DB, fresh_database, migrate_and_register, redis_db
+from tests.conftest import DATABASES, REDIS_DB, Template, database_template, redis_db
 
-pytestmark = pytest.mark.e2e
+# No pytestmark here: a conftest's marks reach no test. tests/conftest.py marks everything
+# under tests/e2e as e2e (and the PostgreSQL runs as postgres).
 
 
 @dataclass
@@ -19,10 +20,9 @@ class RunningSystem:
     worker_name: str
 
 
-def _running_system(backend: str, workdir: Path, redis_server_url: str, db_index: int) -> Iterator[RunningSystem]:
+def _running_system(template: Template, workdir: Path, redis_server_url: str, db_index: int) -> Iterator[RunningSystem]:
     (workdir / "models").mkdir(parents=True, exist_ok=True)
-    with fresh_database(backend, workdir) as database_url, redis_db(redis_server_url, db_index) as redis_url:
-        migrate_and_register(database_url)
+    with template.copy(workdir) as database_url, redis_db(redis_server_url, db_index) as redis_url:
         processes = GpuqProcesses(database_url, redis_url, workdir)
         try:
             _api, url = processes.start_api()
@@ -37,7 +37,8 @@ def _running_system(backend: str, workdir: Path, redis_server_url: str, db_index
 def system(request, tmp_path_factory, redis_server_url) -> Iterator[RunningSystem]:
     """The API and one worker as real processes, shared by a module's tests, on each database."""
     workdir = tmp_path_factory.mktemp(f"system-{request.param}")
-    yield from _running_system(request.param, workdir, redis_server_url, REDIS_DB - 1)
+    template = database_template(request, request.param)
+    yield from _running_system(template, workdir, redis_server_url, REDIS_DB - 1)
 
 
 @pytest.fixture
