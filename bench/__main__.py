@@ -11,7 +11,7 @@ from statistics import median
 
 from redis import Redis
 
-from bench import batch_bench, dispatch, generation, model_swap, stats_bench
+from bench import batch_bench, batching, dispatch, generation, model_swap, stats_bench
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.registry.models import register_bundled_model
@@ -83,6 +83,48 @@ def bench_generation(args: argparse.Namespace) -> None:
     print(f"  ratio gpuq / direct      {ours / direct:7.3f}x   (target >= 0.97x)")
 
 
+def bench_batching(args: argparse.Namespace) -> None:
+    """Interleaved rounds: every side once per round, so a slower patch of the host hits all."""
+    seq: list[batching.Run] = []
+    direct: dict[int, list[batching.Run]] = {k: [] for k in args.slots}
+    ours: dict[int, list[batching.Run]] = {k: [] for k in args.slots}
+    for _ in range(args.rounds):
+        seq.append(batching.run_sequential(threads=args.threads, max_tokens=args.max_tokens))
+        for k in args.slots:
+            direct[k].append(batching.run_direct_batched(slots=k, threads=args.threads, max_tokens=args.max_tokens))
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                ours[k].append(
+                    batching.run_gpuq(db, redis_url, workdir, slots=k, threads=args.threads, max_tokens=args.max_tokens)
+                )
+
+    def tps(runs: list[batching.Run]) -> float:
+        return median(r.tokens_per_s for r in runs)
+
+    def lat(runs: list[batching.Run], pct: int) -> float:
+        return median(r.latency(pct) for r in runs)
+
+    print(
+        f"\ncontinuous batching: {len(batching.PROMPTS)} jobs, max_tokens {args.max_tokens}, greedy, "
+        f"{args.threads} threads, median of {args.rounds} rounds (tokens/s; job latency p50/p95 in s)"
+    )
+    print(f"  sequential create_completion   {tps(seq):7.1f} tok/s   p50 {lat(seq, 50):6.1f}  p95 {lat(seq, 95):6.1f}")
+    for k in args.slots:
+        print(
+            f"  K={k:<2} direct batched          {tps(direct[k]):7.1f} tok/s   "
+            f"p50 {lat(direct[k], 50):6.1f}  p95 {lat(direct[k], 95):6.1f}"
+        )
+        print(
+            f"  K={k:<2} gpuq                    {tps(ours[k]):7.1f} tok/s   "
+            f"p50 {lat(ours[k], 50):6.1f}  p95 {lat(ours[k], 95):6.1f}   "
+            f"gpuq/direct {tps(ours[k]) / tps(direct[k]):5.2f}x"
+        )
+    if 1 in ours:
+        print(f"  gpuq K=1 / sequential          {tps(ours[1]) / tps(seq):7.3f}x   (target >= 0.97x)")
+    if 1 in ours and 8 in ours:
+        ceiling, scaling = tps(ours[8]) / tps(direct[8]), tps(ours[8]) / tps(ours[1])
+        print(f"batching: K=8 gpuq/direct {ceiling:.2f}x, gpuq K=8/K=1 {scaling:.2f}x")
+
+
 def bench_model_swap(args: argparse.Namespace) -> None:
     fifo, ours = [], []
     for _ in range(args.rounds):
@@ -149,12 +191,18 @@ def _fmt(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    choices = ["dispatch", "generation", "model-swap", "batch-accept", "embeddings", "stats"]
+    choices = ["dispatch", "generation", "batching", "model-swap", "batch-accept", "embeddings", "stats"]
     parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--slots",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[1, 4, 8, 16],
+        help="batching: the K values to run, comma-separated",
+    )
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
     parser.add_argument("--embed-texts", type=int, default=512, help="texts for the embeddings benchmark")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="a Redis db the benchmark may flush")
@@ -171,6 +219,8 @@ def main() -> None:
         bench_dispatch(args)
     if "generation" in args.which:
         bench_generation(args)
+    if "batching" in args.which:
+        bench_batching(args)
     if "model-swap" in args.which:
         bench_model_swap(args)
     if "batch-accept" in args.which:

@@ -80,7 +80,9 @@ def run_direct(*, threads: int, max_tokens: int, gpu_layers: int = 0) -> Generat
 def run_gpuq(
     database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, gpus: str | None = None
 ) -> GenerationResult:
-    processes = GpuqProcesses(database_url, redis_url, workdir, settings={"GPUQ_WORKER_THREADS": str(threads)})
+    # One slot: this measures the cost of the path around one sequence (bench batching runs K > 1).
+    settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": "1"}
+    processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
     jobs = [

@@ -19,6 +19,7 @@ finish, RQ's loop takes that job next, and no ``high`` job waits behind the admi
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from rq.job import Job
 
 from gpuq.db.tables import JobKind
 from gpuq.jobs.queues import parse_queue_name
+from gpuq.store import ClaimedJob
 from worker.decoder import DecodeError, Finished
 from worker.engine import LoadedModel
 
@@ -76,7 +78,7 @@ class GenerationRun:
         if worker._control.drained:
             return
         while free > 0:
-            taken = self._next_waiting()
+            taken = next_waiting(worker, self._model, JobKind.GENERATE)
             if taken is None:
                 return
             if taken[0].id in self._jobs:
@@ -88,50 +90,20 @@ class GenerationRun:
                 free -= 1
             self._polled_at = float("-inf")  # a job came: look again at once while slots are free
 
-    def _next_waiting(self) -> tuple[Job, Queue] | None:
-        """The job at the front of the first non-empty queue, if that queue is this model's."""
-        queues = self._worker._ordered_queues
-        with self._worker.connection.pipeline(transaction=False) as pipe:
-            for queue in queues:
-                pipe.llen(queue.key)
-            lengths = pipe.execute()
-        for queue, length in zip(queues, lengths, strict=True):
-            if not length:
-                continue
-            model, kind, _priority = parse_queue_name(queue.name)
-            if model != self._model or kind != JobKind.GENERATE:
-                return None  # a job ahead of ours in the worker's order: let this run end
-            return Queue.dequeue_any(
-                [queue],
-                None,  # no timeout: a plain LPOP, never blocking the live sequences
-                connection=self._worker.connection,
-                job_class=self._worker.job_class,
-                serializer=self._worker.serializer,
-            )
-        return None
-
     def _admit(self, job: Job, queue: Queue) -> bool:
         worker = self._worker
-        if job.id in worker._requeued_jobs:
-            # Its stopped run's outcome must be written (and discarded) before this claim, or
-            # it would match the new run.
-            worker._requeued_jobs.discard(job.id)
-            worker._flush_outcomes()
-        execution = worker.begin_execution(job)
-        cancel = worker.monitor.begin(job.id)
+        started = start_job(worker, job, queue)
+        if started is None:
+            return False
+        execution, cancel, claimed = started
         try:
-            claimed = worker.runner.claim(job.id)
-            loaded = None
-            if claimed is not None:
-                deadline = time.monotonic() + worker.job_timeout_s
-                loaded = worker.runner.admit_generation(claimed, cancel, deadline)
+            deadline = time.monotonic() + worker.job_timeout_s
+            loaded = worker.runner.admit_generation(claimed, cancel, deadline)
         except Exception:
-            # Infrastructure (SQL unreachable while claiming, say): the row is still queued,
-            # RQ's failed registry keeps the trace and the reconciler enqueues the job again.
             log.exception("job %s could not be started", job.id)
             worker.fail_execution(job, queue, execution)
             return False
-        if loaded is None:  # not queued any more, or ended at once (failed, handed back)
+        if loaded is None:  # it ended at once (failed, handed back)
             worker.end_execution(job, execution)
             return False
         log.info("%s: %s (%d running)", queue.name, job.id, len(self._jobs) + 1)
@@ -154,3 +126,89 @@ class GenerationRun:
             self._settle(Finished(job_id, error=f"{type(exc).__name__}: {exc}"))
         self._worker.runner.unload(self._model)
         self._loaded = None
+
+
+class EmbeddingRun:
+    """Several queued embedding jobs of one model, their texts embedded together.
+
+    Taken the way a generation run admits (the first non-empty queue in the worker's order
+    must be this model's embedding queue), so priorities hold; each job keeps its claim, RQ
+    execution and outcome."""
+
+    MAX_JOBS = 32  # a batch's job holds up to 64 texts: at most ~2,000 texts in one run
+
+    def __init__(self, worker: GpuqWorker, queue: Queue) -> None:
+        self._worker = worker
+        self._queue = queue
+        self._model = parse_queue_name(queue.name)[0]
+
+    def run(self, job: Job) -> None:
+        worker = self._worker
+        taken = [(job, self._queue)]
+        worker._read_control()
+        while not worker._control.drained and len(taken) < self.MAX_JOBS:
+            more = next_waiting(worker, self._model, JobKind.EMBED)
+            if more is None:
+                break
+            taken.append(more)
+        started = []
+        for each, queue in taken:
+            begun = start_job(worker, each, queue)
+            if begun is not None:
+                execution, cancel, claimed = begun
+                started.append((each, execution, claimed, cancel))
+        if not started:
+            return
+        if len(started) > 1:
+            log.info("embedding %d jobs of %s together", len(started), self._model)
+        worker.runner.run_embeddings([(claimed, cancel) for _job, _execution, claimed, cancel in started])
+        for each, execution, _claimed, _cancel in started:
+            worker.end_execution(each, execution)
+
+
+def next_waiting(worker: GpuqWorker, model: str, kind: str) -> tuple[Job, Queue] | None:
+    """The job at the front of the first non-empty queue of the worker's ordered list, if that
+    queue is ``model``'s for ``kind``; None when nothing waits or something more urgent does."""
+    queues = worker._ordered_queues
+    with worker.connection.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.llen(queue.key)
+        lengths = pipe.execute()
+    for queue, length in zip(queues, lengths, strict=True):
+        if not length:
+            continue
+        queue_model, queue_kind, _priority = parse_queue_name(queue.name)
+        if queue_model != model or queue_kind != kind:
+            return None  # a job ahead of ours in the worker's order: let this run end
+        return Queue.dequeue_any(
+            [queue],
+            None,  # no timeout: a plain LPOP, never blocking the live sequences
+            connection=worker.connection,
+            job_class=worker.job_class,
+            serializer=worker.serializer,
+        )
+    return None
+
+
+def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, threading.Event, ClaimedJob] | None:
+    """RQ's execution, the monitor's watch and the SQL claim of a job taken from its queue;
+    None when it is not to run (not queued any more in SQL, or SQL unreachable)."""
+    if job.id in worker._requeued_jobs:
+        # An admin requeued it while it ran here: its stopped run's outcome must be written
+        # (and discarded) before this claim, or it would match the new run.
+        worker._requeued_jobs.discard(job.id)
+        worker._flush_outcomes()
+    execution = worker.begin_execution(job)
+    cancel = worker.monitor.begin(job.id)
+    try:
+        claimed = worker.runner.claim(job.id)
+    except Exception:
+        # Infrastructure (SQL unreachable while claiming, say): the row is still queued,
+        # RQ's failed registry keeps the trace and the reconciler enqueues the job again.
+        log.exception("job %s could not be started", job.id)
+        worker.fail_execution(job, queue, execution)
+        return None
+    if claimed is None:
+        worker.end_execution(job, execution)
+        return None
+    return execution, cancel, claimed

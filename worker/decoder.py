@@ -128,6 +128,7 @@ class BatchDecoder:
         self._running: dict[int, _Sequence] = {}
         self._admitted = 0
         self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last decode
+        self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
 
     def close(self) -> None:
         for seq in self._running.values():
@@ -201,6 +202,7 @@ class BatchDecoder:
             return [*finished, Finished(newest.key, evicted=True)]
         if code != 0:
             raise DecodeError(f"llama_decode returned {code}")
+        self.tokens_decoded += batch.n_tokens
         for seq in list(self._running.values()):
             if seq.logits_at >= 0:
                 done = self._sample(seq)

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
 from worker.decoder import BatchDecoder, Generation, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
+
+
+class Cancel(Protocol):
+    def is_set(self) -> bool: ...
 
 
 class JobCancelled(Exception):
@@ -73,6 +77,10 @@ class LoadedModel:
         )
         return len(tokens)
 
+    def tokens_decoded(self) -> int:
+        assert self.decoder is not None
+        return self.decoder.tokens_decoded
+
     def generate(self, request: dict[str, Any], cancel: threading.Event) -> Generation:
         """One generation alone, start to end (the decoder may hold no other sequence)."""
         assert self.decoder is not None and self.decoder.active == 0
@@ -84,22 +92,27 @@ class LoadedModel:
                 return finished.generation
 
     def embed(self, texts: list[str], cancel: threading.Event) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised vectors, and the number of input tokens.
+        """Mean-pooled, L2-normalised vectors, and the number of input tokens (of each distinct text once)."""
+        by_text = self.embed_texts(texts, cancel)
+        return [by_text[text][0] for text in texts], sum(by_text[text][1] for text in set(texts))
+
+    def embed_texts(self, texts: list[str], cancel: Cancel) -> dict[str, tuple[list[float], int]]:
+        """Each distinct text's vector and token count.
 
         Repeated texts are embedded once: it saves work, and it makes identical texts get
         identical vectors (llama.cpp's batched maths differs in the last bits by position)."""
         unique = list(dict.fromkeys(texts))
-        by_text: dict[str, list[float]] = {}
-        tokens = 0
+        by_text: dict[str, tuple[list[float], int]] = {}
         for start in range(0, len(unique), EMBED_CHUNK):
             if cancel.is_set():
                 raise JobCancelled
             chunk = unique[start : start + EMBED_CHUNK]
             out = self.llm.create_embedding(chunk)
-            tokens += out["usage"]["prompt_tokens"]
             for text, item in zip(chunk, out["data"], strict=True):
-                by_text[text] = _normalise(item["embedding"])  # type: ignore[arg-type]
-        return [by_text[text] for text in texts], tokens
+                # create_embedding's own tokenisation, so the counts add up to its usage figure.
+                tokens = len(self.llm.tokenize(text.encode("utf-8")))
+                by_text[text] = (_normalise(item["embedding"]), tokens)  # type: ignore[arg-type]
+        return by_text
 
 
 def _normalise(vector: list[float]) -> list[float]:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
-from gpuq.jobs.queues import too_small_key
+from gpuq.redis_keys import too_small_key
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def hand_back_to_queue(
         with sessions() as session:
             if not store.return_to_queue(session, job.id, worker=worker):
                 return
-        enqueue_jobs(redis, [QueueEntry(job.id, job.model, job.kind, job.priority)], timeout_s=timeout_s)
+        enqueue_jobs(redis, [QueueEntry.of(job)], timeout_s=timeout_s)
         log.warning(
             "job %s handed back (%s); %s marked too small for %s", job.id, reason, ",".join(gpu_uuids), job.model
         )

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from redis import Redis
 from redis.exceptions import RedisError
 
-from gpuq.jobs.queues import cancel_flag_key
+from gpuq.redis_keys import cancel_flag_key
 
 log = logging.getLogger(__name__)
 

@@ -41,12 +41,30 @@ class _Running:
     energy: JobEnergy | None
     spec: ModelSpec | None = None
     keep_alive: float | None = None
+    # Its part of what the GPU did while it ran, by tokens, when other jobs shared the GPU
+    # with it (continuous batching, grouped embeddings): energy and GPU time are scaled by it.
+    share: float = 1.0
+    tokens_at_start: int = 0  # the decoder's token count when it joined
     _measured: Measurement | None = None
 
     def energy_stop(self) -> Measurement:
         if self._measured is None:
             self._measured = self.energy.stop() if self.energy is not None else NOT_MEASURED
         return self._measured
+
+
+class _AllSet:
+    """Reads as set once every one of several jobs' cancel events is."""
+
+    def __init__(self, events: list[threading.Event]) -> None:
+        self._events = events
+
+    def is_set(self) -> bool:
+        return all(event.is_set() for event in self._events)
+
+
+def _scaled(value: float | None, share: float) -> float | None:
+    return None if value is None else value * share
 
 
 def _spec(model: ModelInfo, *, embedding: bool) -> ModelSpec:
@@ -84,7 +102,8 @@ class JobRunner:
         self._hand_back = hand_back
         self._health = health
         self._energy = energy  # None on the CPU or a simulated GPU: nothing to measure
-        self._generating: dict[str, _Running] = {}  # job id -> its bookkeeping, while its sequence runs
+        # job id -> its bookkeeping and model, while its sequence runs
+        self._generating: dict[str, tuple[_Running, LoadedModel]] = {}
         self._kept: list[tuple[ModelSpec, float | None]] = []  # models used since keep_models, with keep_alive
 
     def claim(self, job_id: str) -> store.ClaimedJob | None:
@@ -136,6 +155,7 @@ class JobRunner:
             loaded, running.outcome.load_ms = self._load(spec)
             running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
             running.outcome.prompt_tokens = loaded.admit(claimed.id, claimed.request, cancel, deadline)
+            running.tokens_at_start = loaded.tokens_decoded()
         except HandBack as exc:
             self._hand_back_or_settle(running, exc)
             return None
@@ -144,12 +164,12 @@ class JobRunner:
             running.outcome.status, running.outcome.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
             self._settle(running)
             return None
-        self._generating[claimed.id] = running
+        self._generating[claimed.id] = (running, loaded)
         return loaded
 
     def finish_generation(self, finished: Finished) -> None:
         """A sequence left the decoder: record its outcome, or send its job back to its queue."""
-        running = self._generating.pop(finished.key)
+        running, loaded = self._generating.pop(finished.key)
         outcome = running.outcome
         if finished.evicted:
             self._hand_back_or_settle(running, HandBack("no KV cache room beside the other sequences"))
@@ -158,6 +178,9 @@ class JobRunner:
             outcome.status, outcome.error = JobStatus.FAILED, finished.error
         else:
             self._record_generation(finished.generation, outcome)
+            own = finished.generation.prompt_tokens + finished.generation.completion_tokens
+            decoded = loaded.tokens_decoded() - running.tokens_at_start  # its own and its neighbours'
+            running.share = min(1.0, own / decoded) if decoded > 0 else 1.0
         self._settle(running)
 
     def unload(self, model: str) -> None:
@@ -173,6 +196,52 @@ class JobRunner:
             unload_now |= keep_alive == 0
         if unload_now:
             self._cache.unload_expired()
+
+    # ------------------------------------------------------------- embeddings of several jobs together
+
+    def run_embeddings(self, jobs: list[tuple[store.ClaimedJob, threading.Event]]) -> None:
+        """Embedding jobs of one model, their texts embedded together in llama.cpp calls; each
+        job still gets its own vectors, token count and outcome, and the measured energy is
+        shared by tokens. A job cancelled meanwhile ends ``cancelled``; the call stops early
+        only when all are."""
+        runs = [self._start(claimed) for claimed, _cancel in jobs]
+        model = self._models(jobs[0][0].model)
+        try:
+            if model is None:
+                raise LookupError(f"model {jobs[0][0].model!r} is no longer registered")
+            spec = _spec(model, embedding=True)
+            loaded, runs[0].outcome.load_ms = self._load(spec)
+            texts = [text for claimed, _cancel in jobs for text in claimed.request["input"]]
+            by_text = loaded.embed_texts(texts, _AllSet([cancel for _claimed, cancel in jobs]))
+        except HandBack as exc:
+            for running in runs:
+                self._hand_back_or_settle(running, exc)
+            return
+        except JobCancelled:
+            for running in runs:
+                running.outcome.status = JobStatus.CANCELLED
+                self._settle(running)
+            return
+        except Exception as exc:  # a job's failure is recorded, never raised into the worker loop
+            log.exception("embedding jobs %s failed", ", ".join(c.id for c, _ in jobs))
+            for running in runs:
+                running.outcome.status, running.outcome.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
+                self._settle(running)
+            return
+        tokens = [sum(by_text[text][1] for text in set(c.request["input"])) for c, _cancel in jobs]
+        for (claimed, cancel), running, own in zip(jobs, runs, tokens, strict=True):
+            running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
+            running.share = own / sum(tokens) if sum(tokens) else 1.0 / len(jobs)
+            self._record_embeddings([by_text[text][0] for text in claimed.request["input"]], own, running.outcome)
+            if cancel.is_set():
+                running.outcome.status, running.outcome.result = JobStatus.CANCELLED, None
+            self._settle(running)
+        self.keep_models()
+
+    @staticmethod
+    def _record_embeddings(vectors: list[list[float]], tokens: int, outcome: store.Outcome) -> None:
+        outcome.result = {"embeddings": vectors, "dimensions": len(vectors[0]) if vectors else 0}
+        outcome.prompt_tokens = tokens
 
     # ------------------------------------------------------------- one job's bookkeeping
 
@@ -199,7 +268,12 @@ class JobRunner:
             self._health.record(outcome.error)
         outcome.finished_at = utcnow()
         outcome.run_ms = int((time.perf_counter() - running.started) * 1000) - (outcome.load_ms or 0)
-        outcome.gpu_seconds, outcome.energy_j = measured.gpu_seconds, measured.energy_j
+        outcome.gpu_seconds, outcome.energy_j = (
+            _scaled(measured.gpu_seconds, running.share),
+            _scaled(measured.energy_j, running.share),
+        )
+        if measured.energy_j is not None or measured.gpu_seconds is not None:
+            outcome.energy_share = round(running.share, 4)
         self._writer.submit(outcome, _finished(running.claimed, outcome))
 
     def _hand_back_or_settle(self, running: _Running, exc: HandBack) -> None:
@@ -276,9 +350,7 @@ class JobRunner:
         outcome: store.Outcome,
     ) -> None:
         if embedding:
-            vectors, tokens = loaded.embed(claimed.request["input"], cancel)
-            outcome.result = {"embeddings": vectors, "dimensions": len(vectors[0]) if vectors else 0}
-            outcome.prompt_tokens = tokens
+            self._record_embeddings(*loaded.embed(claimed.request["input"], cancel), outcome)
             return
         self._record_generation(loaded.generate(claimed.request, cancel), outcome)
 

@@ -42,7 +42,7 @@ from rq.worker import Worker, WorkerStatus
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
 from gpuq.jobs.queues import parse_queue_name, worker_queue_names
-from worker.batching import GenerationRun
+from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.runner import JobRunner
 
@@ -256,8 +256,11 @@ class GpuqWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         with self._cache_lock:
-            if parse_queue_name(queue.name)[1] == JobKind.GENERATE:
+            kind = parse_queue_name(queue.name)[1]
+            if kind == JobKind.GENERATE:
                 GenerationRun(self, queue).run(job)  # this job, and others of its model beside it
+            elif kind == JobKind.EMBED:
+                EmbeddingRun(self, queue).run(job)  # this job, and others of its model waiting
             else:
                 self._execute_job(job, queue)
         if self._requeued_jobs:

@@ -141,6 +141,10 @@ class JobSummary(BaseModel):
     batch_id: str | None
     gpu_seconds: float | None = Field(description="GPU time measured through NVML; null on CPU or simulated GPUs")
     energy_j: float | None = Field(description="energy drawn by its GPU while it ran; null where not measured")
+    energy_share: float | None = Field(
+        description="the part of its GPU's energy and GPU time charged to it, by its share of the tokens the GPU "
+        "decoded while it ran (1.0 alone; less when other jobs were decoded beside it); null where not measured"
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobSummary:
@@ -183,6 +187,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "batch_id": job.batch_id,
         "gpu_seconds": job.gpu_seconds,
         "energy_j": job.energy_j,
+        "energy_share": job.energy_share,
     }
 
 

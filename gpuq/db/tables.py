@@ -107,6 +107,9 @@ class Job(Base):
     # simulated GPU, where there is nothing to measure.
     gpu_seconds: Mapped[float | None] = mapped_column(Float)
     energy_j: Mapped[float | None] = mapped_column(Float)
+    # The part of the GPU's energy and time charged to this job, by its share of the tokens
+    # decoded while it ran (1.0 alone); null where nothing was measured.
+    energy_share: Mapped[float | None] = mapped_column(Float)
 
     # A job of a batch answers one input line (custom_id), or, for grouped embedding
     # lines, several: their custom_ids are in the request and line_count says how many.

@@ -17,8 +17,6 @@ from gpuq import redis_keys
 from gpuq.db.tables import JobKind
 
 # worker/ imports these two from here; their home is gpuq.redis_keys.
-from gpuq.redis_keys import cancel_flag_key as cancel_flag_key
-from gpuq.redis_keys import too_small_key as too_small_key
 
 JOB_FUNC = "worker.tasks.run_job"  # named, not imported: the API never imports the worker
 

@@ -284,6 +284,7 @@ class Outcome:
     # Measured through NVML on a real GPU (worker/energy.py); None on the CPU or a simulated GPU.
     gpu_seconds: float | None = None
     energy_j: float | None = None
+    energy_share: float | None = None  # < 1 when other jobs shared the GPU (continuous batching)
 
     def as_values(self) -> dict[str, Any]:
         values = {
@@ -296,6 +297,7 @@ class Outcome:
             "run_ms": self.run_ms,
             "gpu_seconds": self.gpu_seconds,
             "energy_j": self.energy_j,
+            "energy_share": self.energy_share,
         }
         if self.prompt_tokens is not None:
             values["prompt_tokens"] = self.prompt_tokens

@@ -91,3 +91,26 @@ def test_a_high_job_of_another_model_is_not_held_behind_the_admission_of_low_one
     # The two low jobs running when it came finish; the four still queued start after it.
     after = [j for j in lows_done if _at(j, "started_at") > _at(high_done, "started_at")]
     assert len(after) >= 4
+
+
+def test_waiting_embedding_jobs_of_a_model_are_embedded_together_each_with_its_own_result(processes):
+    _api, url = processes.start_api()
+    processes.start_worker()
+    texts = [[f"sentence {i} about {topic}" for topic in ("rivers", "stars", "bread")] for i in range(5)]
+    with processes.client(url) as client:
+        # A generation keeps the worker busy while the embedding jobs queue up behind it.
+        busy = client.submit({"kind": "generate", "model": MODEL, "prompt": "Count: 1, 2,", "max_tokens": 100})
+        embeds = client.submit_many([{"kind": "embed", "model": MODEL, "input": t} for t in texts])
+        client.wait(busy["id"], timeout_s=120)
+        together = [client.wait(j["id"], timeout_s=120) for j in embeds]
+        alone = client.wait(client.submit({"kind": "embed", "model": MODEL, "input": texts[3]})["id"])
+
+    assert all(j["status"] == "succeeded" for j in together)
+    # One run took them all: each was claimed before any of them finished.
+    assert max(_at(j, "started_at") for j in together) < min(_at(j, "finished_at") for j in together)
+    # Each job still has its own vectors and token count, as if it had run alone.
+    assert [len(j["result"]["embeddings"]) for j in together] == [3] * 5
+    assert together[3]["prompt_tokens"] == alone["prompt_tokens"] > 0
+    for mine, reference in zip(together[3]["result"]["embeddings"], alone["result"]["embeddings"], strict=True):
+        assert sum(a * b for a, b in zip(mine, reference, strict=True)) > 0.9999
+    assert together[0]["result"]["embeddings"][0] != together[1]["result"]["embeddings"][0]

@@ -12,7 +12,7 @@ from redis import Redis
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.jobs.queues import too_small_key
+from gpuq.redis_keys import too_small_key
 from tests.gpuq.store.test_store import make_job
 from worker.engine import LoadedModel
 from worker.faults import GpuHealth, hand_back_to_queue, too_small_models

@@ -3,6 +3,7 @@ row, and the Prometheus counters in Redis. Real SQL, Redis, runner, cache, write
 model; only NVML is replaced, by a clearly named SIMULATED energy source."""
 
 import threading
+import time
 
 import pytest
 from redis import Redis
@@ -41,7 +42,7 @@ def worker(database_url, redis_url):
         return ModelInfo(m.name, m.path, 512, m.vram_mib)
 
     def load(spec):
-        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=2, gpu_layers=0)
+        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=2, gpu_layers=0, slots=2)
 
     def on_load(spec, seconds):
         metrics.record_model_load(redis, spec.name, seconds)
@@ -101,6 +102,31 @@ def test_a_gpu_job_records_its_energy_and_gpu_seconds_and_is_counted_once(sessio
     assert value(parsed, "gpuq_model_loads_total", model=MODEL) == 1  # the second job found it loaded
     assert value(parsed, "gpuq_model_load_seconds_count", model=MODEL) == 1
     assert total(parsed, "gpuq_jobs_total") == 2
+
+
+@both_databases
+def test_generations_decoded_together_share_the_gpus_energy_by_their_tokens(session, worker):
+    runner, writer, sessions, _redis = worker
+    jobs = store.insert_jobs(
+        session, [make_job(request=GEN | {"max_tokens": 24}), make_job(request=GEN | {"max_tokens": 24})]
+    )
+    runner.run(store.insert_jobs(session, [make_job(request=GEN)])[0].id, threading.Event())  # loads the model
+    started = time.monotonic()
+    loaded = [runner.admit_generation(runner.claim(job.id), threading.Event(), None) for job in jobs][-1]
+    while loaded.decoder.active:
+        for finished in loaded.decoder.step():
+            runner.finish_generation(finished)
+    wall_s = time.monotonic() - started
+    assert writer.flush()
+    with sessions() as s:
+        rows = [store.get_job(s, j.id) for j in jobs]
+    assert [r.status for r in rows] == ["succeeded", "succeeded"]
+    # Same prompt, same length, side by side: each is charged about half of the GPU...
+    assert all(0.4 < r.energy_share < 0.6 for r in rows)
+    for row in rows:
+        assert row.energy_j == pytest.approx(200.0 * row.gpu_seconds, rel=0.05)
+    # ...so the GPU's energy over the run is counted once, not once per job.
+    assert sum(r.energy_j for r in rows) == pytest.approx(200.0 * wall_s, rel=0.2)
 
 
 @both_databases

@@ -3,7 +3,7 @@
 import threading
 import time
 
-from gpuq.jobs.queues import cancel_flag_key
+from gpuq.redis_keys import cancel_flag_key
 from worker.monitor import JobMonitor
 
 
