@@ -57,6 +57,8 @@ DEVICE_FIELD = "gpuq_device"
 GPUS_FIELD = "gpuq_gpus"
 LOADED_FIELD = "gpuq_loaded"
 DRAIN_FIELD = "gpuq_drain"  # "1" while an admin has drained this worker
+SLOTS_FIELD = "gpuq_slots"  # sequences it decodes together per generation model (GPUQ_WORKER_SLOTS)
+SLOTS_BUSY_FIELD = "gpuq_slots_busy"  # jobs running on it now
 
 # ---------------------------------------------------------------- gpuq's keys
 

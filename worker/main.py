@@ -106,6 +106,7 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
         queue_refresh_interval_s=settings.worker_refresh_interval_s,
         job_timeout_s=settings.job_timeout_s,
+        slots=settings.slots_for(on_gpu=device.on_gpu),
         connection=redis,
     )
     log.info(

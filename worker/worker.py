@@ -42,6 +42,7 @@ from rq.worker import Worker, WorkerStatus
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
 from gpuq.jobs.queues import parse_queue_name, worker_queue_names
+from gpuq.redis_keys import SLOTS_BUSY_FIELD, SLOTS_FIELD
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.runner import JobRunner
@@ -82,6 +83,7 @@ class GpuqWorker(SimpleWorker):
         heartbeat_interval_s: float,
         queue_refresh_interval_s: float = 5.0,
         job_timeout_s: float = 3600.0,
+        slots: int = 1,
         **kwargs: object,
     ) -> None:
         self._list_servable = list_servable
@@ -94,6 +96,7 @@ class GpuqWorker(SimpleWorker):
         self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
         self._queue_refresh_interval_s = queue_refresh_interval_s
         self.job_timeout_s = job_timeout_s
+        self.slots = slots
         super().__init__(
             [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._servable)],
             name=runner.worker_name,
@@ -294,6 +297,7 @@ class GpuqWorker(SimpleWorker):
             execution = Execution.create(job, self.worker_ttl, pipeline=pipe, worker_name=self.name)
             job.prepare_for_execution(self.name, pipeline=pipe)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running) + 1)
             pipe.execute()
         self._running[job.id] = (job, execution)
         return execution
@@ -307,6 +311,7 @@ class GpuqWorker(SimpleWorker):
             self.increment_successful_job_count(pipeline=pipe)
             if not self._running:
                 self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
             self._publish_loaded(pipe)
             pipe.execute()
 
@@ -314,6 +319,7 @@ class GpuqWorker(SimpleWorker):
         self.monitor.end(job.id)
         self._running.pop(job.id, None)
         self.handle_job_failure(job, queue, exc_string=traceback.format_exc(), execution=execution)
+        self.connection.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
         if not self._running:
             self.set_state(WorkerStatus.IDLE)
 
@@ -408,6 +414,8 @@ class GpuqWorker(SimpleWorker):
                 control.DEVICE_FIELD: self.runner.device,
                 control.GPUS_FIELD: ",".join(self.runner.gpu_uuids),
                 control.LOADED_FIELD: "",
+                SLOTS_FIELD: self.slots,
+                SLOTS_BUSY_FIELD: 0,
             },
         )
 
