@@ -143,8 +143,8 @@ def requeue(url: str, job_id: str) -> None:
 @click.option("--cancelled", is_flag=True, help="cancelled jobs too")
 def retry_failed(url: str, cancelled: bool, **selection: str | None) -> None:
     """Retry every failed job the options select (at most 10,000 a call)."""
-    body = {k: v for k, v in selection.items() if v is not None}
-    body["status"] = ["failed", "cancelled"] if cancelled else ["failed"]  # type: ignore[assignment]
+    body: dict[str, str | list[str]] = {k: v for k, v in selection.items() if v is not None}
+    body["status"] = ["failed", "cancelled"] if cancelled else ["failed"]
     result = _call(url, lambda c: c.retry_jobs(**body))
     click.echo(f"{result['changed']} of {result['matched']} matching jobs queued again")
 

@@ -26,7 +26,7 @@ def first_endpoint(path: str) -> str:
     raise click.ClickException(f"{path} has no lines")
 
 
-def follow(client: GpuqClient, batch_id: str) -> dict:  # type: ignore[type-arg]
+def follow(client: GpuqClient, batch_id: str) -> dict:
     """Poll the batch, drawing a progress bar of answered lines on stderr, until it ends."""
     batch = client.batch(batch_id)
     total = batch["request_counts"]["total"]
@@ -43,7 +43,7 @@ def follow(client: GpuqClient, batch_id: str) -> dict:  # type: ignore[type-arg]
             batch = client.batch(batch_id)
 
 
-def summary(batch: dict) -> str:  # type: ignore[type-arg]
+def summary(batch: dict) -> str:
     counts = batch["request_counts"]
     return (
         f"{batch['id']} {batch['status']}: {counts['completed']} completed, {counts['failed']} failed "

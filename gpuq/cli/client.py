@@ -45,69 +45,69 @@ class GpuqClient:
         return response.json()
 
     def submit(self, job: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/jobs", json=job)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/jobs", json=job)
 
     def submit_many(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self._call("POST", "/v1/jobs/bulk", json={"jobs": jobs})["data"]  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/jobs/bulk", json={"jobs": jobs})["data"]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/jobs/{job_id}")
 
     def jobs(self, **filters: Any) -> dict[str, Any]:
         params = {k: v for k, v in filters.items() if v is not None}
-        return self._call("GET", "/v1/jobs", params=params)  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/jobs", params=params)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
     # Admin actions (gpuq/job_actions.py, gpuq/workers.py); retry and the bulk forms are also for owners.
 
     def retry(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/retry")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/jobs/{job_id}/retry")
 
     def requeue(self, job_id: str) -> dict[str, Any]:
         """``{"job": ..., "action": "what was done"}``."""
-        return self._call("POST", f"/v1/jobs/{job_id}/requeue")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/jobs/{job_id}/requeue")
 
     def retry_jobs(self, **selection: Any) -> dict[str, int]:
         """``{"matched", "changed"}`` for the jobs selected (status, model, kind, priority, owner, created_*)."""
-        return self._call("POST", "/v1/jobs/retry", json=selection)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/jobs/retry", json=selection)
 
     def cancel_jobs(self, **selection: Any) -> dict[str, int]:
-        return self._call("POST", "/v1/jobs/cancel", json=selection)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/jobs/cancel", json=selection)
 
     def workers(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/workers")  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/workers")
 
     def drain(self, worker: str, *, undo: bool = False) -> dict[str, Any]:
-        return self._call("POST", f"/v1/workers/{worker}/{'undrain' if undo else 'drain'}")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/workers/{worker}/{'undrain' if undo else 'drain'}")
 
     def drain_host(self, host: str, *, undo: bool = False) -> dict[str, Any]:
-        return self._call("POST", f"/v1/hosts/{host}/{'undrain' if undo else 'drain'}")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/hosts/{host}/{'undrain' if undo else 'drain'}")
 
     def unload(self, model: str, *, worker: str | None = None) -> dict[str, Any]:
         """From every worker holding it, or from one."""
         if worker is not None:
-            return self._call("POST", f"/v1/workers/{worker}/unload", json={"model": model})  # type: ignore[no-any-return]
-        return self._call("POST", f"/v1/models/{model}/unload")  # type: ignore[no-any-return]
+            return self._call("POST", f"/v1/workers/{worker}/unload", json={"model": model})
+        return self._call("POST", f"/v1/models/{model}/unload")
 
     def clear_gpu(self, uuid: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/gpus/{uuid}/clear")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/gpus/{uuid}/clear")
 
     def models(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/models")["data"]  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/models")["data"]
 
     def register_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/models", json=body)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/models", json=body)
 
     def gpus(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/gpus")["data"]  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/gpus")["data"]
 
     def rules(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/affinity-rules")["data"]  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/affinity-rules")["data"]
 
     def add_rule(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/affinity-rules", json=body)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/affinity-rules", json=body)
 
     def delete_rule(self, rule_id: int) -> None:
         response = self._http.delete(f"/v1/affinity-rules/{rule_id}")
@@ -115,21 +115,21 @@ class GpuqClient:
             raise ApiError(response.status_code, response.json().get("detail", response.text))
 
     def preview(self, model: str, kind: str = "generate") -> dict[str, Any]:
-        return self._call("GET", "/v1/affinity-rules/preview", params={"model": model, "kind": kind})  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/affinity-rules/preview", params={"model": model, "kind": kind})
 
     def upload(self, path: str) -> dict[str, Any]:
         with open(path, "rb") as f:
-            return self._call("POST", "/v1/files", files={"file": (Path(path).name, f)}, data={"purpose": "batch"})  # type: ignore[no-any-return]
+            return self._call("POST", "/v1/files", files={"file": (Path(path).name, f)}, data={"purpose": "batch"})
 
     def create_batch(self, file_id: str, *, endpoint: str, priority: str = "low") -> dict[str, Any]:
         body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", "priority": priority}
-        return self._call("POST", "/v1/batches", json=body)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/batches", json=body)
 
     def batch(self, batch_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/batches/{batch_id}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/batches/{batch_id}")
 
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/batches/{batch_id}/cancel")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/batches/{batch_id}/cancel")
 
     def batch_results(self, batch_id: str) -> str:
         """Output and error lines answered so far (all of them once the batch is done)."""

@@ -4,7 +4,7 @@ whose refusals end the command as one line, and plain tables."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -48,7 +48,7 @@ def fail(exc: ApiError) -> NoReturn:
     sys.exit(1)
 
 
-def table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     for row in (headers, *rows):
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
