@@ -72,6 +72,13 @@ def cancel_flag_key(job_id: str) -> str:
     return f"{PREFIX}:cancel:{job_id}"
 
 
+# Jobs that were running beside others on a worker that died: each runs next alone, so
+# that a job which crashes its worker is found out and charged, not its neighbours. A
+# set; the worker that claims a job removes it. It is refreshed with each addition.
+RUN_ALONE_KEY = f"{PREFIX}:run-alone"
+RUN_ALONE_TTL_S = 24 * 3600
+
+
 def gpu_telemetry_key(uuid: str) -> str:
     """Live readings a supervisor publishes for one GPU (a hash with a short TTL)."""
     return f"{PREFIX}:gpu:{uuid}"

@@ -29,6 +29,7 @@ from rq.job import Job
 
 from gpuq.db.tables import JobKind
 from gpuq.jobs.queues import parse_queue_name
+from gpuq.redis_keys import RUN_ALONE_KEY
 from gpuq.store import ClaimedJob
 from worker.decoder import DecodeError, Finished
 from worker.engine import LoadedModel
@@ -49,9 +50,11 @@ class GenerationRun:
         self._jobs: dict[str, tuple[Job, Queue, Execution]] = {}
         self._loaded: LoadedModel | None = None
         self._polled_at = float("-inf")
+        self._closed = False  # admits nothing more: a job that must run alone is running or waiting
 
     def run(self, job: Job) -> None:
         queue = next(iter(self._queues.values()))
+        self._closed = must_run_alone(self._worker, job)
         self._admit(job, queue)
         try:
             while self._loaded is not None and self._loaded.decoder is not None and self._loaded.decoder.active:
@@ -70,7 +73,7 @@ class GenerationRun:
 
     def _take_more(self, free: int) -> None:
         """Admits waiting jobs of this model into free slots, while they are the most urgent."""
-        if free <= 0 or time.monotonic() - self._polled_at < INTAKE_POLL_S:
+        if free <= 0 or self._closed or time.monotonic() - self._polled_at < INTAKE_POLL_S:
             return
         self._polled_at = time.monotonic()
         worker = self._worker
@@ -81,10 +84,11 @@ class GenerationRun:
             taken = next_waiting(worker, self._model, JobKind.GENERATE)
             if taken is None:
                 return
-            if taken[0].id in self._jobs:
-                # An admin requeued a job still running here: its old run ends at the next
-                # step; it may start again only after that.
+            if taken[0].id in self._jobs or must_run_alone(worker, taken[0]):
+                # An admin requeued a job still running here (its old run ends at the next
+                # step), or the job must run alone: it waits in front until this run ends.
                 taken[1].push_job_id(taken[0].id, at_front=True)
+                self._closed = taken[0].id not in self._jobs
                 return
             if self._admit(*taken):
                 free -= 1
@@ -146,9 +150,13 @@ class EmbeddingRun:
         worker = self._worker
         taken = [(job, self._queue)]
         worker._read_control()
-        while not worker._control.drained and len(taken) < self.MAX_JOBS:
+        alone = must_run_alone(worker, job)
+        while not alone and not worker._control.drained and len(taken) < self.MAX_JOBS:
             more = next_waiting(worker, self._model, JobKind.EMBED)
             if more is None:
+                break
+            if must_run_alone(worker, more[0]):  # it runs next, by itself
+                more[1].push_job_id(more[0].id, at_front=True)
                 break
             taken.append(more)
         started = []
@@ -190,6 +198,11 @@ def next_waiting(worker: GpuqWorker, model: str, kind: str) -> tuple[Job, Queue]
     return None
 
 
+def must_run_alone(worker: GpuqWorker, job: Job) -> bool:
+    """Whether the job died beside others on a worker that crashed (see the reconciler)."""
+    return bool(worker.connection.sismember(RUN_ALONE_KEY, job.id))
+
+
 def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, threading.Event, ClaimedJob] | None:
     """RQ's execution, the monitor's watch and the SQL claim of a job taken from its queue;
     None when it is not to run (not queued any more in SQL, or SQL unreachable)."""
@@ -211,4 +224,5 @@ def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, th
     if claimed is None:
         worker.end_execution(job, execution)
         return None
+    worker.connection.srem(RUN_ALONE_KEY, job.id)  # running now (alone if it had to)
     return execution, cancel, claimed

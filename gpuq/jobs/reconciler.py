@@ -6,12 +6,14 @@ conditional claim makes a duplicate queue entry harmless):
 * a row SQL says is ``queued`` but Redis has no live entry for (Redis restarted empty,
   or the API died between its commit and its enqueue) is enqueued again;
 * a row SQL says is ``running`` on a worker whose heartbeat has expired goes back to
-  the queue, or fails once it has used up its attempts.
+  the queue, or fails once it has used up its attempts. Jobs that died together on one
+  worker are not charged the attempt and run alone next (``RUN_ALONE_KEY``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -22,7 +24,7 @@ from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.queues import QueueEntry
-from gpuq.redis_keys import rq_job_key, rq_worker_key
+from gpuq.redis_keys import RUN_ALONE_KEY, RUN_ALONE_TTL_S, rq_job_key, rq_worker_key
 from gpuq.stats import metrics
 
 log = logging.getLogger(__name__)
@@ -88,19 +90,41 @@ def _recover_from_dead_workers(
     if not running:
         return
     alive = _live_workers(redis, {r.worker for r in running if r.worker})
+    died_with = Counter(job.worker for job in running if job.worker not in alive)
     back: list[QueueEntry] = []
+    alone: list[str] = []
     for job in running:
         if job.worker in alive:
             continue
         entry, worker = job.entry, job.worker
-        if job.attempts >= max_attempts:
-            error = f"worker {worker} stopped responding while running this job; gave up after {job.attempts} attempts"
-            if store.fail_abandoned_job(session, entry.job_id, worker=worker, error=error):
-                report.failed.append(entry.job_id)
-                failed = metrics.FinishedJob(entry.model, entry.kind, JobStatus.FAILED.value)
-                metrics.record_finished_jobs(redis, [failed])
+        if died_with[worker] > 1:
+            # Several jobs went down together (continuous batching): which one crashed the
+            # worker is unknown, so none is charged; each runs alone next, where a job that
+            # crashes its worker again is charged as usual.
+            if store.return_to_queue(session, entry.job_id, worker=worker, refund_attempt=True):
+                back.append(entry)
+                alone.append(entry.job_id)
+        elif job.attempts >= max_attempts:
+            _give_up(session, redis, job, report)
         elif store.return_to_queue(session, entry.job_id, worker=worker):
             back.append(entry)
+    if alone:
+        _mark_run_alone(redis, alone)
     if back:
         enqueue_jobs(redis, back, timeout_s=timeout_s)
         report.recovered.extend(e.job_id for e in back)
+
+
+def _give_up(session: Session, redis: Redis, job: store.RunningJob, report: ReconcileReport) -> None:
+    entry, worker = job.entry, job.worker
+    error = f"worker {worker} stopped responding while running this job; gave up after {job.attempts} attempts"
+    if store.fail_abandoned_job(session, entry.job_id, worker=worker, error=error):
+        report.failed.append(entry.job_id)
+        metrics.record_finished_jobs(redis, [metrics.FinishedJob(entry.model, entry.kind, JobStatus.FAILED.value)])
+
+
+def _mark_run_alone(redis: Redis, job_ids: list[str]) -> None:
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.sadd(RUN_ALONE_KEY, *job_ids)
+        pipe.expire(RUN_ALONE_KEY, RUN_ALONE_TTL_S)
+        pipe.execute()

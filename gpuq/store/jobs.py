@@ -377,12 +377,20 @@ def running_jobs(session: Session) -> list[RunningJob]:
     return [RunningJob(queue_entry(r), r.worker, r.attempts) for r in session.execute(query)]
 
 
-def return_to_queue(session: Session, job_id: str, *, worker: str | None) -> bool:
-    """A job whose worker died goes back to queued (its attempts stay counted)."""
+def return_to_queue(session: Session, job_id: str, *, worker: str | None, refund_attempt: bool = False) -> bool:
+    """A job whose worker died goes back to queued. Its attempt stays counted, unless
+    ``refund_attempt``: it died beside other jobs, and which of them brought the worker
+    down is not known (the reconciler then has it run alone)."""
     statement = (
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
-        .values(status=JobStatus.QUEUED, worker=None, device=None, started_at=None)
+        .values(
+            status=JobStatus.QUEUED,
+            worker=None,
+            device=None,
+            started_at=None,
+            attempts=Job.attempts - 1 if refund_attempt else Job.attempts,
+        )
     )
     return commit_changed(session, statement)
 

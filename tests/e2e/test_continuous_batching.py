@@ -2,6 +2,7 @@
 model at once, each keeping its own text, RQ bookkeeping and history row, and priorities
 across models still hold."""
 
+import itertools
 import time
 from datetime import datetime
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 import llama_cpp
 from redis import Redis
 from rq.registry import StartedJobRegistry
+
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs.reconciler import reconcile_once
 
 MODEL = "smollm2-135m"
 PROMPTS = [
@@ -114,3 +118,46 @@ def test_waiting_embedding_jobs_of_a_model_are_embedded_together_each_with_its_o
     for mine, reference in zip(together[3]["result"]["embeddings"], alone["result"]["embeddings"], strict=True):
         assert sum(a * b for a, b in zip(mine, reference, strict=True)) > 0.9999
     assert together[0]["result"]["embeddings"][0] != together[1]["result"]["embeddings"][0]
+
+
+def test_jobs_that_crash_together_are_not_charged_for_it_and_run_alone_next(processes):
+    processes.settings |= {
+        "GPUQ_WORKER_SLOTS": "3",
+        "GPUQ_WORKER_TTL_S": "2",
+        "GPUQ_WORKER_HEARTBEAT_INTERVAL_S": "0.5",
+    }
+    _api, url = processes.start_api()
+    first, _name = processes.start_worker()
+    counting = {"kind": "generate", "model": MODEL, "prompt": "Count: 1, 2, 3,", "temperature": 0}
+    with processes.client(url) as client:
+        jobs = client.submit_many([counting | {"max_tokens": 150}] * 3)
+        deadline = time.monotonic() + 60
+        while any(client.job(j["id"])["status"] != "running" for j in jobs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first.kill()  # all three go down with their worker
+        recovered: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(recovered) < 3 and time.monotonic() < deadline:
+            recovered += _reconcile(processes).recovered  # once the dead worker's key expired
+            time.sleep(0.5)
+        assert sorted(recovered) == sorted(j["id"] for j in jobs)
+        assert all(client.job(j["id"])["attempts"] == 0 for j in jobs)  # nobody charged for the crash
+        _second, second_name = processes.start_worker()
+        done = sorted((client.wait(j["id"], timeout_s=180) for j in jobs), key=lambda j: j["started_at"])
+
+    assert [j["status"] for j in done] == ["succeeded"] * 3
+    assert all(j["attempts"] == 1 and j["worker"] == second_name for j in done)
+    # Each ran by itself on the new worker, although it has three slots.
+    for before, after in itertools.pairwise(done):
+        assert _at(before, "finished_at") <= _at(after, "started_at")
+
+
+def _reconcile(processes):
+    engine = sync_engine(processes.database_url)
+    redis = Redis.from_url(processes.redis_url)
+    try:
+        with sync_sessions(engine)() as session:
+            return reconcile_once(session, redis, grace_s=0, max_attempts=3, timeout_s=600)
+    finally:
+        redis.close()
+        engine.dispose()
