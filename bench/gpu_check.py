@@ -82,7 +82,28 @@ def main() -> int:
         f"tokens/s on the GPU: direct {direct.tokens_per_s:.1f}, gpuq worker pinned by UUID "
         f"{ours.tokens_per_s:.1f}, ratio {ours.tokens_per_s / direct.tokens_per_s:.3f}"
     )
-    return 0 if check_energy(gpu.uuid) else 1
+    batching_ok = check_batching(gpu.uuid)
+    return 0 if check_energy(gpu.uuid) and batching_ok else 1
+
+
+def check_batching(uuid: str, slots: int = 8) -> bool:
+    """Continuous batching on the GPU: gpuq at K against the direct batched ceiling and K=1."""
+    from bench import batching
+    from bench.__main__ import fresh_system_state
+
+    redis_url = os.environ.get("GPUQ_REDIS_URL", "redis://127.0.0.1:6379/11")
+    direct = batching.run_direct_batched(slots=slots, threads=4, max_tokens=64, gpu_layers=-1)
+    ours = {}
+    for k in (1, slots):
+        with fresh_system_state(redis_url, None) as (r, db, wd):
+            ours[k] = batching.run_gpuq(db, r, wd, slots=k, threads=4, max_tokens=64, gpus=uuid)
+    ceiling, scaling = ours[slots].tokens_per_s / direct.tokens_per_s, ours[slots].tokens_per_s / ours[1].tokens_per_s
+    print(
+        f"continuous batching on the GPU, {len(batching.PROMPTS)} jobs: direct batched K={slots} "
+        f"{direct.tokens_per_s:.1f} tok/s, gpuq K={slots} {ours[slots].tokens_per_s:.1f}, gpuq K=1 "
+        f"{ours[1].tokens_per_s:.1f}; gpuq/direct {ceiling:.2f}x (target >= 0.9x), K={slots}/K=1 {scaling:.2f}x"
+    )
+    return ceiling >= 0.9
 
 
 class PowerWatch:
