@@ -1,11 +1,13 @@
 """/v1/workers and /v1/hosts: the live workers, draining and undraining them (one, or a
 whole host), and unloading models (also /v1/models/{name}/unload). Admins only.
 
-The state lives in Redis (see gpuq/workers.py); the job each worker runs comes from SQL,
-the system of record.
+The state lives in Redis (see gpuq/fleet/workers.py), slots and slots busy included; the
+jobs each worker runs come from SQL, the system of record.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 from anyio import to_thread
 from fastapi import APIRouter
@@ -19,14 +21,19 @@ from gpuq.fleet import workers
 router = APIRouter(tags=["workers"], dependencies=ADMIN_ONLY)
 
 
-async def _running_by_worker(db: SessionDep) -> dict[str, str]:
-    return {r.worker: r.entry.job_id for r in await db.run_sync(store.running_jobs) if r.worker}
+async def _running_by_worker(db: SessionDep) -> dict[str, list[str]]:
+    """Job ids running on each worker, by submission (ids begin with their submission time)."""
+    running: dict[str, list[str]] = defaultdict(list)
+    for r in sorted(await db.run_sync(store.running_jobs), key=lambda r: r.entry.job_id):
+        if r.worker:
+            running[r.worker].append(r.entry.job_id)
+    return running
 
 
 async def _views(db: SessionDep, state: StateDep, *, host: str | None = None) -> list[WorkerPublic]:
     live = await to_thread.run_sync(lambda: workers.live_workers(state.redis))
     running = await _running_by_worker(db)
-    return [WorkerPublic.of(w, running.get(w.name)) for w in live if host is None or w.host == host]
+    return [WorkerPublic.of(w, running.get(w.name, [])) for w in live if host is None or w.host == host]
 
 
 async def _live(state: StateDep, name: str) -> workers.LiveWorker:
@@ -45,7 +52,7 @@ async def list_workers(db: SessionDep, state: StateDep) -> WorkersPublic:
 @router.get("/v1/workers/{name}", response_model=WorkerPublic)
 async def read_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
     worker = await _live(state, name)
-    return WorkerPublic.of(worker, (await _running_by_worker(db)).get(name))
+    return WorkerPublic.of(worker, (await _running_by_worker(db)).get(name, []))
 
 
 async def _drain_worker(name: str, db: SessionDep, state: StateDep, *, drained: bool) -> WorkerPublic:
@@ -57,7 +64,7 @@ async def _drain_worker(name: str, db: SessionDep, state: StateDep, *, drained: 
 
 @router.post("/v1/workers/{name}/drain", response_model=WorkerPublic)
 async def drain_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
-    """The worker finishes its running job and takes no more until undrained (state
+    """The worker finishes its running jobs and takes no more until undrained (state
     `draining`, then `drained`); it stays alive. The flag lives as long as the process."""
     return await _drain_worker(name, db, state, drained=True)
 

@@ -20,9 +20,13 @@ class WorkerPublic(BaseModel):
     device: str = Field(description="cuda:<uuids>, simulated:<uuid> or cpu")
     gpu_uuids: list[str]
     state: WorkerState = Field(
-        description="draining: finishing its job, then taking no more; drained: idle and taking nothing"
+        description="busy: at least one slot busy; draining: finishing its jobs, then taking no more; "
+        "drained: idle and taking nothing"
     )
-    current_job: str | None
+    slots: int = Field(description="jobs it runs together at most (GPUQ_WORKER_SLOTS; 1 for a worker without slots)")
+    slots_busy: int = Field(description="jobs running on it now, as the worker last published at a job's start or end")
+    running_jobs: list[str] = Field(description="ids of the jobs running on it now (SQL), by submission")
+    current_job: str | None = Field(description="the first of running_jobs, or null; kept for older clients")
     loaded_models: list[str]
     last_heartbeat: datetime | None
     started_at: datetime | None
@@ -30,15 +34,18 @@ class WorkerPublic(BaseModel):
     drained_by: list[Literal["worker", "host"]] = Field(description="whose drain flag holds it: its own, its host's")
 
     @classmethod
-    def of(cls, worker: LiveWorker, current_job: str | None) -> WorkerPublic:
+    def of(cls, worker: LiveWorker, running_jobs: list[str]) -> WorkerPublic:
         return cls(
             name=worker.name,
             host=worker.host,
             slot=worker.slot,
             device=worker.device,
             gpu_uuids=list(worker.gpu_uuids),
-            state=worker.state(current_job),  # type: ignore[arg-type]
-            current_job=current_job,
+            state=worker.state(running_jobs),  # type: ignore[arg-type]
+            slots=worker.slots,
+            slots_busy=worker.slots_busy,
+            running_jobs=running_jobs,
+            current_job=running_jobs[0] if running_jobs else None,
             loaded_models=list(worker.loaded_models),
             last_heartbeat=worker.last_heartbeat,
             started_at=worker.birth,

@@ -17,7 +17,7 @@ flags, not the messages, are the truth.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -34,6 +34,8 @@ from gpuq.redis_keys import (
     LOADED_FIELD,
     RQ_WORKER_PREFIX,
     SLOT_FIELD,
+    SLOTS_BUSY_FIELD,
+    SLOTS_FIELD,
     drained_hosts_key,
     rq_worker_channel,
     rq_worker_key,
@@ -70,14 +72,19 @@ class LiveWorker:
     jobs_done: int
     drained_itself: bool  # its own flag
     drained_by_host: bool  # its host's flag
+    slots: int = 1  # jobs it runs together at most (GPUQ_WORKER_SLOTS)
+    slots_busy: int = 0  # jobs running on it now, as it last published
 
     @property
     def drain_requested(self) -> bool:
         return self.drained_itself or self.drained_by_host
 
-    def state(self, running_job: str | None) -> str:
-        """idle, busy, draining (finishing its job, then taking no more) or drained."""
-        busy = running_job is not None or self.rq_state == "busy"
+    def state(self, running_jobs: Collection[str] | None = None) -> str:
+        """idle, busy (any slot busy), draining (finishing its jobs, then taking no more) or drained.
+
+        ``running_jobs`` are those SQL says run on it: SQL and the worker's hash are written
+        at slightly different moments, so either one saying so makes it busy."""
+        busy = bool(running_jobs) or self.slots_busy > 0 or self.rq_state == "busy"
         if self.drain_requested:
             return "draining" if busy else "drained"
         return "busy" if busy else "idle"
@@ -99,6 +106,21 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(part for part in value.split(",") if part)
 
 
+def _count(fields: dict[bytes, bytes], name: str, default: int) -> int:
+    try:
+        return int(_text(fields, name))
+    except ValueError:
+        return default
+
+
+def _slots(fields: dict[bytes, bytes]) -> tuple[int, int]:
+    """(slots, slots busy). A worker from before continuous batching publishes neither: it
+    runs one job at a time, busy while RQ says so (so a fleet being upgraded reads right)."""
+    slots = max(1, _count(fields, SLOTS_FIELD, 1))
+    busy = _count(fields, SLOTS_BUSY_FIELD, 1 if _text(fields, "state") == "busy" else 0)
+    return slots, max(0, busy)
+
+
 def live_workers(redis: Redis) -> list[LiveWorker]:
     """Every worker whose RQ key is alive (not expired, no death recorded), by name."""
     names = sorted(Worker.all_keys(connection=redis))
@@ -113,6 +135,7 @@ def live_workers(redis: Redis) -> list[LiveWorker]:
         if not fields or b"death" in fields:
             continue
         host = _text(fields, HOST_FIELD) or _text(fields, "hostname")
+        slots, slots_busy = _slots(fields)
         workers.append(
             LiveWorker(
                 name=key.removeprefix(RQ_WORKER_PREFIX),
@@ -127,6 +150,8 @@ def live_workers(redis: Redis) -> list[LiveWorker]:
                 jobs_done=int(_text(fields, "successful_job_count") or 0) + int(_text(fields, "failed_job_count") or 0),
                 drained_itself=_text(fields, DRAIN_FIELD) == "1",
                 drained_by_host=host in drained_hosts,
+                slots=slots,
+                slots_busy=slots_busy,
             )
         )
     return workers

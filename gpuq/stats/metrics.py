@@ -10,12 +10,14 @@ the final states they decide. Any API process renders the same cumulative figure
 Redis is emptied the counters start again from zero, which Prometheus reads as a counter
 reset (``rate()`` handles it); SQL keeps the history.
 
-Gauges (queue depth, GPU telemetry, workers) are read at scrape time from Redis, so they
-are current and need no writer.
+Gauges (queue depth, GPU telemetry, workers, their slots) are read at scrape time from
+Redis, so they are current and need no writer.
 
-Label cardinality stays bounded: models, kinds, statuses, priorities, GPUs, hosts and
-worker states. Never job ids, and no worker names (they carry a pid and change on every
-restart): workers are counted per host and state.
+Label cardinality stays bounded: models, kinds, statuses, priorities, GPUs, hosts, worker
+states and supervisor slots. Never job ids, and no worker names (they carry a pid and
+change on every restart): workers are counted per host and state, and their slots summed
+per host and supervisor slot (``gpu0``, ``group0+1``, ``cpu``: fixed by the host's GPUs),
+with the slot's GPU UUIDs as ``gpu``, so they join the GPU gauges.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.registry import Collector, CollectorRegistry
 from redis import Redis
 from redis.client import Pipeline
-from rq.worker import Worker
 
 from gpuq.db.tables import Gpu
 from gpuq.fleet import telemetry
+from gpuq.fleet.workers import live_workers
 from gpuq.jobs.queues import Priority, queue_name
 from gpuq.redis_keys import (
     METRICS_JOBS,
@@ -176,7 +178,10 @@ class Snapshot:
     counters: dict[str, dict[str, Any]]
     queue_depth: dict[tuple[str, str, str], int]
     gpus: list[tuple[Gpu, dict[str, Any]]]
-    workers: dict[tuple[str, str], int]
+    workers: dict[tuple[str, str], int]  # (host, state) -> live workers
+    # (host, slot, GPU UUIDs) -> (slots, slots busy), summed over the slot's live workers
+    # (two while a restarted worker's predecessor is still registered).
+    slots: dict[tuple[str, str, str], tuple[int, int]]
 
 
 def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -197,9 +202,14 @@ def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequ
     depth = {(m, k, p): int(n) for (m, k, p, _), n in zip(names, raw[len(keys) :], strict=True)}
     live = telemetry.read(redis, [g.uuid for g in gpus])
     workers: dict[tuple[str, str], int] = defaultdict(int)
-    for worker in Worker.all(connection=redis):
-        workers[(worker.hostname or "", worker.get_state() or "unknown")] += 1
-    return Snapshot(counters, depth, [(g, live[g.uuid]) for g in gpus if g.uuid in live], dict(workers))
+    slots: dict[tuple[str, str, str], tuple[int, int]] = defaultdict(lambda: (0, 0))
+    for worker in live_workers(redis):  # one pipelined read of every worker's hash
+        workers[(worker.host, worker.rq_state or "unknown")] += 1
+        slot = (worker.host, worker.slot, ",".join(worker.gpu_uuids))
+        total, busy = slots[slot]
+        slots[slot] = (total + worker.slots, busy + worker.slots_busy)
+    gpu_readings = [(g, live[g.uuid]) for g in gpus if g.uuid in live]
+    return Snapshot(counters, depth, gpu_readings, dict(workers), dict(slots))
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[str, str]) -> CounterMetricFamily:
@@ -222,12 +232,12 @@ def _histogram(
         else:
             entry[part] = float(value)
     family = HistogramMetricFamily(name, doc, labels=labels)
-    for series, entry in sorted(per_series.items()):
+    for labels_of_series, entry in sorted(per_series.items()):
         cumulative, buckets = 0, []
         for bound in sorted({*map(float, bounds), math.inf, *entry["buckets"]}):  # +Inf sorts last
             cumulative += entry["buckets"].get(bound, 0)
             buckets.append(("+Inf" if math.isinf(bound) else repr(bound), cumulative))
-        family.add_metric(list(series), buckets, entry["sum"])
+        family.add_metric(list(labels_of_series), buckets, entry["sum"])
     return family
 
 
@@ -288,6 +298,19 @@ class _SnapshotCollector(Collector):
         for (host, state), n in sorted(s.workers.items()):
             workers.add_metric([host, state], n)
         yield workers
+        yield from _slot_families(s.slots)
+
+
+def _slot_families(slots: dict[tuple[str, str, str], tuple[int, int]]) -> Iterator[Metric]:
+    """Jobs the workers of each supervisor slot can run together, and run now."""
+    labels = ["host", "slot", "gpu"]
+    total = GaugeMetricFamily("gpuq_worker_slots", "jobs live workers can run together", labels=labels)
+    busy = GaugeMetricFamily("gpuq_worker_slots_busy", "jobs running on live workers now", labels=labels)
+    for key, (n, running) in sorted(slots.items()):
+        total.add_metric(list(key), n)
+        busy.add_metric(list(key), running)
+    yield total
+    yield busy
 
 
 def render(snapshot: Snapshot) -> bytes:

@@ -1,14 +1,16 @@
-"""Retry, requeue and bulk actions over HTTP against real SQL and Redis (no worker: the
-rows are put in the states a worker would leave them in)."""
+"""Retry, requeue and bulk actions, and the workers' view, over HTTP against real SQL and
+Redis (no worker: the rows and worker hashes are put in the states a worker would leave them in)."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from rq.worker import Worker
 from sqlalchemy import update
 
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Batch, Job
 from gpuq.jobs import actions as job_actions
+from gpuq.redis_keys import GPUS_FIELD, HOST_FIELD, SLOT_FIELD, SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_worker_key
 from tests.api.conftest import bearer, queued_ids
 from tests.conftest import both_databases
 
@@ -163,3 +165,32 @@ def test_worker_and_model_actions_on_unknown_names_are_404s(client, redis):
         response = client.post(path, json=body)
         assert response.status_code == 404, path
     assert redis.keys("gpuq:drained-hosts") == []
+
+
+def _register_worker(redis, name, **fields):
+    """A live worker as RQ and gpuq's worker leave it in Redis: its hash and its registry entry."""
+    redis.hset(rq_worker_key(name), mapping={"state": "idle", HOST_FIELD: "node1"} | fields)
+    redis.sadd(Worker.redis_workers_keys, rq_worker_key(name))
+
+
+def test_workers_show_their_slots_and_every_job_running_on_them(client, redis, set_rows):
+    batching, busy_in_redis, older = "node1.gpu0.11.ab", "node1.gpu1.12.cd", "node1.cpu.13.ef"
+    gpu = {SLOT_FIELD: "gpu0", GPUS_FIELD: "GPU-0", SLOTS_FIELD: 4}
+    _register_worker(redis, batching, state="busy", **gpu, **{SLOTS_BUSY_FIELD: 2})
+    # Its hash says a job started; SQL does not record it yet: busy all the same.
+    _register_worker(redis, busy_in_redis, **{SLOT_FIELD: "gpu1", SLOTS_FIELD: 4, SLOTS_BUSY_FIELD: 1})
+    _register_worker(redis, older, **{SLOT_FIELD: "cpu"})  # from before slots: publishes neither field
+    ids = _submit(client, 3)
+    set_rows[0](ids[:2], status="running", worker=batching, started_at=datetime.now(UTC))
+    views = {w["name"]: w for w in client.get("/v1/workers").json()["data"]}
+
+    shown = views[batching]
+    assert (shown["state"], shown["slots"], shown["slots_busy"]) == ("busy", 4, 2)
+    assert shown["running_jobs"] == sorted(ids[:2])  # by submission
+    assert shown["current_job"] == shown["running_jobs"][0]  # the first, for older clients
+    assert (views[busy_in_redis]["state"], views[busy_in_redis]["running_jobs"]) == ("busy", [])
+    assert (views[older]["slots"], views[older]["slots_busy"], views[older]["state"]) == (1, 0, "idle")
+    assert views[older]["current_job"] is None
+    assert client.get(f"/v1/workers/{batching}").json()["running_jobs"] == shown["running_jobs"]
+    drained = client.post(f"/v1/workers/{batching}/drain").json()
+    assert (drained["state"], drained["slots_busy"]) == ("draining", 2)

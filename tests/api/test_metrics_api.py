@@ -3,12 +3,14 @@ counters rendered from Redis, so every API process (and a restarted one) shows t
 
 from fastapi.testclient import TestClient
 from redis import Redis
+from rq.worker import Worker
 
 from api.main import create_app
 from gpuq import store
 from gpuq.db.tables import Gpu
 from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import GpuInfo, simulated_inventory, with_free_memory
+from gpuq.redis_keys import GPUS_FIELD, HOST_FIELD, SLOT_FIELD, SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_worker_key
 from gpuq.stats import metrics
 from tests.api.conftest import bearer
 from tests.metrics_parsing import samples, total, value
@@ -107,3 +109,33 @@ def test_counters_are_the_same_from_every_api_process_and_after_a_restart(settin
     assert value(parsed, "gpuq_job_queue_wait_seconds_count", **series) == 3
     assert value(parsed, "gpuq_model_loads_total", model=MODEL) == 1
     assert value(parsed, "gpuq_model_load_seconds_bucket", model=MODEL, le="1.0") == 1
+
+
+def test_worker_slots_are_summed_per_host_and_slot_with_no_worker_names(client, redis_url):
+    redis = Redis.from_url(redis_url)
+    workers = {  # name: (state, slot, GPUs, slots, slots busy); two in gpu0 while one restarts
+        "node1.gpu0.11.ab": ("busy", "gpu0", "GPU-0", 4, 3),
+        "node1.gpu0.12.cd": ("idle", "gpu0", "GPU-0", 4, 0),
+        "node1.group0+1.13.ef": ("busy", "group0+1", "GPU-0,GPU-1", 2, 1),
+        "node2.cpu.14.aa": ("idle", "cpu", "", 1, 0),
+    }
+    for name, (state, slot, gpus, slots, busy) in workers.items():
+        fields = {"state": state, HOST_FIELD: name.split(".")[0], SLOT_FIELD: slot, GPUS_FIELD: gpus}
+        redis.hset(rq_worker_key(name), mapping=fields | {SLOTS_FIELD: slots, SLOTS_BUSY_FIELD: busy})
+        redis.sadd(Worker.redis_workers_keys, rq_worker_key(name))
+    parsed = samples(client.get("/metrics").text)
+    gpu0 = {"host": "node1", "slot": "gpu0", "gpu": "GPU-0"}
+    assert (value(parsed, "gpuq_worker_slots", **gpu0), value(parsed, "gpuq_worker_slots_busy", **gpu0)) == (8, 3)
+    group = {"host": "node1", "slot": "group0+1", "gpu": "GPU-0,GPU-1"}
+    assert (value(parsed, "gpuq_worker_slots", **group), value(parsed, "gpuq_worker_slots_busy", **group)) == (2, 1)
+    cpu = {"host": "node2", "slot": "cpu", "gpu": ""}
+    assert (value(parsed, "gpuq_worker_slots", **cpu), value(parsed, "gpuq_worker_slots_busy", **cpu)) == (1, 0)
+    assert total(parsed, "gpuq_worker_slots_busy", host="node1") == 4
+    assert value(parsed, "gpuq_workers", host="node1", state="busy") == 2  # the count by state is kept
+    labels = {v for (_name, ls) in parsed for _k, v in ls}
+    assert not labels & set(workers)  # no worker names (they carry a pid)
+
+    redis.hset(rq_worker_key("node1.gpu0.11.ab"), "death", "2024-01-01T00:00:00Z")  # it died: not counted
+    parsed = samples(client.get("/metrics").text)
+    assert (value(parsed, "gpuq_worker_slots", **gpu0), value(parsed, "gpuq_worker_slots_busy", **gpu0)) == (4, 0)
+    redis.close()
