@@ -133,7 +133,7 @@ async def store_upload(chunks: AsyncIterator[bytes], *, filename: str, purpose: 
     )
 
 
-def read_lines(path: str) -> Iterator[tuple[int, dict]]:  # type: ignore[type-arg]
+def read_lines(path: str) -> Iterator[tuple[int, dict]]:
     """(line number, parsed line) for every non-blank line of a stored batch file."""
     decode = json.JSONDecoder().decode  # json.loads would also sniff each line's encoding
     with open(path, encoding="utf-8") as f:

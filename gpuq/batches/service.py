@@ -259,7 +259,8 @@ def cancel_batch(session: Session, redis: Redis, batch_id: str) -> Batch:
     store.set_batch_status(session, batch_id, old=ACTIVE, new=BatchStatus.CANCELLING.value, cancelling_at=utcnow())
     _stop_jobs(session, redis, batch_id, error="the batch was cancelled")
     session.expire_all()
-    return store.get_batch(session, batch_id)  # type: ignore[return-value]
+    session.refresh(batch)  # its status and counts as the calls above left them
+    return batch
 
 
 def _stop_jobs(session: Session, redis: Redis, batch_id: str, *, error: str) -> None:

@@ -26,10 +26,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from sqlalchemy import select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq.db.tables import DeliveryStatus, WebhookDelivery, utcnow
@@ -89,15 +90,19 @@ def backoff_s(attempts: int) -> int:
 
 
 def _claim(session: Session, delivery: WebhookDelivery, now: datetime) -> bool:
-    changed = session.execute(
-        update(WebhookDelivery)
-        .execution_options(synchronize_session=False)
-        .where(
-            WebhookDelivery.id == delivery.id,
-            WebhookDelivery.attempts == delivery.attempts,
-            WebhookDelivery.status == DeliveryStatus.PENDING,
-        )
-        .values(attempts=delivery.attempts + 1, next_attempt_at=now + timedelta(seconds=CLAIM_S))
+    # An UPDATE gives a CursorResult (it has the row count); Session.execute is typed as its base, Result.
+    changed = cast(
+        CursorResult[Any],
+        session.execute(
+            update(WebhookDelivery)
+            .execution_options(synchronize_session=False)
+            .where(
+                WebhookDelivery.id == delivery.id,
+                WebhookDelivery.attempts == delivery.attempts,
+                WebhookDelivery.status == DeliveryStatus.PENDING,
+            )
+            .values(attempts=delivery.attempts + 1, next_attempt_at=now + timedelta(seconds=CLAIM_S))
+        ),
     ).rowcount
     session.commit()
     return bool(changed)

@@ -19,6 +19,7 @@ reconciler enqueues them, as it does for any such row, and the caller gets a 503
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from anyio import to_thread
 from redis import Redis
@@ -97,7 +98,8 @@ async def retry_job(db: AsyncSession, redis: Redis, job: Job, *, timeout_s: int)
 def _queue_entry_present(redis: Redis, job_id: str) -> bool:
     """Is the job waiting in Redis: its RQ hash queued and its id in the queue it names
     (``origin``: aging may have moved it up), or already taken by a worker?"""
-    status, origin = redis.hmget(rq_job_key(job_id), "status", "origin")
+    # Replies are bytes (no client sets decode_responses); redis-py types them bytes | str.
+    status, origin = cast(list[bytes | None], redis.hmget(rq_job_key(job_id), "status", "origin"))
     if status == b"started":
         return True
     if status != b"queued" or origin is None:

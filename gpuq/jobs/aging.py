@@ -13,6 +13,7 @@ The move is one Lua script (remove from the old queue, push to the new one, upda
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import cast
 
 from redis import Redis
 from rq.utils import utcformat, utcparse
@@ -37,7 +38,8 @@ return 0
 def gpuq_queues(redis: Redis) -> list[tuple[str, str, str, Priority]]:
     """(queue name, model, kind, priority) of every gpuq queue RQ knows."""
     found = []
-    for key in redis.smembers(RQ_QUEUES):
+    # Replies are bytes (no client sets decode_responses); redis-py types them bytes | str.
+    for key in cast(set[bytes], redis.smembers(RQ_QUEUES)):
         name = key.decode().removeprefix(RQ_QUEUE_PREFIX)
         try:
             model, kind, priority = parse_queue_name(name)
@@ -59,7 +61,7 @@ def promote_aged_jobs(redis: Redis, *, aging_s: float, now: datetime | None = No
         if priority == Priority.HIGH:
             continue
         target = queue_name(model, kind, Priority(priority - 1))
-        ids = [i.decode() for i in redis.lrange(rq_queue_key(name), 0, SCAN_DEPTH - 1)]
+        ids = [i.decode() for i in cast(list[bytes], redis.lrange(rq_queue_key(name), 0, SCAN_DEPTH - 1))]
         with redis.pipeline(transaction=False) as pipe:
             for job_id in ids:
                 pipe.hget(rq_job_key(job_id), "enqueued_at")

@@ -87,7 +87,7 @@ def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> 
             headers={"Retry-After": "60"},
         )
     try:
-        granted, wait_s = redis.eval(_TAKE_TOKENS, 1, rate_limit_key(caller.key_id), limit, limit / 60.0, count, now_s)  # type: ignore[misc]
+        granted, wait_s = redis.eval(_TAKE_TOKENS, 1, rate_limit_key(caller.key_id), limit, limit / 60.0, count, now_s)
     except RedisError as exc:
         raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
     if not int(granted):

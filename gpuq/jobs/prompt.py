@@ -19,7 +19,7 @@ Tokenize = Callable[[bytes, bool, bool], list[int]]
 
 
 class ChatFormatter(Protocol):
-    def __call__(self, *, messages: list[dict[str, Any]]) -> Any: ...
+    def __call__(self, *, messages: list[Any]) -> Any: ...  # list[Any]: llama_cpp types messages as TypedDicts
 
 
 def prompt_text(request: dict[str, Any], formatter: ChatFormatter | None) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
@@ -10,9 +13,16 @@ from sqlalchemy.sql import Executable
 NO_SYNC = {"synchronize_session": False}
 
 
+def rows_changed(session: Session, statement: Executable) -> int:
+    """Run an UPDATE or DELETE (without committing): the number of rows it matched."""
+    # An UPDATE or DELETE gives a CursorResult, which has the row count; SQLAlchemy's
+    # Session.execute is typed to return the Result it derives from.
+    return cast(CursorResult[Any], session.execute(statement)).rowcount
+
+
 def commit_changed(session: Session, statement: Executable) -> bool:
     """Run a conditional UPDATE or DELETE and commit: True if it changed a row, that is, if
     this call won the race its condition decides."""
-    changed = session.execute(statement).rowcount
+    changed = rows_changed(session, statement)
     session.commit()
     return bool(changed)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy import Table, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import (
@@ -17,7 +17,7 @@ from gpuq.db.tables import (
     utcnow,
 )
 from gpuq.jobs.queues import QueueEntry
-from gpuq.store._sql import NO_SYNC, commit_changed
+from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
 from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, NewJob, _job_rows, queue_entry
 
 # ---------------------------------------------------------------- files and batches
@@ -38,7 +38,8 @@ def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None
     session.add(batch)
     session.flush()
     if jobs:
-        session.execute(insert(Job.__table__), _job_rows(jobs))  # Core: no ORM bookkeeping per row
+        # Core, on the Table (a mapped class's __table__ is typed as any FromClause): no ORM bookkeeping per row
+        session.execute(insert(cast(Table, Job.__table__)), _job_rows(jobs))
     session.commit()
 
 
@@ -102,12 +103,13 @@ def finish_batch(session: Session, batch_id: str, *, new: str, rows: Sequence[ob
     """Move a ``finalizing`` batch to its final status and save ``rows`` (its output files, its
     webhook event) in one transaction; False, with nothing saved, when another scheduler
     finished it first."""
-    changed = session.execute(
+    changed = rows_changed(
+        session,
         update(Batch)
         .execution_options(**NO_SYNC)
         .where(Batch.id == batch_id, Batch.status == BatchStatus.FINALIZING)
-        .values(status=new, **values)
-    ).rowcount
+        .values(status=new, **values),
+    )
     if not changed:
         session.rollback()
         return False

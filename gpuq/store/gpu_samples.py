@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from gpuq.db.tables import GpuSample
 from gpuq.fleet.gpus import GpuInfo
+from gpuq.store._sql import rows_changed
 
 
 def record_gpu_samples(session: Session, host: str, gpus: Sequence[GpuInfo], *, at: datetime) -> int:
@@ -36,9 +37,9 @@ def record_gpu_samples(session: Session, host: str, gpus: Sequence[GpuInfo], *, 
 
 def prune_gpu_samples(session: Session, *, before: datetime) -> int:
     """Delete samples older than ``before`` (any host's: a host that left the fleet ages out too)."""
-    deleted = session.execute(delete(GpuSample).where(GpuSample.sampled_at < before)).rowcount
+    deleted = rows_changed(session, delete(GpuSample).where(GpuSample.sampled_at < before))
     session.commit()
-    return int(deleted or 0)
+    return deleted
 
 
 def gpu_samples(session: Session, *, gpu_uuid: str | None = None, since: datetime | None = None) -> list[GpuSample]:
