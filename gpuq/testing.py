@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 
 from redis import Redis
-from rq.worker import Worker
+from rq.worker import BaseWorker, Worker
 
 from gpuq import store
 from gpuq.cli.client import GpuqClient
@@ -124,7 +124,7 @@ class GpuqProcesses:
         redis.close()
         raise RuntimeError(f"worker did not start:\n{process.tail()}")
 
-    def start_supervisor(self, *, expected_workers: int) -> tuple[Process, list[Worker]]:
+    def start_supervisor(self, *, expected_workers: int) -> tuple[Process, list[BaseWorker]]:
         """Starts a supervisor and waits until all its workers have registered with RQ."""
         redis = Redis.from_url(self.redis_url)
         process = self._spawn(f"supervisor-{len(self.processes)}", ["supervisor"])

@@ -34,7 +34,8 @@ class PlacementRequest:
 
 
 class Filter(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: the filters are frozen dataclasses
 
     def reject(self, request: PlacementRequest, gpu: Candidate) -> str | None:
         """None keeps the GPU; a sentence says why it cannot take the request."""

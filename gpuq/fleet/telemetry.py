@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis import Redis
+from redis.typing import EncodableT, FieldT
 
 from gpuq.db.tables import utcnow
 from gpuq.fleet.gpus import GpuInfo
@@ -23,7 +24,7 @@ def publish(redis: Redis, gpus: Sequence[GpuInfo], *, loaded: dict[str, list[str
     with redis.pipeline(transaction=False) as pipe:
         for gpu in gpus:
             key = gpu_telemetry_key(gpu.uuid)
-            values = {f: getattr(gpu, f) for f in _FIELDS if getattr(gpu, f) is not None}
+            values: dict[FieldT, EncodableT] = {f: getattr(gpu, f) for f in _FIELDS if getattr(gpu, f) is not None}
             values["updated_at"] = utcnow().isoformat()
             values["loaded_models"] = ",".join((loaded or {}).get(gpu.uuid, []))
             pipe.delete(key)
