@@ -125,7 +125,7 @@ def parse_filter(
     history check is one indexed lookup."""
     if kind is not None and kind not in {k.value for k in JobKind}:
         raise RequestError(422, f"unknown kind {kind!r}; use one of: {', '.join(k.value for k in JobKind)}")
-    checks: tuple[tuple[str, str | None, Callable[[], Iterable[str]], ColumnElement[bool] | None], ...] = (
+    checks: tuple[tuple[str, str | None, Callable[[], Iterable[str]], ColumnElement[bool]], ...] = (
         ("model", model, lambda: session.scalars(select(Model.name)), Job.model == model),
         ("tenant", tenant, lambda: session.scalars(select(ApiKey.owner).distinct()), Job.owner == tenant),
         ("host", host, lambda: session.scalars(select(Gpu.host).distinct()), Job.host == host),

@@ -11,6 +11,7 @@ otherwise they come from the latency histograms, within ``MAX_RELATIVE_ERROR`` (
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -243,11 +244,11 @@ def _add_row_bins(session: Session, ran: tuple[Any, ...], dialect: str, histogra
             elif run is not None:
                 histograms["run"][int(run)] += int(n)
     else:
-        for wait, run in session.execute(select(wait_ms(dialect), Job.run_ms).where(*ran)):
-            if wait is not None:
-                histograms["wait"][latency_bin(max(float(wait), 0.0))] += 1
-            if run is not None:
-                histograms["run"][latency_bin(run)] += 1
+        for row_wait, row_run in session.execute(select(wait_ms(dialect), Job.run_ms).where(*ran)):
+            if row_wait is not None:
+                histograms["wait"][latency_bin(max(float(row_wait), 0.0))] += 1
+            if row_run is not None:
+                histograms["run"][latency_bin(row_run)] += 1
 
 
 def _from_histogram(bins: Counter[int]) -> Percentiles:
@@ -265,10 +266,12 @@ def _exact(session: Session, window: Window, flt: StatsFilter, dialect: str) -> 
         *flt.job_conditions(),
     )
     values = (wait_ms(dialect), Job.run_ms)
+    found: list[tuple[int, list[float | None]]]  # (count, the value at each of PERCENTILES) for each of values
     if dialect == "postgresql":
         # percentile_disc is the nearest-rank method: the same definition as the Python path.
         # Both in one pass over the rows; ordered-set aggregates skip nulls, as count(x) does.
-        row = session.execute(
+        # Two counts, then two arrays (SQLAlchemy types each percentile_disc as one value of its column).
+        row: Sequence[Any] = session.execute(
             select(
                 *(func.count(v) for v in values),
                 *(func.percentile_disc(list(PERCENTILES)).within_group(v) for v in values),
@@ -279,7 +282,9 @@ def _exact(session: Session, window: Window, flt: StatsFilter, dialect: str) -> 
         found = []
         for value in values:
             ordered = [
-                float(v) for v in session.scalars(select(value).where(*conditions, value.is_not(None)).order_by(value))
+                float(v)
+                for v in session.scalars(select(value).where(*conditions, value.is_not(None)).order_by(value))
+                if v is not None  # none are (the query skips them): this tells the type checker
             ]
             found.append((len(ordered), [nearest_rank(ordered, q) for q in PERCENTILES]))
     wait, run = (

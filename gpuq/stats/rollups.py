@@ -233,8 +233,8 @@ def _roll_up_day(session: Session, day: datetime) -> None:
     _insert(session, JobStatsDaily, [{"day": day, **dict(zip(names + tuple(sums), row, strict=True))} for row in rows])
 
     hour = bucket_index(Job.finished_at, 3600, dialect)
-    keys = (hour, Job.model, Job.kind, Job.priority, Job.status)
-    hourly = select(*keys, func.count(), func.sum(Job.prompt_tokens), func.sum(Job.completion_tokens))
+    hour_keys = (hour, Job.model, Job.kind, Job.priority, Job.status)
+    hourly = select(*hour_keys, func.count(), func.sum(Job.prompt_tokens), func.sum(Job.completion_tokens))
     _insert(
         session,
         JobStatsHourly,
@@ -249,7 +249,7 @@ def _roll_up_day(session: Session, day: datetime) -> None:
                 "prompt_tokens": prompt or 0,
                 "completion_tokens": completion or 0,
             }
-            for i, m, k, p, st, n, prompt, completion in session.execute(hourly.where(*in_day).group_by(*keys))
+            for i, m, k, p, st, n, prompt, completion in session.execute(hourly.where(*in_day).group_by(*hour_keys))
         ],
     )
 
