@@ -31,7 +31,7 @@ class AppState:
 
 
 def get_state(request: Request) -> AppState:
-    return request.app.state.gpuq  # type: ignore[no-any-return]
+    return request.app.state.gpuq
 
 
 async def get_db(state: Annotated[AppState, Depends(get_state)]) -> AsyncIterator[AsyncSession]:

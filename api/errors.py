@@ -13,7 +13,7 @@ from gpuq.errors import RequestError
 _HIDDEN_LOCATION_PARTS = {"body", *(kind.value for kind in JobKind)}
 
 
-def _describe(error: dict) -> str:  # type: ignore[type-arg]
+def _describe(error: dict) -> str:
     location = ".".join(str(part) for part in error.get("loc", ()) if part not in _HIDDEN_LOCATION_PARTS)
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     return f"{location}: {message}" if location else message
@@ -34,5 +34,6 @@ async def _request_error(_request: Request, exc: RequestError) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]
+    # FastAPI's decorator form: Starlette's add_exception_handler types a handler as taking any Exception.
+    app.exception_handler(RequestValidationError)(_validation_error)
+    app.exception_handler(RequestError)(_request_error)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, status
 from api.deps import ADMIN_ONLY, KEY_REQUIRED, SessionDep, StateDep
 from api.schemas import ModelCreate, ModelPublic, ModelsPublic
 from gpuq import store
+from gpuq.db.tables import Model
 from gpuq.errors import RequestError
 from gpuq.registry.models import InvalidModel, build_model, resolve_model_path
 
@@ -31,7 +32,7 @@ async def read_model(name: str, db: SessionDep) -> ModelPublic:
 async def register_model(body: ModelCreate, db: SessionDep, state: StateDep) -> ModelPublic:
     """Register (or re-register) a GGUF file under the models directory by name."""
 
-    def build():  # type: ignore[no-untyped-def]
+    def build() -> Model:
         path = resolve_model_path(state.settings.models_dir, body.path)
         return build_model(
             name=body.name,

@@ -54,11 +54,12 @@ class StatsQuery:
         priority: Annotated[PriorityName | None, Query(description="high, normal or low")] = None,
     ) -> None:
         self.since, self.until = since, until
-        self.filters = {"model": model, "gpu": gpu, "host": host, "tenant": tenant, "kind": kind, "priority": priority}
+        self.filters = {"model": model, "gpu": gpu, "host": host, "tenant": tenant, "kind": kind}
+        self.priority = priority
 
     def parse(self, session: Session) -> tuple[Window, StatsFilter]:
         window = parse_window(self.since, self.until)
-        return window, parse_filter(session, **self.filters)
+        return window, parse_filter(session, priority=self.priority, **self.filters)
 
 
 QueryDep = Annotated[StatsQuery, Depends()]
