@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -68,7 +69,8 @@ def too_small_models(redis: Redis, gpu_uuids: tuple[str, ...]) -> set[str]:
     """Models learned not to fit (one of) these GPUs; the worker stops serving them."""
     if not gpu_uuids:
         return set()
-    return {m.decode() for m in redis.sunion([too_small_key(u) for u in gpu_uuids])}
+    # Replies are bytes (no client sets decode_responses); redis-py types them bytes | str.
+    return {m.decode() for m in cast(set[bytes], redis.sunion([too_small_key(u) for u in gpu_uuids]))}
 
 
 def hand_back_to_queue(

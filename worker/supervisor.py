@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import cast
 
 from redis import Redis
 from rq.worker import Worker
@@ -225,7 +226,8 @@ class Supervisor:
     def _loaded_by_gpu(self) -> dict[str, list[str]]:
         loaded: dict[str, list[str]] = {}
         for worker in Worker.all(connection=self.redis):
-            fields = self.redis.hmget(worker.key, GPUS_FIELD, LOADED_FIELD)
+            # Replies are bytes (no client sets decode_responses); redis-py types them bytes | str.
+            fields = cast(list[bytes | None], self.redis.hmget(worker.key, GPUS_FIELD, LOADED_FIELD))
             gpus, models = ((v or b"").decode() for v in fields)
             for uuid in filter(None, gpus.split(",")):
                 loaded.setdefault(uuid, []).extend(filter(None, models.split(",")))
