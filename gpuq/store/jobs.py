@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, delete, func, insert, select, tuple_, update
+from sqlalchemy import ColumnElement, Table, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuq.batches.webhooks import new_delivery
@@ -19,7 +19,7 @@ from gpuq.db.tables import (
     utcnow,
 )
 from gpuq.jobs.queues import QueueEntry
-from gpuq.store._sql import NO_SYNC, commit_changed
+from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
 
 
 def new_job_id() -> str:
@@ -85,7 +85,8 @@ def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[Job]:
     """Insert queued rows in one statement and commit; returns them (detached)."""
     rows = _job_rows(jobs)
     if rows:
-        session.execute(insert(Job.__table__), rows)  # Core: no ORM bookkeeping per row
+        # Core, on the Table (a mapped class's __table__ is typed as any FromClause): no ORM bookkeeping per row
+        session.execute(insert(cast(Table, Job.__table__)), rows)
     session.commit()
     return [Job(**row) for row in rows]
 
@@ -314,12 +315,13 @@ def record_outcomes_written(session: Session, outcomes: Sequence[Outcome]) -> se
     """``record_outcomes``, returning the ids of the rows it changed (the metrics count only those)."""
     written: set[str] = set()
     for outcome in outcomes:
-        changed = session.execute(
+        changed = rows_changed(
+            session,
             update(Job)
             .execution_options(**NO_SYNC)
             .where(Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker)
-            .values(**outcome.as_values())
-        ).rowcount
+            .values(**outcome.as_values()),
+        )
         if changed:
             written.add(outcome.job_id)
         if changed and outcome.webhook_url:  # the event commits with the state it reports
