@@ -20,6 +20,7 @@ import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 from redis import Redis
 from rq.utils import utcparse
@@ -186,7 +187,8 @@ def set_host_drain(redis: Redis, host: str, workers: Iterable[str], *, drained: 
 
 
 def drained_hosts(redis: Redis) -> set[str]:
-    return {h.decode() for h in redis.smembers(drained_hosts_key())}
+    # Replies are bytes (no client sets decode_responses); redis-py types them bytes | str.
+    return {h.decode() for h in cast(set[bytes], redis.smembers(drained_hosts_key()))}
 
 
 def request_unload(redis: Redis, workers: Iterable[str], model: str) -> None:
