@@ -8,9 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.schemas.common import Strict
-from gpuq.fleet.workers import LiveWorker
-
-WorkerState = Literal["idle", "busy", "draining", "drained"]
+from gpuq.fleet.workers import LiveWorker, WorkerState
 
 
 class WorkerPublic(BaseModel):
@@ -35,13 +33,17 @@ class WorkerPublic(BaseModel):
 
     @classmethod
     def of(cls, worker: LiveWorker, running_jobs: list[str]) -> WorkerPublic:
+        flags: tuple[tuple[Literal["worker", "host"], bool], ...] = (
+            ("worker", worker.drained_itself),
+            ("host", worker.drained_by_host),
+        )
         return cls(
             name=worker.name,
             host=worker.host,
             slot=worker.slot,
             device=worker.device,
             gpu_uuids=list(worker.gpu_uuids),
-            state=worker.state(running_jobs),  # type: ignore[arg-type]
+            state=worker.state(running_jobs),
             slots=worker.slots,
             slots_busy=worker.slots_busy,
             running_jobs=running_jobs,
@@ -50,7 +52,7 @@ class WorkerPublic(BaseModel):
             last_heartbeat=worker.last_heartbeat,
             started_at=worker.birth,
             jobs_done=worker.jobs_done,
-            drained_by=[who for who, on in (("worker", worker.drained_itself), ("host", worker.drained_by_host)) if on],  # type: ignore[misc]
+            drained_by=[who for who, on in flags if on],
         )
 
 

@@ -20,7 +20,7 @@ import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
+from typing import Literal, cast
 
 from redis import Redis
 from rq.utils import utcparse
@@ -59,6 +59,9 @@ return 0
 """
 
 
+WorkerState = Literal["idle", "busy", "draining", "drained"]
+
+
 @dataclass(frozen=True, slots=True)
 class LiveWorker:
     name: str
@@ -80,7 +83,7 @@ class LiveWorker:
     def drain_requested(self) -> bool:
         return self.drained_itself or self.drained_by_host
 
-    def state(self, running_jobs: Collection[str] | None = None) -> str:
+    def state(self, running_jobs: Collection[str] | None = None) -> WorkerState:
         """idle, busy (any slot busy), draining (finishing its jobs, then taking no more) or drained.
 
         ``running_jobs`` are those SQL says run on it: SQL and the worker's hash are written
