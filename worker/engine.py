@@ -111,7 +111,7 @@ class LoadedModel:
             for text, item in zip(chunk, out["data"], strict=True):
                 # create_embedding's own tokenisation, so the counts add up to its usage figure.
                 tokens = len(self.llm.tokenize(text.encode("utf-8")))
-                by_text[text] = (_normalise(item["embedding"]), tokens)  # type: ignore[arg-type]
+                by_text[text] = (_normalise(item["embedding"]), tokens)
         return by_text
 
 
