@@ -28,12 +28,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.command import parse_payload
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout
 from rq.executions import Execution
 from rq.job import Job
@@ -84,7 +86,8 @@ class GpuqWorker(SimpleWorker):
         queue_refresh_interval_s: float = 5.0,
         job_timeout_s: float = 3600.0,
         slots: int = 1,
-        **kwargs: object,
+        connection: Redis,
+        **kwargs: Any,  # RQ's other Worker options, passed on
     ) -> None:
         self._list_servable = list_servable
         self._loaded_models = loaded_models
@@ -98,10 +101,11 @@ class GpuqWorker(SimpleWorker):
         self.job_timeout_s = job_timeout_s
         self.slots = slots
         super().__init__(
-            [Queue(name, connection=kwargs["connection"]) for name in worker_queue_names(self._servable)],
+            [Queue(name, connection=connection) for name in worker_queue_names(self._servable)],
             name=runner.worker_name,
             worker_ttl=worker_ttl_s,
-            **kwargs,  # type: ignore[arg-type]
+            connection=connection,
+            **kwargs,
         )
         self.runner = runner
         self._queues_refreshed_at = time.monotonic()
@@ -419,8 +423,13 @@ class GpuqWorker(SimpleWorker):
             },
         )
 
-    def bootstrap(self, *args: object, **kwargs: object) -> None:
-        super().bootstrap(*args, **kwargs)  # type: ignore[arg-type]
+    def bootstrap(
+        self,
+        logging_level: str | None = "INFO",
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
+    ) -> None:
+        super().bootstrap(logging_level, date_format, log_format)
         self.monitor.start()
 
     def teardown(self) -> None:
