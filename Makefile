@@ -16,6 +16,7 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
+	.venv/bin/mypy
 
 test: install-test lint
 	.venv/bin/pytest
