@@ -8,7 +8,9 @@ Screenshots go to test-artifacts/screenshots/.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sync_playwright
 
 from gpuq import store
 from gpuq.cli.client import GpuqClient
@@ -168,6 +170,9 @@ def test_every_page_loads_with_its_data_and_no_console_errors(system: Seeded, ta
     expect(page.locator("#gpus")).to_contain_text("24576 MiB")
     [holder] = [w for w in _workers(system) if MODEL in w["loaded_models"]]
     expect(page.locator(f'#gpus .card[data-uuid="{holder["gpu_uuids"][0]}"] .models')).to_contain_text(MODEL)
+    # Every job has finished: each GPU's worker waits, all its slots free.
+    expect(cards.locator(".gpu-state").first).to_have_text(re.compile(r"^idle \d+ slots? free$"))
+    expect(cards.locator('.gpu-state[data-state="idle"]')).to_have_count(2)
     expect(page.locator("#summary")).to_contain_text("1 failed")
     expect(page.locator("#queues tbody tr[data-priority]")).to_have_count(3)
     expect(page.locator("#throughput svg polyline")).to_have_count(2)
@@ -179,6 +184,9 @@ def test_every_page_loads_with_its_data_and_no_console_errors(system: Seeded, ta
         loaded(page)
         screenshot(page, path.strip("/"))
     expect(page.locator("#workers tbody tr[data-worker]")).to_have_count(2)  # the page now on screen
+    for worker in _workers(system):
+        slots = f"{worker['slots_busy']} of {worker['slots']} slot"
+        expect(page.locator(f'#workers tr[data-worker="{worker["name"]}"] .slots')).to_contain_text(slots)
 
     page.goto(f"{system.url}/dashboard/schedules")
     page.get_by_role("button", name="History").click()
@@ -287,6 +295,11 @@ def test_a_worker_drained_in_the_page_is_drained_in_the_api_and_undrained_again(
     [worker] = [w for w in _workers(system) if w["name"] == name]
     assert worker["drained_by"] == ["worker"] and worker["state"] in {"draining", "drained"}
     screenshot(page, "workers-drained")
+    page.goto(f"{system.url}/dashboard")  # its GPU's card says so
+    card = page.locator(f'#gpus .card[data-uuid="{worker["gpu_uuids"][0]}"]')
+    expect(card.locator(".gpu-state")).to_have_attribute("data-state", re.compile(r"^(draining|drained)$"))
+    expect(card.locator(".gpu-state")).to_contain_text("drain")
+    page.goto(f"{system.url}/dashboard/workers")
     row.get_by_role("button", name="Undrain", exact=True).click()
     expect(row.get_by_role("button", name="Drain", exact=True)).to_be_visible()
     assert [w["drained_by"] for w in _workers(system) if w["name"] == name] == [[]]
@@ -314,6 +327,48 @@ def test_a_gpu_marked_unhealthy_is_shown_so_and_cleared_from_the_page(system: Se
         if g["uuid"] == uuid
     ]
     assert after["healthy"] is True and after["unhealthy_reason"] is None
+    assert tab.errors == []
+
+
+def _answer_changed(route: Route, change: Any) -> None:
+    """Lets the API answer, then changes the JSON: states a quick noop job never stays in."""
+    response = route.fetch()
+    body = response.json()
+    change(body)
+    route.fulfill(response=response, body=json.dumps(body))
+
+
+def test_a_busy_gpu_shows_its_busy_slots_and_running_jobs_and_a_shared_job_its_energy_share(
+    system: Seeded, tab: Tab
+) -> None:
+    worker = sorted(_workers(system), key=lambda w: w["name"])[0]
+    running = sorted(system.succeeded[:2])
+
+    def busy(body: dict[str, Any]) -> None:
+        [mine] = [w for w in body["data"] if w["name"] == worker["name"]]
+        mine |= {"state": "busy", "slots": 4, "slots_busy": 2, "running_jobs": running, "current_job": running[0]}
+
+    page = tab.page
+    page.route("**/v1/workers", lambda route: _answer_changed(route, busy))
+    sign_in(page, system.url, system.admin_key)
+    state = page.locator(f'#gpus .card[data-uuid="{worker["gpu_uuids"][0]}"] .gpu-state')
+    expect(state).to_have_attribute("data-state", "busy")
+    expect(state).to_contain_text("busy with 2 of 4 slots")
+    for job_id in running:  # short ids, each a link to its job
+        expect(state.locator(f'a[href="/dashboard/jobs/{job_id}"]')).to_have_text(f"…{job_id[-6:]}")
+    screenshot(page, "overview-busy-gpu")
+    page.goto(f"{system.url}/dashboard/workers")
+    row = page.locator(f'#workers tr[data-worker="{worker["name"]}"]')
+    expect(row.locator(".slots")).to_have_text("2 of 4 slots busy")
+    expect(row.locator(".running a")).to_have_count(2)
+    screenshot(page, "workers-busy")
+
+    # On a real GPU shared with three others, a job is charged a quarter of its energy.
+    shared = {"energy_j": 12.3, "gpu_seconds": 0.5, "energy_share": 0.25}
+    page.route(f"**/v1/jobs/{running[0]}", lambda route: _answer_changed(route, lambda job: job.update(shared)))
+    page.goto(f"{system.url}/dashboard/jobs/{running[0]}")
+    expect(page.locator("#job-timings")).to_contain_text("12.3 J (shared GPU: 25 % of its energy")
+    screenshot(page, "job-shared-energy")
     assert tab.errors == []
 
 

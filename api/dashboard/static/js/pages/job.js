@@ -36,6 +36,16 @@ function promptText(request) {
   return JSON.stringify(request, null, 2);
 }
 
+// Energy and GPU seconds are the job's part of its GPU's when other jobs were decoded beside
+// it (energy_share < 1): said so, or a reader would take them for the GPU's whole figure.
+function energyText(j) {
+  if (j.energy_j === null) return "";
+  const joules = `${number(j.energy_j, 1)} J`;
+  if (j.energy_share === null || j.energy_share === undefined || j.energy_share >= 1) return joules;
+  const pct = number(j.energy_share * 100, j.energy_share < 0.1 ? 1 : 0);
+  return `${joules} (shared GPU: ${pct} % of its energy and GPU time while this job ran, by token share)`;
+}
+
 function resultText(result) {
   if (!result) return "";
   if (result.text !== undefined) return result.text;
@@ -75,7 +85,7 @@ export async function load() {
     ["run", j.run_ms === null ? "" : `${j.run_ms} ms`],
     ["tokens", j.prompt_tokens === null ? "" : `${j.prompt_tokens} prompt + ${j.completion_tokens ?? 0} completion`],
     ["GPU seconds", number(j.gpu_seconds, 2)],
-    ["energy", j.energy_j === null ? "" : `${number(j.energy_j, 1)} J`],
+    ["energy", energyText(j)],
   ]);
   $("#job-prompt").textContent = promptText(j.request);
   $("#job-result").textContent = resultText(j.result);

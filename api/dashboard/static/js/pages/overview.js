@@ -1,9 +1,9 @@
-// Overview: GPUs (memory, temperature, power, models loaded), the last hour's summary,
-// queue depths, the throughput chart, and the latest failures.
+// Overview: GPUs (state and running jobs, memory, temperature, power, models loaded), the
+// last hour's summary, queue depths, the throughput chart, and the latest failures.
 
 import { api, has, query } from "../api.js";
 import { lineChart } from "../chart.js";
-import { $, bar, button, el, fillTable, link, notAvailable, number, row, when } from "../dom.js";
+import { $, bar, button, el, fillTable, link, notAvailable, number, row, status, when } from "../dom.js";
 import { act } from "../refresh.js";
 
 export async function load() {
@@ -12,29 +12,72 @@ export async function load() {
   await Promise.all([drawSummary(), drawQueues(), drawThroughput(), drawFailures()]);
 }
 
-// Models loaded on each GPU, by UUID, from the workers pinned to it.
-function modelsByGpu(workers) {
-  const models = new Map();
+// The workers pinned to each GPU, by UUID (a worker of a GPU group is pinned to each of them).
+function workersByGpu(workers) {
+  const pinned = new Map();
   for (const w of workers || []) {
-    for (const uuid of w.gpu_uuids) models.set(uuid, [...(models.get(uuid) || []), ...w.loaded_models]);
+    for (const uuid of w.gpu_uuids) pinned.set(uuid, [...(pinned.get(uuid) || []), w]);
   }
-  return models;
+  return pinned;
+}
+
+// A job id is long ("job_" + its submission time + 16 random hex digits); its random tail
+// tells the few jobs on one GPU apart. The full id is the link's title.
+function shortJobLink(id) {
+  const a = link(`/dashboard/jobs/${encodeURIComponent(id)}`, `…${id.slice(-6)}`);
+  a.title = id;
+  return a;
+}
+
+// What the GPU does now, from its health and the workers pinned to it: unhealthy, idle,
+// busy (K of N of their slots), draining (its workers finish their jobs and take no more)
+// or drained. Slots are summed over the workers, as a GPU may have several.
+function gpuState(gpu, pinned) {
+  if (!gpu.healthy) return { state: "unhealthy", detail: "" };
+  if (!pinned.length) return { state: "idle", detail: "no worker" };
+  const slots = pinned.reduce((n, w) => n + w.slots, 0);
+  const busy = pinned.reduce((n, w) => n + w.slots_busy, 0);
+  const ofSlots = `${busy} of ${slots} slot${slots === 1 ? "" : "s"}`;
+  if (pinned.every((w) => w.state === "draining" || w.state === "drained")) {
+    return busy > 0 ? { state: "draining", detail: `${ofSlots} still busy` } : { state: "drained", detail: "" };
+  }
+  if (busy > 0) return { state: "busy", detail: `with ${ofSlots}` };
+  return { state: "idle", detail: `${slots} slot${slots === 1 ? "" : "s"} free` };
+}
+
+// The state line of a GPU card, with the jobs running on it; `pinned` is null where this
+// server has no /v1/workers, and then only an unhealthy GPU says so.
+function gpuActivity(gpu, pinned) {
+  if (pinned === null) return gpu.healthy ? "" : el("p", { class: "gpu-state" }, status("unhealthy"));
+  const { state, detail } = gpuState(gpu, pinned);
+  const jobs = [...new Set(pinned.flatMap((w) => w.running_jobs))].sort();
+  const links = jobs.flatMap((id, i) => (i ? [", ", shortJobLink(id)] : [shortJobLink(id)]));
+  return el(
+    "p",
+    { class: "gpu-state", "data-state": state },
+    status(state),
+    detail ? ` ${detail}` : "",
+    jobs.length ? el("span", { class: "small running" }, " · running ", ...links) : "",
+  );
 }
 
 // One card per GPU; `workers` is null where this server has no /v1/workers.
 function drawGpus(gpus, workers) {
-  const models = modelsByGpu(workers);
+  const pinned = workersByGpu(workers);
   const cards = gpus.map((g) => {
+    const mine = workers === null ? null : pinned.get(g.uuid) || [];
     const used = g.memory_free_mib === null ? null : g.memory_total_mib - g.memory_free_mib;
     const memory =
       used === null
         ? el("p", { class: "muted" }, `${g.memory_total_mib} MiB, no live reading`)
         : bar(used / g.memory_total_mib, `${used} / ${g.memory_total_mib} MiB`);
-    const loaded = workers === null ? "" : `models: ${[...new Set(models.get(g.uuid) || [])].join(", ") || "none loaded"}`;
+    const models = [...new Set((mine || []).flatMap((w) => w.loaded_models))];
+    const loaded = mine === null ? "" : `models: ${models.join(", ") || "none loaded"}`;
     return el(
       "div",
       { class: `card${g.healthy ? "" : " unhealthy"}`, "data-uuid": g.uuid },
       el("h3", {}, `${g.host} / ${g.index}: ${g.name}`),
+      gpuActivity(g, mine),
       memory,
       el(
         "p",

@@ -4,6 +4,17 @@ import { api, has } from "../api.js";
 import { $, button, el, fillTable, link, notAvailable, status, when } from "../dom.js";
 import { act } from "../refresh.js";
 
+// "2 of 4 slots busy": a worker decodes up to `slots` jobs of one model together.
+function slotsText(w) {
+  return el("span", { class: "small slots" }, `${w.slots_busy} of ${w.slots} slot${w.slots === 1 ? "" : "s"} busy`);
+}
+
+// Every job running on the worker, one link a line.
+function runningJobs(ids) {
+  const links = ids.map((id) => el("div", {}, link(`/dashboard/jobs/${encodeURIComponent(id)}`, id)));
+  return el("span", { class: "running" }, ...links);
+}
+
 export async function load() {
   if (!has("/v1/workers")) {
     notAvailable($("#workers"), "/v1/workers");
@@ -22,10 +33,10 @@ export async function load() {
       ...[
         w.name,
         w.host,
-        status(w.state),
+        el("span", { class: "worker-state" }, status(w.state), slotsText(w)),
         w.device,
         w.loaded_models.join(", "),
-        w.current_job ? link(`/dashboard/jobs/${encodeURIComponent(w.current_job)}`, w.current_job) : "",
+        runningJobs(w.running_jobs),
         String(w.jobs_done),
         when(w.last_heartbeat),
         el(
