@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 
 from gpuq.cli.client import ApiError, GpuqClient
-from gpuq.cli.support import connect
-from gpuq.settings import Settings
+from gpuq.cli.support import connect, url_option
+from gpuq.settings import Settings, get_settings
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -83,3 +83,62 @@ def run_batch(settings: Settings, input_path: str, output_path: str, *, workers:
             Path(output_path).write_text(client.batch_results(batch["id"]))
     click.echo(summary(final) + f"; results in {output_path}", err=True)
     return 0 if final["status"] == "completed" else 1
+
+
+# ---------------------------------------------------------------- the commands
+
+
+@click.group()
+def batch() -> None:
+    """OpenAI-style batches: submit a JSONL file, follow it, fetch results, cancel."""
+
+
+@batch.command("submit")
+@url_option
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--wait", is_flag=True, help="follow it with a progress bar until it ends")
+@click.option("--priority", default="low", show_default=True)
+def batch_submit(url: str, path: str, wait: bool, priority: str) -> None:
+    """Upload PATH and run it as a batch; prints the batch id."""
+    submit(url, path, wait=wait, priority=priority)
+
+
+@batch.command("status")
+@url_option
+@click.argument("batch_id")
+@click.option("--follow", "follow_it", is_flag=True, help="draw a progress bar until it ends")
+def batch_status(url: str, batch_id: str, follow_it: bool) -> None:
+    with connect(url) as client:
+        found = follow(client, batch_id) if follow_it else client.batch(batch_id)
+    click.echo(summary(found))
+
+
+@batch.command("results")
+@url_option
+@click.argument("batch_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="write here, not to stdout")
+def batch_results(url: str, batch_id: str, output: str | None) -> None:
+    """Output and error lines answered so far (all of them once the batch has ended)."""
+    with connect(url) as client:
+        text = client.batch_results(batch_id)
+    if output:
+        Path(output).write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+@batch.command("cancel")
+@url_option
+@click.argument("batch_id")
+def batch_cancel(url: str, batch_id: str) -> None:
+    with connect(url) as client:
+        click.echo(summary(client.cancel_batch(batch_id)))
+
+
+@click.command("run-batch")
+@click.option("-i", "--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--workers", default=1, show_default=True)
+def run_batch_command(input_path: str, output_path: str, workers: int) -> None:
+    """Run a whole JSONL batch file on embedded defaults, without a server (like vllm run-batch)."""
+    sys.exit(run_batch(get_settings(), input_path, output_path, workers=workers))

@@ -1,0 +1,100 @@
+"""``gpuq submit`` and ``gpuq jobs``: one job, and the recent ones."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from gpuq.cli.support import connect, table, url_option
+
+
+@click.command()
+@url_option
+@click.argument("model")
+@click.argument("text", nargs=-1, required=True)
+@click.option("--kind", type=click.Choice(["generate", "embed"]), default="generate", show_default=True)
+@click.option("--chat", is_flag=True, help="send TEXT as a user chat message (uses the model's chat template)")
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--temperature", type=float, default=0.8, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--priority", default="normal", show_default=True, help="high, normal or low")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="wait for the result and print it")
+def submit(
+    url: str,
+    model: str,
+    text: tuple[str, ...],
+    kind: str,
+    chat: bool,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    priority: str,
+    wait: bool,
+) -> None:
+    """Submit one job. For `--kind embed`, each TEXT argument is one input."""
+    job: dict[str, Any] = {"kind": kind, "model": model, "priority": priority}
+    if kind == "embed":
+        job["input"] = list(text)
+    else:
+        prompt = " ".join(text)
+        job |= {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+        job |= {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    with connect(url) as client:
+        created = client.submit(job)
+        if not wait:
+            click.echo(created["id"])
+            return
+        done = client.wait(created["id"])
+    _print_result(done)
+
+
+def _print_result(job: dict[str, Any]) -> None:
+    if job["status"] != "succeeded":
+        click.echo(f"{job['id']} {job['status']}: {job.get('error') or ''}".rstrip(), err=True)
+        sys.exit(1)
+    result = job["result"] or {}
+    if "text" in result:
+        click.echo(result["text"])
+    elif "embeddings" in result:
+        for vector in result["embeddings"]:
+            head = ", ".join(f"{x:.4f}" for x in vector[:4])
+            click.echo(f"[{head}, ...] ({len(vector)} dims)")
+    else:
+        click.echo(json.dumps(result))
+
+
+@click.command()
+@url_option
+@click.option("--status", "statuses", multiple=True, help="filter by status (repeatable)")
+@click.option("--model", default=None)
+@click.option("--kind", default=None)
+@click.option("--limit", default=20, show_default=True)
+def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | None, limit: int) -> None:
+    """List recent jobs as a table."""
+    with connect(url) as client:
+        page = client.jobs(status=list(statuses) or None, model=model, kind=kind, limit=limit)
+    rows = [
+        (
+            j["id"],
+            j["kind"],
+            j["model"],
+            j["priority"],
+            j["status"],
+            _ms(j["queue_wait_ms"]),
+            _ms(j["run_ms"]),
+            str(j["completion_tokens"] or ""),
+            j["device"] or "",
+        )
+        for j in page["data"]
+    ]
+    table(("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE"), rows)
+
+
+def _ms(value: int | None) -> str:
+    return "" if value is None else f"{value} ms"
+
+
+COMMANDS = (submit, jobs)

@@ -1,0 +1,41 @@
+"""``gpuq models``: the registered models, and registering one."""
+
+from __future__ import annotations
+
+import click
+
+from gpuq.cli.support import connect, table, url_option
+
+
+@click.group(invoke_without_command=True)
+@url_option
+@click.pass_context
+def models(ctx: click.Context, url: str) -> None:
+    """List registered models (or `models register`)."""
+    ctx.obj = url
+    if ctx.invoked_subcommand is not None:
+        return
+    with connect(url) as client:
+        data = client.models()
+    table(
+        ("NAME", "KINDS", "CONTEXT", "SIZE", "PATH"),
+        [
+            (m["id"], ",".join(m["kinds"]), str(m["context_length"]), f"{m['size_bytes'] / 2**20:.0f} MiB", m["path"])
+            for m in data
+        ],
+    )
+
+
+@models.command("register")
+@click.argument("name")
+@click.argument("path")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(["generate", "embed"]), default=["generate"])
+@click.option("--context-length", type=int, default=None)
+@click.pass_obj
+def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], context_length: int | None) -> None:
+    """Register NAME for the GGUF file PATH (relative to the models directory)."""
+    with connect(url) as client:
+        model = client.register_model(
+            {"name": name, "path": path, "kinds": list(kinds), "context_length": context_length}
+        )
+    click.echo(f"registered {model['id']} ({', '.join(model['kinds'])}, context {model['context_length']})")

@@ -1,0 +1,129 @@
+"""The commands that run gpuq's processes on this machine: the whole system (``up``,
+``demo``), or one part of it (``api``, ``worker``, ``supervisor``, ``scheduler``), and what
+this host's GPUs look like to them.
+
+Heavy imports (llama.cpp, FastAPI) happen inside the commands that need them, so
+``gpuq worker --gpus`` can set ``CUDA_VISIBLE_DEVICES`` before CUDA loads."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import click
+
+from gpuq.cli.support import table
+from gpuq.settings import get_settings
+
+
+@click.command()
+@click.option("--workers", default=1, show_default=True, help="CPU workers to start")
+@click.option("--host", default=None, help="API host (default GPUQ_API_HOST)")
+@click.option("--port", default=None, type=int, help="API port (default GPUQ_API_PORT)")
+def up(workers: int, host: str | None, port: int | None) -> None:
+    """Run everything on this machine: private Redis (unless GPUQ_REDIS_URL), migrations,
+    workers, the reconciler and the API. Ctrl-C stops it all."""
+    import uvicorn
+
+    from api.main import create_app
+    from gpuq.local.embedded import embedded_system
+
+    settings = get_settings()
+    with embedded_system(settings, workers=workers) as system:
+        app = create_app(system.settings)
+        uvicorn.run(app, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+
+
+@click.command()
+@click.option("--host", default=None)
+@click.option("--port", default=None, type=int)
+def api(host: str | None, port: int | None) -> None:
+    """Serve the HTTP API (needs GPUQ_REDIS_URL and a migrated database)."""
+    import uvicorn
+
+    from api.main import create_app
+
+    settings = get_settings()
+    settings.require_redis_url()
+    uvicorn.run(create_app(settings), host=host or settings.api_host, port=port or settings.api_port)
+
+
+@click.command()
+@click.option("--slot", default="cpu", show_default=True, help="name of this worker's slot (part of its name)")
+@click.option("--gpus", default=None, help="comma-separated GPU UUIDs to pin to (sets CUDA_VISIBLE_DEVICES)")
+@click.option("--model", "models", multiple=True, help="serve only these models (default: all registered)")
+@click.option("--burst", is_flag=True, help="exit when the queues are empty")
+def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) -> None:
+    """Run one worker: pulls jobs from Redis, runs them with llama.cpp, writes results to SQL."""
+    from worker.device import pin_to_gpus
+
+    if gpus:
+        pin_to_gpus([g.strip() for g in gpus.split(",") if g.strip()])
+    from worker.main import run_worker  # imports llama.cpp, after pinning
+
+    run_worker(get_settings(), slot=slot, models=list(models) or None, burst=burst)
+
+
+@click.command()
+@click.option("--cpu-workers", default=1, show_default=True, help="workers to run when this host has no GPU")
+@click.option("--slots-per-gpu", default=1, show_default=True, help="workers per GPU")
+def supervisor(cpu_workers: int, slots_per_gpu: int) -> None:
+    """Run this host's workers: one pinned worker per GPU slot, restarted if they die."""
+    from worker.supervisor import run_supervisor
+
+    run_supervisor(get_settings(), cpu_workers=cpu_workers, slots_per_gpu=slots_per_gpu)
+
+
+@click.command()
+def gpus() -> None:
+    """This host's GPUs as the supervisor sees them (NVML, or the simulated inventory)."""
+    from gpuq.fleet.gpus import discover_gpus
+
+    settings = get_settings()
+    inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
+    if not inventory.gpus:
+        click.echo(f"{inventory.host}: no GPU found (NVML unavailable); workers run on the CPU")
+        return
+    click.echo(f"{inventory.host}: {len(inventory.gpus)} GPU(s) from {inventory.source}")
+    table(
+        ("INDEX", "UUID", "NAME", "MEMORY", "FREE", "UTIL", "TEMP", "POWER", "CC"),
+        [
+            (
+                str(g.index),
+                g.uuid,
+                g.name,
+                f"{g.memory_total_mib} MiB",
+                f"{g.memory_free_mib} MiB",
+                _maybe(g.utilisation_pct, "%"),
+                _maybe(g.temperature_c, " C"),
+                _maybe(g.power_w, " W"),
+                g.compute_capability or "",
+            )
+            for g in inventory.gpus
+        ],
+    )
+
+
+def _maybe(value: float | int | None, unit: str) -> str:
+    return "" if value is None else f"{value:g}{unit}"
+
+
+@click.command()
+def scheduler() -> None:
+    """Run the scheduler: priority aging, cron schedules, batch finalisation, webhooks, the
+    SQL-to-Redis reconciler and stats rollups. Safe to run more than one."""
+    from gpuq.scheduler import run_scheduler
+
+    run_scheduler(get_settings(), threading.Event())
+
+
+@click.command()
+@click.option("--workers", default=1, show_default=True)
+def demo(workers: int) -> None:
+    """Start gpuq on embedded defaults, run sample generation and embedding jobs, print them, stop."""
+    from gpuq.local.demo import run_demo
+
+    sys.exit(run_demo(get_settings(), workers=workers))
+
+
+COMMANDS = (up, demo, api, worker, supervisor, scheduler, gpus)
