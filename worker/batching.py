@@ -45,17 +45,16 @@ INTAKE_POLL_S = 0.05  # with a slot free and nothing found, look at the queues a
 class GenerationRun:
     def __init__(self, worker: GpuqWorker, queue: Queue) -> None:
         self._worker = worker
+        self._queue = queue
         self._model = parse_queue_name(queue.name)[0]
-        self._queues = {queue.name: queue}
         self._jobs: dict[str, tuple[Job, Queue, Execution]] = {}
         self._loaded: LoadedModel | None = None
         self._polled_at = float("-inf")
         self._closed = False  # admits nothing more: a job that must run alone is running or waiting
 
     def run(self, job: Job) -> None:
-        queue = next(iter(self._queues.values()))
         self._closed = must_run_alone(self._worker, job)
-        self._admit(job, queue)
+        self._admit(job, self._queue)
         try:
             while self._loaded is not None and self._loaded.decoder is not None and self._loaded.decoder.active:
                 self._take_more(self._loaded.decoder.free_slots)
