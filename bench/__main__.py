@@ -88,14 +88,17 @@ def bench_batching(args: argparse.Namespace) -> None:
     seq: list[batching.Run] = []
     direct: dict[int, list[batching.Run]] = {k: [] for k in args.slots}
     ours: dict[int, list[batching.Run]] = {k: [] for k in args.slots}
-    for _ in range(args.rounds):
+    for round_ in range(1, args.rounds + 1):
         seq.append(batching.run_sequential(threads=args.threads, max_tokens=args.max_tokens))
+        print(f"round {round_}: sequential {seq[-1].tokens_per_s:.1f} tok/s", flush=True)
         for k in args.slots:
             direct[k].append(batching.run_direct_batched(slots=k, threads=args.threads, max_tokens=args.max_tokens))
             with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
                 ours[k].append(
                     batching.run_gpuq(db, redis_url, workdir, slots=k, threads=args.threads, max_tokens=args.max_tokens)
                 )
+            d, g = direct[k][-1].tokens_per_s, ours[k][-1].tokens_per_s
+            print(f"round {round_}: K={k} direct {d:.1f}, gpuq {g:.1f} tok/s", flush=True)
 
     def tps(runs: list[batching.Run]) -> float:
         return median(r.tokens_per_s for r in runs)
