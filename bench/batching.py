@@ -25,12 +25,9 @@ from pathlib import Path
 from statistics import quantiles
 
 import llama_cpp
-from sqlalchemy import func, select
 
-from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.db.tables import Job, utcnow
+from bench.generation import run_through_gpuq
 from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
-from gpuq.testing import GpuqProcesses
 
 SUBJECTS = [
     "the sea", "mountains", "a city at night", "bread", "rain", "a library", "trains", "the moon",
@@ -177,32 +174,10 @@ def run_gpuq(
     max_tokens: int,
     gpus: str | None = None,
 ) -> Run:
-    settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": str(slots)}
-    processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
-    engine = sync_engine(database_url)
-    sessions = sync_sessions(engine)
     body = {"kind": "generate", "model": BUNDLED_MODEL_NAME, "max_tokens": max_tokens, "temperature": 0.0}
     jobs = [body | {"prompt": p, "top_p": 1.0, "seed": 7} for p in PROMPTS]
-    try:
-        _api, url = processes.start_api()
-        processes.start_worker(gpus=gpus)
-        with processes.client(url) as client:
-            client.wait(client.submit(jobs[0] | {"max_tokens": 1})["id"])  # loads the model
-            started = utcnow()
-            ids = [j["id"] for j in client.submit_many(jobs)]
-            while True:  # polled rarely: the poller must not steal CPU from llama.cpp's threads
-                with sessions() as session:
-                    pending = session.scalar(
-                        select(func.count()).select_from(Job).where(Job.id.in_(ids), Job.finished_at.is_(None))
-                    )
-                if pending == 0:
-                    break
-                time.sleep(1.0)
-            done = [client.job(i) for i in ids]
-    finally:
-        processes.stop_all()
-        engine.dispose()
-    assert all(j["status"] == "succeeded" for j in done), [j["error"] for j in done]
+    settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": str(slots)}
+    started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings, gpus=gpus)
     finished = [datetime.fromisoformat(j["finished_at"]) for j in done]
     # The clock stops when the worker recorded the last job finished, not when we looked.
     elapsed = (max(finished) - started).total_seconds()

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 from sqlalchemy import func, select
@@ -80,23 +81,30 @@ def run_direct(*, threads: int, max_tokens: int, gpu_layers: int = 0) -> Generat
 def run_gpuq(
     database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, gpus: str | None = None
 ) -> GenerationResult:
+    body = {"kind": "generate", "model": BUNDLED_MODEL_NAME, "max_tokens": max_tokens, "temperature": 0.0}
+    jobs = [body | {"prompt": p, "top_p": 1.0, "seed": SEED} for p in PROMPTS]
     # One slot: this measures the cost of the path around one sequence (bench batching runs K > 1).
     settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": "1"}
+    started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings, gpus=gpus)
+    # The clock stops when the worker recorded the last job finished, not when we looked.
+    elapsed = (max(datetime.fromisoformat(j["finished_at"]) for j in done) - started).total_seconds()
+    return GenerationResult(sum(j["completion_tokens"] for j in done), elapsed)
+
+
+def run_through_gpuq(
+    database_url: str,
+    redis_url: str,
+    workdir: Path,
+    jobs: list[dict[str, Any]],
+    *,
+    settings: dict[str, str],
+    gpus: str | None = None,
+) -> tuple[datetime, list[dict[str, Any]]]:
+    """Submits ``jobs`` at once to an API and one worker (model loaded first) and waits for
+    them all; returns when they were submitted and the finished jobs."""
     processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
-    jobs = [
-        {
-            "kind": "generate",
-            "model": BUNDLED_MODEL_NAME,
-            "prompt": p,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "top_p": 1.0,
-            "seed": SEED,
-        }
-        for p in PROMPTS
-    ]
     try:
         _api, url = processes.start_api()
         processes.start_worker(gpus=gpus)
@@ -113,10 +121,8 @@ def run_gpuq(
                     break
                 time.sleep(1.0)
             done = [client.job(i) for i in ids]
-            # The clock stops when the worker recorded the last job finished, not when we looked.
-            elapsed = (max(datetime.fromisoformat(j["finished_at"]) for j in done) - started).total_seconds()
     finally:
         processes.stop_all()
         engine.dispose()
     assert all(j["status"] == "succeeded" for j in done), [j["error"] for j in done]
-    return GenerationResult(sum(j["completion_tokens"] for j in done), elapsed)
+    return started, done

@@ -3,8 +3,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
 from gpuq.cli.client import GpuqClient
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs.reconciler import ReconcileReport, reconcile_once
 from gpuq.testing import GpuqProcesses
 from tests.conftest import DATABASES, REDIS_DB, Template, database_template, redis_db
 
@@ -48,3 +51,15 @@ def processes(tmp_path, database_url, redis_url) -> Iterator[GpuqProcesses]:
     procs = GpuqProcesses(database_url, redis_url, tmp_path)
     yield procs
     procs.stop_all()
+
+
+def reconcile(processes: GpuqProcesses) -> ReconcileReport:
+    """One pass of the reconciler over a running system, as `gpuq scheduler` would make."""
+    engine = sync_engine(processes.database_url)
+    redis = Redis.from_url(processes.redis_url)
+    try:
+        with sync_sessions(engine)() as session:
+            return reconcile_once(session, redis, grace_s=0, max_attempts=3, timeout_s=600)
+    finally:
+        redis.close()
+        engine.dispose()

@@ -11,8 +11,7 @@ import llama_cpp
 from redis import Redis
 from rq.registry import StartedJobRegistry
 
-from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.jobs.reconciler import reconcile_once
+from tests.e2e.conftest import reconcile
 
 MODEL = "smollm2-135m"
 PROMPTS = [
@@ -138,7 +137,7 @@ def test_jobs_that_crash_together_are_not_charged_for_it_and_run_alone_next(proc
         recovered: list[str] = []
         deadline = time.monotonic() + 30
         while len(recovered) < 3 and time.monotonic() < deadline:
-            recovered += _reconcile(processes).recovered  # once the dead worker's key expired
+            recovered += reconcile(processes).recovered  # once the dead worker's key expired
             time.sleep(0.5)
         assert sorted(recovered) == sorted(j["id"] for j in jobs)
         assert all(client.job(j["id"])["attempts"] == 0 for j in jobs)  # nobody charged for the crash
@@ -150,14 +149,3 @@ def test_jobs_that_crash_together_are_not_charged_for_it_and_run_alone_next(proc
     # Each ran by itself on the new worker, although it has three slots.
     for before, after in itertools.pairwise(done):
         assert _at(before, "finished_at") <= _at(after, "started_at")
-
-
-def _reconcile(processes):
-    engine = sync_engine(processes.database_url)
-    redis = Redis.from_url(processes.redis_url)
-    try:
-        with sync_sessions(engine)() as session:
-            return reconcile_once(session, redis, grace_s=0, max_attempts=3, timeout_s=600)
-    finally:
-        redis.close()
-        engine.dispose()

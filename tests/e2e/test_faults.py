@@ -7,24 +7,12 @@ import time
 from redis import Redis
 from rq.registry import StartedJobRegistry
 
-from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.jobs.reconciler import reconcile_once
+from tests.e2e.conftest import reconcile
 
 MODEL = "smollm2-135m"
 NOOP = {"kind": "noop", "model": MODEL}
 # At temperature 0 SmolLM2 keeps counting to max_tokens (about 60 tokens/s on two cores).
 LONG = {"kind": "generate", "model": MODEL, "prompt": "Count from 1 to 1000: 1, 2, 3,", "temperature": 0}
-
-
-def _reconcile(processes):
-    engine = sync_engine(processes.database_url)
-    redis = Redis.from_url(processes.redis_url)
-    try:
-        with sync_sessions(engine)() as session:
-            return reconcile_once(session, redis, grace_s=0, max_attempts=3, timeout_s=600)
-    finally:
-        redis.close()
-        engine.dispose()
 
 
 def _wait_for_status(client, job_id, status, timeout_s=60.0):
@@ -54,7 +42,7 @@ def test_a_redis_that_restarts_empty_is_rebuilt_from_sql(processes):
     with processes.client(url) as client:
         ids = [client.submit(NOOP | {"priority": p})["id"] for p in ("high", "normal", "low")]
         Redis.from_url(processes.redis_url).flushdb()  # Redis lost everything
-        assert sorted(_reconcile(processes).requeued) == sorted(ids)
+        assert sorted(reconcile(processes).requeued) == sorted(ids)
         processes.start_worker()
         assert [client.wait(job_id)["status"] for job_id in ids] == ["succeeded"] * 3
 
@@ -71,7 +59,7 @@ def test_a_long_job_keeps_heartbeating_and_is_never_taken_for_abandoned(processe
         started = time.monotonic()
         while client.job(job["id"])["status"] == "running":
             # What a reconciler and RQ's own registry cleanup would do, many TTLs into the job.
-            assert _reconcile(processes).recovered == []
+            assert reconcile(processes).recovered == []
             StartedJobRegistry(f"gpuq:{MODEL}:generate:normal", connection=redis).cleanup()
             time.sleep(0.5)
         ran_s = time.monotonic() - started
@@ -91,7 +79,7 @@ def test_a_job_on_a_crashed_worker_is_retried_on_another(processes):
         _wait_for_status(client, job["id"], "running")
         crashing.kill()  # SIGKILL: no cleanup, no goodbye
         time.sleep(2.5)  # the dead worker's key expires after its TTL
-        assert _reconcile(processes).recovered == [job["id"]]
+        assert reconcile(processes).recovered == [job["id"]]
         _survivor, survivor_name = processes.start_worker("survivor")
         done = client.wait(job["id"], timeout_s=120)
     assert done["status"] == "succeeded"
