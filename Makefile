@@ -1,4 +1,4 @@
-.PHONY: install install-test demo up test lint bench
+.PHONY: install install-test demo up test test-fast lint bench
 
 install:
 	./scripts/install.sh
@@ -20,6 +20,10 @@ lint:
 
 test: install-test lint
 	.venv/bin/pytest
+
+# Neither PostgreSQL nor started API/worker processes nor a browser (markers set in tests/conftest.py).
+test-fast: install
+	.venv/bin/pytest -m "not e2e and not postgres and not browser"
 
 bench: install
 	.venv/bin/python -m bench
