@@ -318,13 +318,11 @@ class JobRunner:
         embedding = claimed.kind == JobKind.EMBED
         spec = _spec(model, embedding=embedding)
         loaded, outcome.load_ms = self._load(spec)
-        keep_alive = claimed.request.get("keep_alive")
         try:
             self._run_on(loaded, embedding, claimed, cancel, outcome)
         finally:
-            self._cache.keep(spec, self._default_keep_alive_s if keep_alive is None else keep_alive)
-            if keep_alive == 0:
-                self._cache.unload_expired()
+            self._kept.append((spec, claimed.request.get("keep_alive")))
+            self.keep_models()
 
     def _load(self, spec: ModelSpec) -> tuple[LoadedModel, int]:
         try:
