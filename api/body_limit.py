@@ -6,6 +6,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.errors import error_content
+
 
 class BodyTooLarge(Exception):
     """Raised from inside the app's receive() once the body passes the limit."""
@@ -28,7 +30,7 @@ class BodyLimitMiddleware:
         limit = self.upload_max_bytes if uploading else self.default_max_bytes
         declared = dict(scope.get("headers", ())).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await self._refuse(send, limit)
+            await self._refuse(scope, send, limit)
             return
         seen = 0
         response_started = False
@@ -51,12 +53,11 @@ class BodyLimitMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except BodyTooLarge:
             if not response_started:
-                await self._refuse(send, limit)
+                await self._refuse(scope, send, limit)
 
-    async def _refuse(self, send: Send, limit: int) -> None:
-        body = json.dumps(
-            {"detail": f"request body is larger than {limit} bytes; split it into smaller requests"}
-        ).encode()
+    async def _refuse(self, scope: Scope, send: Send, limit: int) -> None:
+        message = f"request body is larger than {limit} bytes; split it into smaller requests"
+        body = json.dumps(error_content(str(scope.get("path", "")), 413, message, code="body_too_large")).encode()
         await send(
             {
                 "type": "http.response.start",

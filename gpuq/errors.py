@@ -5,10 +5,22 @@ from __future__ import annotations
 
 class RequestError(Exception):
     """``status`` is the HTTP status; ``message`` says what to fix; ``headers`` go with the
-    response (``Retry-After`` on a 429, ``WWW-Authenticate`` on a 401)."""
+    response (``Retry-After`` on a 429, ``WWW-Authenticate`` on a 401). ``param`` names the
+    request field at fault and ``code`` is a stable machine-readable reason
+    (``model_not_found``), both as OpenAI's error object carries them."""
 
-    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.param = param
+        self.code = code

@@ -36,8 +36,20 @@ PriorityName = Annotated[
 ]
 
 
+class ErrorObject(BaseModel):
+    """OpenAI's error object, which the ``openai`` SDK reads."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
 class ErrorBody(BaseModel):
+    """Every refusal on gpuq's and the OpenAI-compatible routes (api/errors.py)."""
+
     detail: str
+    error: ErrorObject
 
 
 def unix_time(value: datetime | None) -> int | None:
