@@ -1,15 +1,19 @@
 """One place for every setting, read from the environment (prefix ``GPUQ_``) or ``.env``.
 
-Names carry their units. Unknown ``GPUQ_*`` variables are refused, so a misspelled
-setting fails loudly at start instead of being silently ignored.
+Names carry their units. Unknown ``GPUQ_*`` variables are refused, in the environment as
+in ``.env``, so a misspelled setting (``GPUQ_DATABSE_URL``) fails loudly at start instead
+of quietly leaving gpuq on its default.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +23,14 @@ DEFAULT_DATA_DIR = Path("./data")
 # Continuous batching defaults, from `python -m bench batching` (docs/benchmarks.md).
 DEFAULT_CPU_SLOTS = 4
 DEFAULT_GPU_SLOTS = 8
+# GPUQ_ variables that are not settings: the CLI's --url, the install script's wheel cache.
+# GPUQ_TEST_* belong to the test suite, which passes its environment on to what it starts.
+OTHER_VARIABLES = frozenset({"GPUQ_API_URL", "GPUQ_WHEELHOUSE"})
+TEST_PREFIX = "GPUQ_TEST_"
+
+
+class UnknownSettingError(Exception):
+    """A GPUQ_ variable that names no setting; the message names the closest one."""
 
 
 class Settings(BaseSettings):
@@ -86,6 +98,10 @@ class Settings(BaseSettings):
         30.0, ge=0, description="A queued row younger than this may still be on its way to Redis"
     )
 
+    def __init__(self, **values: Any) -> None:
+        refuse_unknown_variables(os.environ)
+        super().__init__(**values)
+
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
         if not self.database_url:
@@ -117,6 +133,20 @@ class Settings(BaseSettings):
                 "or point GPUQ_REDIS_URL at a Redis server, e.g. redis://127.0.0.1:6379/0"
             )
         return self.redis_url
+
+
+def known_variables() -> frozenset[str]:
+    return frozenset(ENV_PREFIX + name.upper() for name in Settings.model_fields) | OTHER_VARIABLES
+
+
+def refuse_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Raises UnknownSettingError for the first GPUQ_ variable that names no setting."""
+    known = known_variables()
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known and not name.startswith(TEST_PREFIX):
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else "see the README's configuration table"
+            raise UnknownSettingError(f"unknown setting {name} in the environment: {hint}")
 
 
 def get_settings() -> Settings:

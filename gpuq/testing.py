@@ -17,6 +17,7 @@ from redis import Redis
 from rq.worker import BaseWorker, Worker
 
 from gpuq import store
+from gpuq.children import spawn_child
 from gpuq.cli.client import GpuqClient
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Role
@@ -87,7 +88,7 @@ class GpuqProcesses:
     def _spawn(self, name: str, args: list[str]) -> Process:
         log = self.workdir / f"{name}.log"
         handle = log.open("ab")
-        popen = subprocess.Popen(
+        popen = spawn_child(
             [sys.executable, "-m", "gpuq.cli", *args], env=self.env(), stdout=handle, stderr=subprocess.STDOUT
         )
         process = Process(name, popen, log)

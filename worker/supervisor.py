@@ -35,6 +35,7 @@ from rq.worker import Worker
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
+from gpuq.children import spawn_child
 from gpuq.db.tables import Gpu, Model, utcnow
 from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
@@ -289,7 +290,7 @@ def run_supervisor(settings: Settings, *, cpu_workers: int = 1, slots_per_gpu: i
     base_env = {**os.environ}
 
     def spawn(slot: SlotPlan) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(worker_command(slot), env=worker_environment(slot, base_env))
+        return spawn_child(worker_command(slot), env=worker_environment(slot, base_env))
 
     supervisor = Supervisor(
         settings=settings,

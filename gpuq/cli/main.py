@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 import click
 
@@ -11,12 +13,18 @@ from gpuq.cli.admin import admin
 from gpuq.cli.keys import keys
 from gpuq.cli.rules import rules
 from gpuq.cli.schedules import schedules
+from gpuq.settings import UnknownSettingError, refuse_unknown_variables
 
 
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="debug logging")
 def main(verbose: bool) -> None:
     """gpuq: durable priority queues for LLM generation and embedding jobs on GPUs."""
+    try:
+        refuse_unknown_variables(os.environ)  # before any command quietly runs on a default
+    except UnknownSettingError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
@@ -29,7 +31,7 @@ def up(workers: int, host: str | None, port: int | None) -> None:
     from gpuq.local.embedded import embedded_system
 
     settings = get_settings()
-    with embedded_system(settings, workers=workers) as system:
+    with one_per_data_dir(), embedded_system(settings, workers=workers) as system:
         app = create_app(system.settings)
         uvicorn.run(app, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
 
@@ -123,7 +125,21 @@ def demo(workers: int) -> None:
     """Start gpuq on embedded defaults, run sample generation and embedding jobs, print them, stop."""
     from gpuq.local.demo import run_demo
 
-    sys.exit(run_demo(get_settings(), workers=workers))
+    with one_per_data_dir():
+        code = run_demo(get_settings(), workers=workers)
+    sys.exit(code)
+
+
+@contextmanager
+def one_per_data_dir() -> Iterator[None]:
+    """Another gpuq on the same data directory ends the command with one line."""
+    from gpuq.local.data_lock import DataDirInUse
+
+    try:
+        yield
+    except DataDirInUse as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 COMMANDS = (up, demo, api, worker, supervisor, scheduler, gpus)

@@ -1,21 +1,30 @@
 """gpuq on one machine with embedded defaults: SQLite, a private Redis, the bundled model,
 the supervisor (one worker per GPU, or CPU workers), the scheduler loop and the API,
-started and stopped together by ``gpuq up``."""
+started and stopped together by ``gpuq up``.
+
+They stop together however ``gpuq up`` is stopped: Ctrl-C and SIGTERM run the same
+shutdown (the supervisor drains its workers, then Redis stops), and a ``gpuq up`` killed
+outright takes its children with it (``gpuq.children``). One data directory serves one
+``gpuq up`` at a time (``gpuq.local.data_lock``)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from types import FrameType
 
 from gpuq.auth.admin_key import ensure_admin_key, key_file, read_key_file
+from gpuq.children import spawn_child
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.local.data_lock import data_dir_lock
 from gpuq.local.redis_server import PrivateRedis
 from gpuq.registry.models import register_bundled_model
 from gpuq.scheduler import run_scheduler
@@ -39,11 +48,13 @@ def prepare_database(settings: Settings) -> str | None:
     return new_key
 
 
-def spawn_supervisor(settings: Settings, *, cpu_workers: int) -> subprocess.Popen[bytes]:
+def spawn_supervisor(
+    settings: Settings, *, cpu_workers: int, inherit_fds: tuple[int, ...] = ()
+) -> subprocess.Popen[bytes]:
     """The supervisor in its own process, with the settings this process resolved passed down."""
     env = {**os.environ, **settings_env(settings)}
     args = [sys.executable, "-m", "gpuq.cli", "supervisor", "--cpu-workers", str(cpu_workers)]
-    return subprocess.Popen(args, env=env)
+    return spawn_child(args, env=env, pass_fds=inherit_fds)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -70,8 +81,17 @@ class EmbeddedSystem:
 def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[EmbeddedSystem]:
     """Everything but the API: Redis (private unless GPUQ_REDIS_URL is set), schema, the
     supervisor and its workers (``workers`` CPU workers on a host without GPUs), the
-    scheduler loop. Stops them in reverse order on exit."""
-    private = PrivateRedis(settings.data_dir / "redis") if settings.uses_embedded_redis else None
+    scheduler loop. Stops them in reverse order on exit, on SIGTERM as on Ctrl-C.
+
+    Raises DataDirInUse if another gpuq runs on the same data directory."""
+    with data_dir_lock(settings.data_dir) as lock_fd, _sigterm_as_exit():
+        yield from _run_embedded(settings, workers=workers, lock_fd=lock_fd)
+
+
+def _run_embedded(settings: Settings, *, workers: int, lock_fd: int) -> Iterator[EmbeddedSystem]:
+    private = (
+        PrivateRedis(settings.data_dir / "redis", inherit_fds=(lock_fd,)) if settings.uses_embedded_redis else None
+    )
     if private is not None:
         settings = settings.model_copy(update={"redis_url": private.start()})
         log.info("private Redis at %s", settings.redis_url)
@@ -81,7 +101,7 @@ def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[Embedde
     try:
         system.admin_key = prepare_database(settings)
         _announce_admin_key(system.admin_key, settings)
-        system.supervisor = spawn_supervisor(settings, cpu_workers=workers)
+        system.supervisor = spawn_supervisor(settings, cpu_workers=workers, inherit_fds=(lock_fd,))
         scheduler.start()
         yield system
     finally:
@@ -96,6 +116,27 @@ def embedded_system(settings: Settings, *, workers: int = 1) -> Iterator[Embedde
             scheduler.join(timeout=5)
         if private is not None:
             private.stop()
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit, so the shutdown in ``finally`` runs as it does for Ctrl-C.
+
+    Without it SIGTERM's default action ends the process on the spot, leaving the
+    supervisor, its workers and Redis running. (uvicorn catches SIGTERM while it serves,
+    then restores this handler and raises the signal again once it has shut down.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _announce_admin_key(new_key: str | None, settings: Settings) -> None:

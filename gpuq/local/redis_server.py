@@ -11,6 +11,8 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
+from gpuq.children import spawn_child
+
 START_TIMEOUT_S = 10.0
 
 
@@ -33,11 +35,14 @@ def free_port() -> int:
 
 class PrivateRedis:
     """redis-server on a free loopback port, with its append-only file in ``data_dir``
-    so queued work survives a restart (the reconciler would rebuild it anyway)."""
+    so queued work survives a restart (the reconciler would rebuild it anyway). It gets
+    SIGTERM if the process that started it dies; ``inherit_fds`` are passed on to it (the
+    data directory's lock, held until this Redis has exited too)."""
 
-    def __init__(self, data_dir: Path, *, persist: bool = True) -> None:
+    def __init__(self, data_dir: Path, *, persist: bool = True, inherit_fds: tuple[int, ...] = ()) -> None:
         self.data_dir = data_dir
         self.persist = persist
+        self.inherit_fds = inherit_fds
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -63,7 +68,9 @@ class PrivateRedis:
             "--logfile",
             str((self.data_dir / "redis.log").resolve()),
         ]
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._process = spawn_child(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=self.inherit_fds
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         client = Redis.from_url(self.url)
         while True:
