@@ -14,6 +14,7 @@ Other modules import these names and builders; none spells a key itself.
 from __future__ import annotations
 
 from rq.command import PUBSUB_CHANNEL_TEMPLATE
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job as RQJob
 from rq.queue import Queue
 from rq.worker import Worker
@@ -43,6 +44,11 @@ def rq_job_key(job_id: str) -> str:
 
 def rq_worker_key(name: str) -> str:
     return RQ_WORKER_PREFIX + name
+
+
+def rq_intermediate_key(queue_key: str) -> str:
+    """Where RQ moves a job id it pops from a single queue (``LMOVE``) until the worker starts it."""
+    return IntermediateQueue.get_intermediate_queue_key(queue_key)
 
 
 def rq_worker_channel(name: str) -> str:
@@ -77,6 +83,14 @@ def cancel_flag_key(job_id: str) -> str:
 # set; the worker that claims a job removes it. It is refreshed with each addition.
 RUN_ALONE_KEY = f"{PREFIX}:run-alone"
 RUN_ALONE_TTL_S = 24 * 3600
+
+
+# Queued jobs the reconciler found in no queue though RQ's hash says ``queued``: popped by a
+# worker that has not started them yet, or by one that died or froze in between. A hash of
+# job id -> when first seen so; the next pass re-enqueues those still there (a live worker
+# starts a popped job within milliseconds). Rewritten whole by each pass.
+LOST_SUSPECTS_KEY = f"{PREFIX}:reconciler:in-flight"
+LOST_SUSPECTS_TTL_S = 3600
 
 
 def gpu_telemetry_key(uuid: str) -> str:

@@ -44,7 +44,7 @@ from rq.worker import Worker, WorkerStatus
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
 from gpuq.jobs.queues import parse_queue_name, worker_queue_names
-from gpuq.redis_keys import SLOTS_BUSY_FIELD, SLOTS_FIELD
+from gpuq.redis_keys import SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_intermediate_key, rq_queue_key
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.runner import JobRunner
@@ -300,6 +300,9 @@ class GpuqWorker(SimpleWorker):
         with self.connection.pipeline(transaction=False) as pipe:
             execution = Execution.create(job, self.worker_ttl, pipeline=pipe, worker_name=self.name)
             job.prepare_for_execution(self.name, pipeline=pipe)
+            # A job popped from a single queue went through RQ's intermediate list (LMOVE);
+            # RQ's own worker removes it there only when it listens on one queue.
+            pipe.lrem(rq_intermediate_key(rq_queue_key(job.origin)), 1, job.id)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running) + 1)
             pipe.execute()

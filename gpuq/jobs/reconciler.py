@@ -3,8 +3,14 @@
 Two repairs, both safe to run from any number of processes at once (the worker's
 conditional claim makes a duplicate queue entry harmless):
 
-* a row SQL says is ``queued`` but Redis has no live entry for (Redis restarted empty,
-  or the API died between its commit and its enqueue) is enqueued again;
+* a row SQL says is ``queued`` but Redis has no live entry for is enqueued again. An
+  entry is live when RQ's hash says ``queued`` and the id is in its queue, or ``started``
+  by a worker that is alive. So this covers Redis restarted empty, the API dying between
+  its commit and its enqueue, and a worker that popped the job and then died or froze
+  before starting it (RQ's ``BLPOP`` is not reliable: the id is then in no list while
+  the hash still says ``queued``). A popped job is in no list for the milliseconds before
+  its worker starts it, so such an entry is re-enqueued only when a pass at least
+  ``IN_FLIGHT_LIMIT_S`` earlier saw it so too (``LOST_SUSPECTS_KEY``);
 * a row SQL says is ``running`` on a worker whose heartbeat has expired goes back to
   the queue, or fails once it has used up its attempts. Jobs that died together on one
   worker are not charged the attempt and run alone next (``RUN_ALONE_KEY``).
@@ -13,23 +19,33 @@ conditional claim makes a duplicate queue entry harmless):
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from redis import Redis
+from redis.typing import EncodableT, FieldT
 from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.queues import QueueEntry
-from gpuq.redis_keys import RUN_ALONE_KEY, RUN_ALONE_TTL_S, rq_job_key, rq_worker_key
+from gpuq.redis_keys import (
+    LOST_SUSPECTS_KEY,
+    LOST_SUSPECTS_TTL_S,
+    RUN_ALONE_KEY,
+    RUN_ALONE_TTL_S,
+    rq_job_key,
+    rq_queue_key,
+    rq_worker_key,
+)
 from gpuq.stats import metrics
 
 log = logging.getLogger(__name__)
 
-LIVE_RQ_STATUSES = frozenset({b"queued", b"started"})
+IN_FLIGHT_LIMIT_S = 5.0
 
 
 @dataclass
@@ -40,10 +56,18 @@ class ReconcileReport:
 
 
 def reconcile_once(
-    session: Session, redis: Redis, *, grace_s: float, max_attempts: int, timeout_s: int
+    session: Session,
+    redis: Redis,
+    *,
+    grace_s: float,
+    max_attempts: int,
+    timeout_s: int,
+    in_flight_limit_s: float = IN_FLIGHT_LIMIT_S,
 ) -> ReconcileReport:
     report = ReconcileReport()
-    _requeue_lost_entries(session, redis, grace_s=grace_s, timeout_s=timeout_s, report=report)
+    _requeue_lost_entries(
+        session, redis, grace_s=grace_s, timeout_s=timeout_s, in_flight_limit_s=in_flight_limit_s, report=report
+    )
     _recover_from_dead_workers(session, redis, max_attempts=max_attempts, timeout_s=timeout_s, report=report)
     if report.requeued or report.recovered or report.failed:
         log.warning(
@@ -56,20 +80,62 @@ def reconcile_once(
 
 
 def _requeue_lost_entries(
-    session: Session, redis: Redis, *, grace_s: float, timeout_s: int, report: ReconcileReport
+    session: Session, redis: Redis, *, grace_s: float, timeout_s: int, in_flight_limit_s: float, report: ReconcileReport
 ) -> None:
     # Young rows may be between the API's commit and its enqueue; leave them a moment.
     queued = store.queued_jobs_created_before(session, utcnow() - timedelta(seconds=grace_s))
-    if not queued:
-        return
     with redis.pipeline(transaction=False) as pipe:
         for entry in queued:
-            pipe.hget(rq_job_key(entry.job_id), "status")
-        statuses = pipe.execute()
-    lost = [entry for entry, status in zip(queued, statuses, strict=True) if status not in LIVE_RQ_STATUSES]
+            pipe.hmget(rq_job_key(entry.job_id), "status", "origin", "worker_name")
+        hashes: list[list[bytes | None]] = pipe.execute()
+    waiting = _waiting_ids(redis, {origin for status, origin, _w in hashes if status == b"queued" and origin})
+    starters = {worker.decode() for status, _o, worker in hashes if status == b"started" and worker}
+    alive = _live_workers(redis, starters)
+    lost, in_flight = [], []
+    for entry, (status, _origin, worker) in zip(queued, hashes, strict=True):
+        if status == b"queued":
+            if entry.job_id.encode() not in waiting:
+                in_flight.append(entry)
+        elif status != b"started" or worker is None or worker.decode() not in alive:
+            lost.append(entry)  # no hash (Redis lost it), or ended, failed, or started by a dead worker
+    lost.extend(_long_in_flight(redis, in_flight, limit_s=in_flight_limit_s))
     if lost:
         enqueue_jobs(redis, lost, timeout_s=timeout_s)
         report.requeued.extend(e.job_id for e in lost)
+
+
+def _waiting_ids(redis: Redis, queue_names: set[bytes]) -> set[bytes]:
+    """The ids in these RQ queues, read in one MULTI so the snapshot is consistent (aging
+    moves ids between queues)."""
+    if not queue_names:
+        return set()
+    with redis.pipeline(transaction=True) as pipe:
+        for name in queue_names:
+            pipe.lrange(rq_queue_key(name.decode()), 0, -1)
+        lists: list[list[bytes]] = pipe.execute()
+    return {job_id for ids in lists for job_id in ids}
+
+
+def _long_in_flight(redis: Redis, in_flight: list[QueueEntry], *, limit_s: float) -> list[QueueEntry]:
+    """Of the jobs now popped but not started, those an earlier pass saw so ``limit_s`` ago;
+    the others are remembered (with when first seen) for the next pass."""
+    now = time.time()
+    seen: dict[bytes, bytes] = redis.hgetall(LOST_SUSPECTS_KEY) if in_flight else {}  # type: ignore[assignment]
+    overdue: list[QueueEntry] = []
+    remembered: dict[FieldT, EncodableT] = {}
+    for entry in in_flight:
+        first_seen = float(seen.get(entry.job_id.encode(), now))
+        if now - first_seen >= limit_s:
+            overdue.append(entry)
+        else:
+            remembered[entry.job_id] = first_seen
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(LOST_SUSPECTS_KEY)
+        if remembered:
+            pipe.hset(LOST_SUSPECTS_KEY, mapping=remembered)
+            pipe.expire(LOST_SUSPECTS_KEY, LOST_SUSPECTS_TTL_S)
+        pipe.execute()
+    return overdue
 
 
 def _live_workers(redis: Redis, names: set[str]) -> set[str]:

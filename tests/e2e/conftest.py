@@ -53,13 +53,16 @@ def processes(tmp_path, database_url, redis_url) -> Iterator[GpuqProcesses]:
     procs.stop_all()
 
 
-def reconcile(processes: GpuqProcesses) -> ReconcileReport:
-    """One pass of the reconciler over a running system, as `gpuq scheduler` would make."""
+def reconcile(processes: GpuqProcesses, *, in_flight_limit_s: float = 0.0) -> ReconcileReport:
+    """One pass of the reconciler over a running system, as `gpuq scheduler` would make
+    (by default re-enqueueing at once a job popped but not started)."""
     engine = sync_engine(processes.database_url)
     redis = Redis.from_url(processes.redis_url)
     try:
         with sync_sessions(engine)() as session:
-            return reconcile_once(session, redis, grace_s=0, max_attempts=3, timeout_s=600)
+            return reconcile_once(
+                session, redis, grace_s=0, max_attempts=3, timeout_s=600, in_flight_limit_s=in_flight_limit_s
+            )
     finally:
         redis.close()
         engine.dispose()
