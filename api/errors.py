@@ -12,16 +12,23 @@ shape Ollama's clients read.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
 from gpuq.db.tables import JobKind
-from gpuq.errors import RequestError
+from gpuq.errors import RequestError, unavailable
+
+log = logging.getLogger(__name__)
 
 OLLAMA_PREFIX = "/api/"
 
@@ -100,8 +107,37 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return error_response(request, exc.status_code, message, headers=exc.headers)
 
 
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """The database did not answer (down, restarting, failing over, or SQLite locked past its
+    busy timeout): a 503 the client may retry, never a 500. The pool's pre-ping replaces
+    dead connections, so requests succeed again as soon as the database is back."""
+    if isinstance(exc, DBAPIError) and not exc.connection_invalidated and not _is_unavailable(exc):
+        raise exc  # a real error in a statement: not an outage
+    log.warning("database unavailable for %s %s: %s", request.method, request.url.path, exc)
+    return await _request_error(
+        request, unavailable("the database is unavailable; retry shortly", code="database_unavailable")
+    )
+
+
+async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis unavailable for %s %s: %s", request.method, request.url.path, exc)
+    return await _request_error(
+        request, unavailable("the job queue (Redis) is unavailable; retry shortly", code="queue_unavailable")
+    )
+
+
+def _is_unavailable(exc: DBAPIError) -> bool:
+    """OperationalError and InterfaceError are how both drivers report a lost or refused
+    connection (and SQLite a lock held past the busy timeout)."""
+    return type(exc).__name__ in {"OperationalError", "InterfaceError"}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     # FastAPI's decorator form: Starlette's add_exception_handler types a handler as taking any Exception.
     app.exception_handler(RequestValidationError)(_validation_error)
     app.exception_handler(RequestError)(_request_error)
     app.exception_handler(HTTPException)(_http_error)
+    for database_outage in (DBAPIError, DisconnectionError, PoolTimeoutError):
+        app.exception_handler(database_outage)(_database_unavailable)
+    for redis_outage in (RedisConnectionError, RedisTimeoutError):
+        app.exception_handler(redis_outage)(_redis_unavailable)

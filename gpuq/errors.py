@@ -24,3 +24,18 @@ class RequestError(Exception):
         self.headers = headers
         self.param = param
         self.code = code
+
+
+# What a 503 asks clients to wait before retrying: outages of Redis or the database that
+# gpuq rides out (a restart, a failover) last seconds.
+RETRY_AFTER_S = 5
+
+
+def unavailable(message: str, *, code: str) -> RequestError:
+    """A 503 for a dependency that is down (Redis, the database), with ``Retry-After``."""
+    return RequestError(503, message, headers={"Retry-After": str(RETRY_AFTER_S)}, code=code)
+
+
+def queue_unavailable(exc: Exception) -> RequestError:
+    """Redis failed before anything was queued: the request changed nothing and may be retried."""
+    return unavailable(f"the job queue (Redis) is unavailable, nothing was queued: {exc}", code="queue_unavailable")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.db.tables import JobKind
 from gpuq.jobs.queues import parse_queue_name
@@ -77,7 +78,7 @@ class GenerationRun:
         self._polled_at = time.monotonic()
         worker = self._worker
         worker._read_control()  # throttled to once a second unless pub/sub said it changed
-        if worker._control.drained:
+        if worker._control.drained or worker.runner.sql.wait_s > 0:
             return
         while free > 0:
             taken = next_waiting(worker, self._model, JobKind.GENERATE)
@@ -147,6 +148,18 @@ class EmbeddingRun:
 
     def run(self, job: Job) -> None:
         worker = self._worker
+        started = self._start(self._take_waiting(job))
+        if not started:
+            return
+        if len(started) > 1:
+            log.info("embedding %d jobs of %s together", len(started), self._model)
+        worker.runner.run_embeddings([(claimed, cancel) for _job, _execution, claimed, cancel in started])
+        for each, execution, _claimed, _cancel in started:
+            worker.end_execution(each, execution)
+
+    def _take_waiting(self, job: Job) -> list[tuple[Job, Queue]]:
+        """The job, and the waiting jobs of its model next in the worker's order."""
+        worker = self._worker
         taken = [(job, self._queue)]
         worker._read_control()
         alone = must_run_alone(worker, job)
@@ -158,19 +171,23 @@ class EmbeddingRun:
                 more[1].push_job_id(more[0].id, at_front=True)
                 break
             taken.append(more)
+        return taken
+
+    def _start(self, taken: list[tuple[Job, Queue]]) -> list[tuple[Job, Execution, ClaimedJob, threading.Event]]:
+        """Each taken job claimed and started; if the database goes away meanwhile, those not
+        started yet go back to the front of their queues, in their order."""
+        worker = self._worker
         started = []
-        for each, queue in taken:
+        for i, (each, queue) in enumerate(taken):
+            if worker.runner.sql.wait_s > 0:
+                for back, back_queue in reversed(taken[i:]):
+                    back_queue.push_job_id(back.id, at_front=True)
+                break
             begun = start_job(worker, each, queue)
             if begun is not None:
                 execution, cancel, claimed = begun
                 started.append((each, execution, claimed, cancel))
-        if not started:
-            return
-        if len(started) > 1:
-            log.info("embedding %d jobs of %s together", len(started), self._model)
-        worker.runner.run_embeddings([(claimed, cancel) for _job, _execution, claimed, cancel in started])
-        for each, execution, _claimed, _cancel in started:
-            worker.end_execution(each, execution)
+        return started
 
 
 def next_waiting(worker: GpuqWorker, model: str, kind: str) -> tuple[Job, Queue] | None:
@@ -214,6 +231,9 @@ def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, th
     cancel = worker.monitor.begin(job.id)
     try:
         claimed = worker.runner.claim(job.id)
+    except SQLAlchemyError:  # nothing ran: the job goes back to the front of its queue
+        worker.return_unclaimed(job, queue, execution)
+        return None
     except Exception:
         # Infrastructure (SQL unreachable while claiming, say): the row is still queued,
         # RQ's failed registry keeps the trace and the reconciler enqueues the job again.

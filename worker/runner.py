@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
@@ -27,6 +28,7 @@ from worker.engine import JobCancelled, LoadedModel
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
+from worker.sql_health import SqlHealth
 
 log = logging.getLogger(__name__)
 
@@ -105,18 +107,35 @@ class JobRunner:
         # job id -> its bookkeeping and model, while its sequence runs
         self._generating: dict[str, tuple[_Running, LoadedModel]] = {}
         self._kept: list[tuple[ModelSpec, float | None]] = []  # models used since keep_models, with keep_alive
+        self._unconfirmed: set[str] = set()  # claims that raised: their COMMIT may still have gone through
+        self.sql = SqlHealth()  # while the database does not answer, the worker takes no job
 
     def claim(self, job_id: str) -> store.ClaimedJob | None:
-        """Queued to running in SQL for this worker; None (and logged) if it is no longer queued."""
-        with self._sessions() as session:
-            claimed = store.claim_job(
-                session,
-                job_id,
-                worker=self.worker_name,
-                device=self.device,
-                host=self.host or None,
-                gpu_uuid=self.gpu_uuids[0] if self.gpu_uuids else None,
-            )
+        """Queued to running in SQL for this worker; None (and logged) if it is no longer queued.
+
+        A claim that raises (the database went away mid-claim) is remembered: if the job comes
+        back to this worker and is found running here, that earlier claim did commit and the
+        job is adopted, with the attempt it already counted."""
+        try:
+            with self._sessions() as session:
+                claimed = store.claim_job(
+                    session,
+                    job_id,
+                    worker=self.worker_name,
+                    device=self.device,
+                    host=self.host or None,
+                    gpu_uuid=self.gpu_uuids[0] if self.gpu_uuids else None,
+                )
+                if claimed is None and job_id in self._unconfirmed:
+                    claimed = store.claimed_by(session, job_id, worker=self.worker_name)
+                    if claimed is not None:
+                        log.warning("job %s was claimed here before its acknowledgement was lost; running it", job_id)
+        except SQLAlchemyError as exc:
+            self._unconfirmed.add(job_id)
+            self.sql.failed(f"claiming {job_id}", exc)
+            raise
+        self.sql.succeeded()
+        self._unconfirmed.discard(job_id)
         if claimed is None:
             log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
         return claimed

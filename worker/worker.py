@@ -38,8 +38,9 @@ from rq.command import parse_payload
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout
 from rq.executions import Execution
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.worker import Worker, WorkerStatus
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
@@ -143,15 +144,11 @@ class GpuqWorker(SimpleWorker):
         backoff_s = 1.0
         while True:
             self._housekeeping()
-            if self._control.drained:  # take nothing; stay alive, heartbeat, wait for undrain
+            pause_s = self._pause_s(timeout)
+            if pause_s is not None:
                 if timeout is None:
                     return None
-                self._control_changed.wait(DRAINED_WAKE_S)
-                continue
-            if not self._ordered_queues:  # nothing to serve (unhealthy GPU, no allowed model)
-                if timeout is None:
-                    return None
-                time.sleep(timeout)
+                self._control_changed.wait(pause_s)  # an undrain or other control message ends it early
                 continue
             try:
                 result = self.queue_class.dequeue_any(
@@ -174,6 +171,16 @@ class GpuqWorker(SimpleWorker):
                     continue
                 log.info("%s: %s", result[1].name, result[0].id)
             return result
+
+    def _pause_s(self, timeout: int | None) -> float | None:
+        """How long to wait before looking at the queues, when no job should be taken now."""
+        if self._control.drained:  # take nothing; stay alive, heartbeat, wait for undrain
+            return DRAINED_WAKE_S
+        if not self._ordered_queues:  # nothing to serve (unhealthy GPU, no allowed model)
+            return float(timeout or 0)
+        if self.runner.sql.wait_s > 0:  # a job taken now could not be claimed
+            return min(self.runner.sql.wait_s, self.dequeue_timeout)
+        return None
 
     def _housekeeping(self) -> None:
         """Between jobs and on every idle wake-up: model expiry and unloads, the queue list,
@@ -238,7 +245,13 @@ class GpuqWorker(SimpleWorker):
         order the queues (see ``worker_queue_names``) after every job: its loaded set changes."""
         if time.monotonic() - self._queues_refreshed_at >= self._queue_refresh_interval_s:
             self._queues_refreshed_at = time.monotonic()
-            servable = self._list_servable()
+            try:
+                servable = self._list_servable()
+            except SQLAlchemyError as exc:  # keep serving what it served; retried next interval
+                self.runner.sql.failed("reading the models it serves", exc)
+                servable = self._servable
+            else:
+                self.runner.sql.succeeded()
             if servable != self._servable:
                 log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
                 self._servable = servable
@@ -282,6 +295,9 @@ class GpuqWorker(SimpleWorker):
         cancel = self.monitor.begin(job.id)
         try:
             self.runner.run(job.id, cancel)
+        except SQLAlchemyError:  # the claim could not reach SQL: nothing ran
+            self.return_unclaimed(job, queue, execution)
+            return
         except Exception:
             # Only infrastructure errors get here (SQL unreachable while claiming, say). The
             # row is still queued in SQL; RQ's failed registry keeps the trace and the
@@ -320,6 +336,24 @@ class GpuqWorker(SimpleWorker):
                 self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
             self._publish_loaded(pipe)
+            pipe.execute()
+
+    def return_unclaimed(self, job: Job, queue: Queue, execution: Execution) -> None:
+        """The database could not be reached to claim the job: it goes back to the front of its
+        queue, as it was, and the worker takes nothing until SQL answers (``SqlHealth``). So
+        an outage neither runs a job unrecorded nor empties the queues into RQ's failed
+        registry. (If the claim did commit and only its reply was lost, the row is running on
+        this worker: its next claim of the job adopts it, and the reconciler re-enqueues a
+        row running where no worker runs it.)"""
+        self.monitor.end(job.id)
+        self._running.pop(job.id, None)
+        with self.connection.pipeline(transaction=False) as pipe:
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            job.set_status(JobStatus.QUEUED, pipeline=pipe)
+            queue.push_job_id(job.id, pipeline=pipe, at_front=True)
+            if not self._running:
+                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
             pipe.execute()
 
     def fail_execution(self, job: Job, queue: Queue, execution: Execution) -> None:

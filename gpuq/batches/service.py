@@ -40,7 +40,7 @@ from gpuq.batches.gc_pause import gc_paused
 from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
 from gpuq.batches.webhooks import new_delivery
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
-from gpuq.errors import RequestError
+from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.snapshot import Fleet, load_fleet
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs, remove_queued
@@ -244,7 +244,7 @@ def start_batch(
             enqueue_jobs(redis, [QueueEntry(j.id, j.model, j.kind, j.priority) for j in jobs], timeout_s=timeout_s)
         except RedisError as exc:
             store.delete_batch(session, batch_id)
-            raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+            raise queue_unavailable(exc) from None
         return batch
 
 

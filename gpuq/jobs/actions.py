@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuq import store
 from gpuq.db.tables import Job, JobStatus
-from gpuq.errors import RequestError
+from gpuq.errors import RequestError, unavailable
 from gpuq.fleet.workers import stop_requeued_job
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
@@ -52,10 +52,10 @@ async def _enqueue(redis: Redis, entries: list[QueueEntry], *, timeout_s: int) -
     try:
         await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
     except RedisError as exc:
-        raise RequestError(
-            503,
+        raise unavailable(
             f"{len(entries)} job(s) are queued in SQL, but the job queue (Redis) is unreachable ({exc}); "
             "the reconciler enqueues them once Redis answers, so do not retry",
+            code="queue_unavailable",
         ) from None
 
 

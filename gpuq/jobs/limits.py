@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.auth.access import Caller
-from gpuq.errors import RequestError
+from gpuq.errors import RequestError, queue_unavailable
 from gpuq.redis_keys import rate_limit_key
 
 # Retry-After for a full queue: the queue drains at the fleet's pace, which this check
@@ -89,7 +89,7 @@ def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> 
     try:
         granted, wait_s = redis.eval(_TAKE_TOKENS, 1, rate_limit_key(caller.key_id), limit, limit / 60.0, count, now_s)
     except RedisError as exc:
-        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+        raise queue_unavailable(exc) from None
     if not int(granted):
         retry_after = max(1, math.ceil(float(wait_s)))
         raise RequestError(

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model
-from gpuq.errors import RequestError
+from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for
 from gpuq.fleet.snapshot import Fleet, load_fleet
 from gpuq.jobs.enqueue import enqueue_jobs
@@ -209,5 +209,5 @@ async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.N
         await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
     except RedisError as exc:
         await db.run_sync(store.delete_queued_jobs, [n.id for n in new])
-        raise RequestError(503, f"the job queue (Redis) is unavailable, nothing was queued: {exc}") from None
+        raise queue_unavailable(exc) from None
     return jobs

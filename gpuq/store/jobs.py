@@ -266,6 +266,21 @@ def claim_job(
     )
 
 
+def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | None:
+    """The job if it is running on ``worker``: a claim whose commit went through although its
+    acknowledgement was lost (the connection broke after the COMMIT) is found this way."""
+    row = session.execute(
+        select(
+            Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner, Job.created_at, Job.started_at
+        ).where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
+    ).one_or_none()
+    if row is None:
+        return None
+    return ClaimedJob(
+        job_id, row.kind, row.model, row.priority, row.request, row.attempts, row.started_at, row.owner, row.created_at
+    )
+
+
 @dataclass(slots=True)
 class Outcome:
     """What a worker learned by running a job; written in batches by ``record_outcomes``."""
