@@ -14,6 +14,7 @@ Other modules import these names and builders; none spells a key itself.
 from __future__ import annotations
 
 from rq.command import PUBSUB_CHANNEL_TEMPLATE
+from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job as RQJob
 from rq.queue import Queue
@@ -90,7 +91,30 @@ RUN_ALONE_TTL_S = 24 * 3600
 # job id -> when first seen so; the next pass re-enqueues those still there (a live worker
 # starts a popped job within milliseconds). Rewritten whole by each pass.
 LOST_SUSPECTS_KEY = f"{PREFIX}:reconciler:in-flight"
-LOST_SUSPECTS_TTL_S = 3600
+SUSPECTS_TTL_S = 3600  # of this key and ORPHAN_SUSPECTS_KEY
+
+
+# Running jobs SQL puts on a live worker that runs no execution of them (a claim whose
+# acknowledgement was lost): job id -> when first seen so, as LOST_SUSPECTS_KEY.
+ORPHAN_SUSPECTS_KEY = f"{PREFIX}:reconciler:orphans"
+
+
+def rq_worker_executions_key(worker: str) -> str:
+    """RQ's set of the executions a worker runs now (``<job id>:<execution id>``)."""
+    return WORKER_EXECUTIONS_KEY_TEMPLATE.format(worker)
+
+
+# Outcomes a worker could not write to SQL (the database was down), kept until written, so
+# a job that finished during an outage is not run again if its worker dies before the
+# database is back. A hash per worker (job id -> the outcome as JSON), and a set of the
+# workers that have one; the worker's writer deletes what it wrote, the reconciler applies
+# a dead worker's.
+OUTCOME_SPOOLS_KEY = f"{PREFIX}:outcome-spools"
+OUTCOME_SPOOL_TTL_S = 7 * 24 * 3600
+
+
+def outcome_spool_key(worker: str) -> str:
+    return f"{PREFIX}:outcome-spool:{worker}"
 
 
 def gpu_telemetry_key(uuid: str) -> str:

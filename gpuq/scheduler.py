@@ -160,6 +160,7 @@ class Scheduler:
                 grace_s=self.settings.reconcile_grace_s,
                 max_attempts=self.settings.job_max_attempts,
                 timeout_s=self.settings.job_timeout_s,
+                orphan_limit_s=self.settings.worker_ttl_s,
             )
 
     def roll_up_stats(self) -> None:

@@ -70,8 +70,8 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         budget_mib=budget,
         on_load=lambda spec, seconds: metrics.record_model_load(redis, spec.name, seconds),
     )
-    writer = OutcomeWriter(sessions, redis=redis)
     name = worker_name(slot)
+    writer = OutcomeWriter(sessions, redis=redis, worker=name)
 
     def mark_unhealthy(reason: str) -> None:
         with sessions() as session:

@@ -3,9 +3,14 @@
 A worker finishing many short jobs would otherwise spend most of its time committing one
 row at a time. The writer takes whatever outcomes are waiting, writes them in one
 transaction, and repeats: an outcome is never held back on purpose, yet under a flood
-of short jobs each commit carries many rows. If the process dies before a write, those
-rows stay ``running`` on a dead worker and the reconciler runs them again:
-at-least-once, never lost.
+of short jobs each commit carries many rows.
+
+A commit that fails (the database is down) is retried until it succeeds, and its outcomes
+are copied to the worker's spool in Redis at the first failure (``gpuq.jobs.outcome_spool``),
+so they outlive this process: if it dies before the database is back, the reconciler
+writes them instead of running the jobs again. If it dies before an outcome reached either
+(it crashed mid-job), the row stays ``running`` on a dead worker and the reconciler runs
+the job again: at-least-once, never lost.
 
 After each commit the writer counts the jobs it wrote for the Prometheus counters
 (``gpuq/metrics.py``): only rows the commit changed count, so a late outcome from a
@@ -21,10 +26,12 @@ import threading
 import time
 
 from redis import Redis
+from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
+from gpuq.jobs import outcome_spool
 from gpuq.stats import metrics
 from gpuq.stats.metrics import FinishedJob
 
@@ -38,9 +45,10 @@ Pending = tuple[store.Outcome, FinishedJob | None]
 
 
 class OutcomeWriter:
-    def __init__(self, sessions: sessionmaker[Session], *, redis: Redis | None = None) -> None:
+    def __init__(self, sessions: sessionmaker[Session], *, redis: Redis | None = None, worker: str = "") -> None:
         self._sessions = sessions
-        self._redis = redis  # where the metrics go; None: not counted
+        self._redis = redis  # where the metrics and the spool go; None: not counted, not spooled
+        self._worker = worker
         self._pending: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
         self._progress = threading.Condition()
@@ -108,14 +116,40 @@ class OutcomeWriter:
                 self._progress.notify_all()
 
     def _write(self, batch: list[Pending]) -> None:
+        failures = 0
+        spooled = False
         while True:
             try:
                 with self._sessions() as session:
                     written = store.record_outcomes_written(session, [outcome for outcome, _ in batch])
                 break
             except SQLAlchemyError:
-                log.exception("writing %d job outcomes failed; retrying", len(batch))
+                if failures == 0:
+                    log.exception("writing %d job outcomes failed; retrying until the database answers", len(batch))
+                    spooled = self._spool(batch)
+                failures += 1
                 time.sleep(RETRY_DELAY_S)
+        if failures:
+            log.warning("wrote %d job outcomes after %d failed attempts", len(batch), failures)
+        if spooled:
+            self._unspool(batch)
         self._counts.add(f for outcome, f in batch if f is not None and outcome.job_id in written)
         if time.monotonic() - self._counts_sent_at >= METRICS_SEND_INTERVAL_S:
             self._send_counts()
+
+    def _spool(self, batch: list[Pending]) -> bool:
+        if self._redis is None or not self._worker:
+            return False
+        try:
+            outcome_spool.spool(self._redis, self._worker, batch)
+        except RedisError:
+            log.warning("could not spool %d outcomes to Redis either; they wait in memory", len(batch), exc_info=True)
+            return False
+        return True
+
+    def _unspool(self, batch: list[Pending]) -> None:
+        assert self._redis is not None
+        try:
+            outcome_spool.unspool(self._redis, self._worker, [outcome.job_id for outcome, _ in batch])
+        except RedisError:  # the reconciler drops the spool of this worker once it is gone
+            log.warning("could not clear %d spooled outcomes", len(batch), exc_info=True)

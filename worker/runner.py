@@ -280,13 +280,15 @@ class JobRunner:
 
     def _settle(self, running: _Running) -> None:
         outcome = running.outcome
+        # The run's clock stops before the energy meter, so the measured span (started
+        # first, stopped last) always covers the run and load it is reported beside.
+        outcome.finished_at = utcnow()
+        outcome.run_ms = int((time.perf_counter() - running.started) * 1000) - (outcome.load_ms or 0)
         measured = running.energy_stop()
         if running.spec is not None:
             self._kept.append((running.spec, running.keep_alive))
         if self._health is not None:
             self._health.record(outcome.error)
-        outcome.finished_at = utcnow()
-        outcome.run_ms = int((time.perf_counter() - running.started) * 1000) - (outcome.load_ms or 0)
         outcome.gpu_seconds, outcome.energy_j = (
             _scaled(measured.gpu_seconds, running.share),
             _scaled(measured.energy_j, running.share),

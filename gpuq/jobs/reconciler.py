@@ -13,7 +13,12 @@ conditional claim makes a duplicate queue entry harmless):
   ``IN_FLIGHT_LIMIT_S`` earlier saw it so too (``LOST_SUSPECTS_KEY``);
 * a row SQL says is ``running`` on a worker whose heartbeat has expired goes back to
   the queue, or fails once it has used up its attempts. Jobs that died together on one
-  worker are not charged the attempt and run alone next (``RUN_ALONE_KEY``).
+  worker are not charged the attempt and run alone next (``RUN_ALONE_KEY``). Before that,
+  the outcomes such a worker spooled during a database outage are written
+  (``gpuq.jobs.outcome_spool``): those jobs finished, and are not run again;
+* a row SQL says is ``running`` on a live worker that runs no execution of it and has no
+  outcome of it on the way (its claim committed but the worker never learned so) goes
+  back to the queue, uncharged, once two passes ``orphan_limit_s`` apart saw it so.
 """
 
 from __future__ import annotations
@@ -30,15 +35,19 @@ from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
+from gpuq.jobs import outcome_spool
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.queues import QueueEntry
 from gpuq.redis_keys import (
     LOST_SUSPECTS_KEY,
-    LOST_SUSPECTS_TTL_S,
+    ORPHAN_SUSPECTS_KEY,
     RUN_ALONE_KEY,
     RUN_ALONE_TTL_S,
+    SUSPECTS_TTL_S,
+    outcome_spool_key,
     rq_job_key,
     rq_queue_key,
+    rq_worker_executions_key,
     rq_worker_key,
 )
 from gpuq.stats import metrics
@@ -46,6 +55,10 @@ from gpuq.stats import metrics
 log = logging.getLogger(__name__)
 
 IN_FLIGHT_LIMIT_S = 5.0
+# A running row with no execution on its live worker, for longer than this, is orphaned.
+# It must exceed the gap between a job's end (its execution removed) and the commit of its
+# outcome, which a database outage stretches: so a worker TTL (the scheduler passes it).
+ORPHAN_LIMIT_S = 60.0
 
 
 @dataclass
@@ -53,6 +66,8 @@ class ReconcileReport:
     requeued: list[str] = field(default_factory=list)  # queued in SQL, missing in Redis
     recovered: list[str] = field(default_factory=list)  # running on a dead worker, queued again
     failed: list[str] = field(default_factory=list)  # running on a dead worker, out of attempts
+    spooled: list[str] = field(default_factory=list)  # finished on a dead worker during an outage: written
+    orphaned: list[str] = field(default_factory=list)  # running where no worker runs it, queued again
 
 
 def reconcile_once(
@@ -63,20 +78,32 @@ def reconcile_once(
     max_attempts: int,
     timeout_s: int,
     in_flight_limit_s: float = IN_FLIGHT_LIMIT_S,
+    orphan_limit_s: float = ORPHAN_LIMIT_S,
 ) -> ReconcileReport:
     report = ReconcileReport()
+    _write_spools_of_dead_workers(session, redis, report=report)
     _requeue_lost_entries(
         session, redis, grace_s=grace_s, timeout_s=timeout_s, in_flight_limit_s=in_flight_limit_s, report=report
     )
     _recover_from_dead_workers(session, redis, max_attempts=max_attempts, timeout_s=timeout_s, report=report)
-    if report.requeued or report.recovered or report.failed:
+    _requeue_orphans(session, redis, limit_s=orphan_limit_s, timeout_s=timeout_s, report=report)
+    if report.requeued or report.recovered or report.failed or report.spooled or report.orphaned:
         log.warning(
-            "reconciler: %d re-enqueued, %d recovered from dead workers, %d failed",
+            "reconciler: %d re-enqueued, %d recovered from dead workers, %d failed, "
+            "%d outcomes written from spools, %d orphans re-enqueued",
             len(report.requeued),
             len(report.recovered),
             len(report.failed),
+            len(report.spooled),
+            len(report.orphaned),
         )
     return report
+
+
+def _write_spools_of_dead_workers(session: Session, redis: Redis, *, report: ReconcileReport) -> None:
+    spooling = outcome_spool.spooling_workers(redis)
+    for worker in spooling - _live_workers(redis, spooling):
+        report.spooled.extend(outcome_spool.apply_spool(session, redis, worker))
 
 
 def _requeue_lost_entries(
@@ -98,7 +125,7 @@ def _requeue_lost_entries(
                 in_flight.append(entry)
         elif status != b"started" or worker is None or worker.decode() not in alive:
             lost.append(entry)  # no hash (Redis lost it), or ended, failed, or started by a dead worker
-    lost.extend(_long_in_flight(redis, in_flight, limit_s=in_flight_limit_s))
+    lost.extend(_persisting(redis, LOST_SUSPECTS_KEY, in_flight, limit_s=in_flight_limit_s))
     if lost:
         enqueue_jobs(redis, lost, timeout_s=timeout_s)
         report.requeued.extend(e.job_id for e in lost)
@@ -116,24 +143,24 @@ def _waiting_ids(redis: Redis, queue_names: set[bytes]) -> set[bytes]:
     return {job_id for ids in lists for job_id in ids}
 
 
-def _long_in_flight(redis: Redis, in_flight: list[QueueEntry], *, limit_s: float) -> list[QueueEntry]:
-    """Of the jobs now popped but not started, those an earlier pass saw so ``limit_s`` ago;
-    the others are remembered (with when first seen) for the next pass."""
+def _persisting(redis: Redis, key: str, candidates: list[QueueEntry], *, limit_s: float) -> list[QueueEntry]:
+    """Of the candidates of this pass, those an earlier pass saw as candidates ``limit_s``
+    ago; the others are remembered in ``key`` (with when first seen) for the next pass."""
     now = time.time()
-    seen: dict[bytes, bytes] = redis.hgetall(LOST_SUSPECTS_KEY) if in_flight else {}  # type: ignore[assignment]
+    seen: dict[bytes, bytes] = redis.hgetall(key) if candidates else {}  # type: ignore[assignment]
     overdue: list[QueueEntry] = []
     remembered: dict[FieldT, EncodableT] = {}
-    for entry in in_flight:
+    for entry in candidates:
         first_seen = float(seen.get(entry.job_id.encode(), now))
         if now - first_seen >= limit_s:
             overdue.append(entry)
         else:
             remembered[entry.job_id] = first_seen
     with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(LOST_SUSPECTS_KEY)
+        pipe.delete(key)
         if remembered:
-            pipe.hset(LOST_SUSPECTS_KEY, mapping=remembered)
-            pipe.expire(LOST_SUSPECTS_KEY, LOST_SUSPECTS_TTL_S)
+            pipe.hset(key, mapping=remembered)
+            pipe.expire(key, SUSPECTS_TTL_S)
         pipe.execute()
     return overdue
 
@@ -179,6 +206,34 @@ def _recover_from_dead_workers(
     if back:
         enqueue_jobs(redis, back, timeout_s=timeout_s)
         report.recovered.extend(e.job_id for e in back)
+
+
+def _requeue_orphans(
+    session: Session, redis: Redis, *, limit_s: float, timeout_s: int, report: ReconcileReport
+) -> None:
+    running = [job for job in store.running_jobs(session) if job.worker]
+    workers = sorted(_live_workers(redis, {job.worker for job in running if job.worker}))
+    with redis.pipeline(transaction=False) as pipe:
+        for worker in workers:
+            pipe.smembers(rq_worker_executions_key(worker))
+            pipe.hkeys(outcome_spool_key(worker))
+        replies = pipe.execute()
+    accounted: dict[str, set[str]] = {}  # worker -> jobs it runs or has an outcome of on the way
+    for worker, executions, spooled in zip(workers, replies[::2], replies[1::2], strict=True):
+        running_there = {composite.decode().split(":", 1)[0] for composite in executions}
+        accounted[worker] = running_there | {job_id.decode() for job_id in spooled}
+    orphans = [
+        job.entry for job in running if job.worker in accounted and job.entry.job_id not in accounted[job.worker]
+    ]
+    workers_of = {job.entry.job_id: job.worker for job in running}
+    back = [
+        entry
+        for entry in _persisting(redis, ORPHAN_SUSPECTS_KEY, orphans, limit_s=limit_s)
+        if store.return_to_queue(session, entry.job_id, worker=workers_of[entry.job_id], refund_attempt=True)
+    ]
+    if back:
+        enqueue_jobs(redis, back, timeout_s=timeout_s)
+        report.orphaned.extend(e.job_id for e in back)
 
 
 def _give_up(session: Session, redis: Redis, job: store.RunningJob, report: ReconcileReport) -> None:

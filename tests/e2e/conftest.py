@@ -1,4 +1,5 @@
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,15 +54,40 @@ def processes(tmp_path, database_url, redis_url) -> Iterator[GpuqProcesses]:
     procs.stop_all()
 
 
-def reconcile(processes: GpuqProcesses, *, in_flight_limit_s: float = 0.0) -> ReconcileReport:
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60.0) -> None:
+    """Polls condition until it holds; raises TimeoutError saying what never happened."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def blocked_in_blpop(redis: Redis) -> int:
+    """How many clients of this Redis database wait in BLPOP now (idle workers do)."""
+    db = redis.connection_pool.connection_kwargs.get("db", 0)
+    return sum(
+        1 for c in redis.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "") and int(c["db"]) == db
+    )
+
+
+def reconcile(
+    processes: GpuqProcesses, *, in_flight_limit_s: float = 0.0, orphan_limit_s: float = 60.0
+) -> ReconcileReport:
     """One pass of the reconciler over a running system, as `gpuq scheduler` would make
-    (by default re-enqueueing at once a job popped but not started)."""
+    (re-enqueueing at once, by default, a job popped but not started)."""
     engine = sync_engine(processes.database_url)
     redis = Redis.from_url(processes.redis_url)
     try:
         with sync_sessions(engine)() as session:
             return reconcile_once(
-                session, redis, grace_s=0, max_attempts=3, timeout_s=600, in_flight_limit_s=in_flight_limit_s
+                session,
+                redis,
+                grace_s=0,
+                max_attempts=3,
+                timeout_s=600,
+                in_flight_limit_s=in_flight_limit_s,
+                orphan_limit_s=orphan_limit_s,
             )
     finally:
         redis.close()

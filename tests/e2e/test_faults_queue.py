@@ -6,26 +6,10 @@ import time
 
 from redis import Redis
 
-from tests.e2e.conftest import reconcile
+from tests.e2e.conftest import blocked_in_blpop, reconcile, wait_until
 
 MODEL = "smollm2-135m"
 NOOP = {"kind": "noop", "model": MODEL}
-
-
-def _blocked_in_blpop(redis: Redis) -> int:
-    """How many clients of this Redis database wait in BLPOP now (idle workers do)."""
-    db = redis.connection_pool.connection_kwargs.get("db", 0)
-    return sum(
-        1 for c in redis.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "") and int(c["db"]) == db
-    )
-
-
-def _wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
 
 
 def test_a_job_popped_by_a_worker_that_froze_before_starting_it_runs_elsewhere_once(processes):
@@ -36,12 +20,12 @@ def test_a_job_popped_by_a_worker_that_froze_before_starting_it_runs_elsewhere_o
     frozen, frozen_name = processes.start_worker("frozen")
     redis = Redis.from_url(processes.redis_url)
     try:
-        _wait_until(lambda: _blocked_in_blpop(redis), "the worker never waited on its queues")
+        wait_until(lambda: blocked_in_blpop(redis), "the worker never waited on its queues")
         os.kill(frozen.popen.pid, signal.SIGSTOP)
         with processes.client(url) as client:
             job = client.submit(NOOP)
             queue_key = f"rq:queue:gpuq:{MODEL}:noop:normal"
-            _wait_until(lambda: redis.llen(queue_key) == 0, "Redis never handed the job to the frozen worker")
+            wait_until(lambda: redis.llen(queue_key) == 0, "Redis never handed the job to the frozen worker")
             assert redis.hget(f"rq:job:{job['id']}", "status") == b"queued"  # what fooled the reconciler
             assert client.job(job["id"])["status"] == "queued"
 
@@ -53,9 +37,9 @@ def test_a_job_popped_by_a_worker_that_froze_before_starting_it_runs_elsewhere_o
             done = client.wait(job["id"], timeout_s=60)
 
             # Thawed, it reads the stale reply, finds the job done and its hash gone, and waits again.
-            _wait_until(lambda: _blocked_in_blpop(redis) == 1, "the survivor never went back to its queues")
+            wait_until(lambda: blocked_in_blpop(redis) == 1, "the survivor never went back to its queues")
             os.kill(frozen.popen.pid, signal.SIGCONT)
-            _wait_until(lambda: _blocked_in_blpop(redis) == 2, "the thawed worker never went back to its queues")
+            wait_until(lambda: blocked_in_blpop(redis) == 2, "the thawed worker never went back to its queues")
             again = client.job(job["id"])
     finally:
         os.kill(frozen.popen.pid, signal.SIGCONT)
