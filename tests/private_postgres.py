@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +33,12 @@ def _binary(name: str) -> str:
 
 
 class PrivatePostgres:
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.data = directory / "pgdata"
+    """In a directory of its own under the system's temporary folder (pytest's are private
+    to root, where the ``postgres`` user cannot go); ``remove()`` deletes it."""
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="gpuq-test-postgres-"))
+        self.data = self.directory / "pgdata"
         self.port = free_port()
         self._as_postgres = os.geteuid() == 0
 
@@ -47,7 +51,6 @@ class PrivatePostgres:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def init(self) -> PrivatePostgres:
-        self.directory.mkdir(parents=True, exist_ok=True)
         if self._as_postgres:
             shutil.chown(self.directory, "postgres", "postgres")
         self._run(_binary("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
@@ -68,3 +71,11 @@ class PrivatePostgres:
 
     def stop(self) -> None:
         self._run(_binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
+
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
+    def remove(self) -> None:
+        if self.running():
+            self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)

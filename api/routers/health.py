@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 
 from api.deps import SessionDep, StateDep
 from gpuq import store
+from gpuq.errors import RETRY_AFTER_S
 
 router = APIRouter(tags=["health"])
 
@@ -30,5 +31,8 @@ async def readyz(db: SessionDep, state: StateDep) -> JSONResponse:
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"unreachable: {exc}"
-    ready = all(v == "ok" for v in checks.values())
-    return JSONResponse({"status": "ok" if ready else "unavailable", **checks}, status_code=200 if ready else 503)
+    if all(v == "ok" for v in checks.values()):
+        return JSONResponse({"status": "ok", **checks})
+    return JSONResponse(
+        {"status": "unavailable", **checks}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}
+    )

@@ -3,7 +3,6 @@ own, stopped and started again), and a claim whose acknowledgement is lost on th
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,12 +22,14 @@ LONG = {"kind": "generate", "model": MODEL, "prompt": "Count from 1 to 1000: 1, 
 
 
 @pytest.fixture
-def database(tmp_path: Path) -> Iterator[PrivatePostgres]:
-    postgres = PrivatePostgres(tmp_path / "postgres").init()
-    postgres.start()
-    migrate_and_register(postgres.url)
-    yield postgres
-    postgres.stop()
+def database() -> Iterator[PrivatePostgres]:
+    postgres = PrivatePostgres().init()
+    try:
+        postgres.start()
+        migrate_and_register(postgres.url)
+        yield postgres
+    finally:
+        postgres.remove()
 
 
 @pytest.fixture
@@ -49,7 +50,10 @@ def test_a_database_outage_loses_nothing_and_runs_nothing_twice(outage_system, d
     _api, url = processes.start_api()
     worker, worker_name = processes.start_worker()
     redis = Redis.from_url(processes.redis_url)
-    with processes.client(url) as client, httpx.Client(base_url=url, headers=client.headers) as http:
+    with (
+        processes.client(url) as client,
+        httpx.Client(base_url=url, headers={"authorization": f"Bearer {processes.admin_key}"}) as http,
+    ):
         running = client.submit(LONG | {"max_tokens": 150})
         waiting = [client.submit(NOOP)["id"] for _ in range(3)]  # the worker takes them after the generation
         wait_until(lambda: client.job(running["id"])["status"] == "running", "the generation never started")
@@ -71,9 +75,11 @@ def test_a_database_outage_loses_nothing_and_runs_nothing_twice(outage_system, d
     spool_left = _spooled(redis, worker_name)
     redis.close()
 
-    for response in during:  # JSON 503s the client may retry, on a connection that stays usable
+    read, submit, ready = during  # JSON 503s the client may retry, on a connection that stays usable
+    for response in during:
         assert response.status_code == 503 and response.headers["retry-after"] == "5", response.text
-        assert "unavailable" in response.json().get("detail", response.json().get("database", ""))
+    assert read.json()["detail"] == submit.json()["detail"] == "the database is unavailable; retry shortly"
+    assert ready.json()["status"] == "unavailable" and ready.json()["database"].startswith("unreachable")
     assert still_alive, "the worker must ride out the outage, not crash"
     assert queue_during >= 2, "jobs the worker could not claim stay in their queue, not in RQ's failed registry"
     assert done["status"] == "succeeded" and done["attempts"] == 1 and done["completion_tokens"] == 150
