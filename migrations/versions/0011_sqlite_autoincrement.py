@@ -1,5 +1,6 @@
-"""SQLite: integer ids are never reused (AUTOINCREMENT) on affinity_rules, schedules and
-schedule_runs. Without it SQLite hands a deleted row's id to the next insert when it was the
+"""SQLite: ids of affinity rules, schedules and schedule runs are never reused (AUTOINCREMENT)
+
+Without it SQLite hands a deleted row's id to the next insert when it was the
 highest, so a script holding rule 2's id could delete a different rule 2, and a new schedule
 could inherit a deleted one's run history (and its (schedule_id, fire_time) uniqueness,
 which would skip its first runs). PostgreSQL's sequences never reuse ids: nothing to do there.
