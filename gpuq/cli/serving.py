@@ -11,14 +11,17 @@ per open tab) would bury everything else, so its access log leaves out reads tha
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuq.cli.errors import stop
 
-ACCESS_LOGGER = "uvicorn.access"
+if TYPE_CHECKING:
+    import uvicorn
+
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -51,22 +54,27 @@ class QuietReads(logging.Filter):
         return True
 
 
+def server(app: Any, sock: socket.socket, *, quiet_reads: bool) -> uvicorn.Server:
+    """A uvicorn server for the app on the bound socket (``run(sockets=[sock])`` runs it), its
+    access log without successful reads when ``quiet_reads``: a filter in uvicorn's own
+    logging configuration, so nothing global is patched."""
+    import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
+
+    log_config = copy.deepcopy(LOGGING_CONFIG)
+    if quiet_reads:
+        log_config["filters"] = {"quiet_reads": {"()": QuietReads}}
+        log_config["handlers"]["access"]["filters"] = ["quiet_reads"]
+    host, port = sock.getsockname()[:2]
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", log_config=log_config))
+
+
 def serve(app: Any, sock: socket.socket, *, quiet_reads: bool) -> None:
     """Run the app on the bound socket until Ctrl-C (or SIGTERM)."""
-    import uvicorn
-
+    api = server(app, sock, quiet_reads=quiet_reads)
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, host=host, port=port, log_level="info")  # configures uvicorn's loggers
-    access = logging.getLogger(ACCESS_LOGGER)
-    quiet = QuietReads()
-    if quiet_reads:
-        access.addFilter(quiet)
-    # uvicorn announces its address only for sockets it bound itself.
     shown = f"[{host}]" if ":" in host else host
-    logging.getLogger("uvicorn.error").info(
-        "gpuq API on http://%s:%d, the dashboard at /dashboard (Ctrl-C stops)", shown, port
-    )
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        access.removeFilter(quiet)
+    # uvicorn announces its address only for sockets it bound itself.
+    announce = "gpuq API on http://%s:%d, the dashboard at /dashboard (Ctrl-C stops)"
+    logging.getLogger("uvicorn.error").info(announce, shown, port)
+    api.run(sockets=[sock])
