@@ -37,7 +37,8 @@ url_option = click.option(
 @contextmanager
 def connect(url: str) -> Iterator[GpuqClient]:
     """A client sending GPUQ_API_KEY, or the admin key `gpuq up` saved in the data directory.
-    An API refusal, or an API that cannot be reached, ends the command with one line on stderr."""
+    An API that cannot be reached, or a refusal for want of a key, ends the command with a line
+    that says where to look; other refusals end it as every failure does (errors.py)."""
     from gpuq.auth.admin_key import cli_api_key, key_file
     from gpuq.settings import get_settings
 
@@ -52,7 +53,7 @@ def connect(url: str) -> Iterator[GpuqClient]:
                 f"no API key: set GPUQ_API_KEY, or run this where `gpuq up` saved its admin key "
                 f"({key_file(settings.data_dir).resolve()} does not exist)"
             ) from None
-        raise CommandFailed(f"{exc.detail} (HTTP {exc.status})") from None
+        raise  # any other refusal: its detail and status, as errors.py words it
     except httpx.TransportError as exc:
         raise unreachable(url, exc) from None
     finally:
