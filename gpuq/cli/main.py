@@ -4,31 +4,30 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 import click
 
 from gpuq.cli import batches, db, jobs, models, processes
 from gpuq.cli.admin import admin
+from gpuq.cli.errors import GpuqGroup
 from gpuq.cli.keys import keys
 from gpuq.cli.rules import rules
 from gpuq.cli.schedules import schedules
-from gpuq.settings import UnknownSettingError, refuse_unknown_variables
+from gpuq.settings import refuse_unknown_variables
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True, help="debug logging")
-def main(verbose: bool) -> None:
+@click.group(cls=GpuqGroup)
+@click.option("-v", "--verbose", is_flag=True, help="debug logging, and the traceback of an unexpected error")
+@click.option("--url", default=None, help="gpuq API address for client commands (default GPUQ_API_URL)")
+def main(verbose: bool, url: str | None) -> None:
     """gpuq: durable priority queues for LLM generation and embedding jobs on GPUs."""
-    try:
-        refuse_unknown_variables(os.environ)  # before any command quietly runs on a default
-    except UnknownSettingError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    refuse_unknown_variables(os.environ)  # before any command quietly runs on a default
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    quiet = logging.DEBUG if verbose else logging.WARNING
+    logging.getLogger("httpx").setLevel(quiet)
+    logging.getLogger("alembic.runtime.plugins").setLevel(quiet)  # a line per plugin at each start
 
 
 for command in (
