@@ -10,12 +10,12 @@ from gpuq.settings import Settings, UnknownSettingError, refuse_unknown_variable
 
 def test_a_misspelled_variable_is_refused_with_the_closest_known_name(monkeypatch):
     monkeypatch.setenv("GPUQ_DATABSE_URL", "postgresql://db/gpuq")
-    with pytest.raises(UnknownSettingError, match="GPUQ_DATABSE_URL.*did you mean GPUQ_DATABASE_URL"):
+    with pytest.raises(UnknownSettingError, match=r"GPUQ_DATABSE_URL.*did you mean GPUQ_DATABASE_URL"):
         Settings()
 
 
 def test_a_variable_like_no_setting_points_to_the_readme():
-    with pytest.raises(UnknownSettingError, match="GPUQ_FROBNICATE.*README"):
+    with pytest.raises(UnknownSettingError, match=r"GPUQ_FROBNICATE.*README"):
         refuse_unknown_variables({"GPUQ_FROBNICATE": "1"})
 
 
