@@ -141,6 +141,11 @@ def _tokenizer(model: Model) -> VocabTokenizer:
         ) from None
 
 
+# A retry with an idempotency key that a concurrent request inserted first gets that
+# request's job, as a sequential retry does; a request racing again and again is refused.
+IDEMPOTENT_INSERT_ATTEMPTS = 3
+
+
 async def submit_jobs(
     db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int, caller: Caller
 ) -> list[Accepted]:
@@ -152,30 +157,39 @@ async def submit_jobs(
     fleet = await db.run_sync(load_fleet)
     for i, spec in enumerate(specs):
         check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
-    earlier = await _earlier_jobs(db, specs, caller.owner)
-    new = [
-        store.NewJob(
-            id=store.new_job_id(),
-            kind=s.kind.value,
-            model=s.model,
-            priority=s.priority,
-            request=s.request,
-            request_hash=s.request_hash,
-            idempotency_key=s.idempotency_key,
-            prompt_tokens=n,
-            owner=caller.owner,
-            api_key_id=caller.key_id,
-        )
-        for s, n in zip(specs, prompt_tokens, strict=True)
-        if s.idempotency_key is None or s.idempotency_key not in earlier
-    ]
-    created = iter(await _insert_then_enqueue(db, redis, new, timeout_s=timeout_s) if new else [])
-    return [
-        Accepted(earlier[s.idempotency_key], created=False)
-        if s.idempotency_key is not None and s.idempotency_key in earlier
-        else Accepted(next(created), created=True)
-        for s in specs
-    ]
+    for _attempt in range(IDEMPOTENT_INSERT_ATTEMPTS):
+        earlier = await _earlier_jobs(db, specs, caller.owner)
+        new = [
+            store.NewJob(
+                id=store.new_job_id(),
+                kind=s.kind.value,
+                model=s.model,
+                priority=s.priority,
+                request=s.request,
+                request_hash=s.request_hash,
+                idempotency_key=s.idempotency_key,
+                prompt_tokens=n,
+                owner=caller.owner,
+                api_key_id=caller.key_id,
+            )
+            for s, n in zip(specs, prompt_tokens, strict=True)
+            if s.idempotency_key is None or s.idempotency_key not in earlier
+        ]
+        try:
+            created = iter(await _insert_then_enqueue(db, redis, new, timeout_s=timeout_s) if new else [])
+        except _RacedOnIdempotencyKey:
+            continue  # a concurrent request committed one of these keys first: its job is the answer
+        return [
+            Accepted(earlier[s.idempotency_key], created=False)
+            if s.idempotency_key is not None and s.idempotency_key in earlier
+            else Accepted(next(created), created=True)
+            for s in specs
+        ]
+    raise RequestError(409, "an idempotency_key in this request keeps being taken by concurrent requests; retry")
+
+
+class _RacedOnIdempotencyKey(Exception):
+    """The insert lost a race on an idempotency key's unique index (nothing was written)."""
 
 
 async def _earlier_jobs(db: AsyncSession, specs: Sequence[JobSpec], owner: str) -> dict[str, Job]:
@@ -200,10 +214,10 @@ async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.N
     try:
         jobs = await db.run_sync(store.insert_jobs, new)
     except IntegrityError:
+        # The other request's row is committed by now (PostgreSQL makes this insert wait for
+        # it; SQLite writes one at a time), so reading the keys again finds it.
         await db.rollback()
-        raise RequestError(
-            409, "an idempotency_key in this request was used by a concurrent request; retry to get its job"
-        ) from None
+        raise _RacedOnIdempotencyKey from None
     entries = [QueueEntry.of(n) for n in new]
     try:
         await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))

@@ -1,5 +1,7 @@
 """Submitting, reading, listing and cancelling jobs over HTTP, against real SQL and Redis."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from tests.api.conftest import queued_ids, redis_job_keys
@@ -47,6 +49,17 @@ def test_the_same_idempotency_key_returns_the_first_job_and_a_different_body_is_
     assert (first.status_code, again.status_code) == (202, 200)
     assert again.json()["id"] == first.json()["id"]
     assert other.status_code == 409 and "already used for a different request" in other.json()["detail"]
+    assert len(job_rows()) == 1 and len(redis_job_keys(redis)) == 1
+
+
+@both_databases
+def test_concurrent_retries_with_one_idempotency_key_all_get_the_first_job(client, redis, job_rows):
+    noop = {"kind": "noop", "model": MODEL}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        sent = pool.map(lambda _: client.post("/v1/jobs", json=noop, headers={"Idempotency-Key": "storm-1"}), range(8))
+        responses = list(sent)
+    assert sorted(r.status_code for r in responses) == [200] * 7 + [202], [r.text for r in responses]
+    assert len({r.json()["id"] for r in responses}) == 1
     assert len(job_rows()) == 1 and len(redis_job_keys(redis)) == 1
 
 
