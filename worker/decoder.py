@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 N_BATCH = 512  # tokens per llama_decode at most, as Llama's default
@@ -61,6 +63,14 @@ class Sampling:
             repeat_penalty=request.get("repeat_penalty") or defaults.repeat_penalty,
             seed=request.get("seed"),
         )
+
+
+class DamagedModel(RuntimeError):
+    """The model computed NaN or infinite numbers: its weights are damaged (a file whose
+    header is fine but whose tensors are not). Its job fails; nothing non-finite is stored."""
+
+
+DAMAGED_LOGITS = "the model produced non-finite logits (NaN or infinity): its weights are damaged"
 
 
 class DecodeError(RuntimeError):
@@ -285,6 +295,11 @@ class BatchDecoder:
 
     def _sample(self, seq: _Sequence) -> Finished | None:
         """create_completion's loop body for one token: EOS, stop strings, length."""
+        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, seq.logits_at)
+        if not np.isfinite(np.ctypeslib.as_array(logits, shape=(self._n_vocab,))).all():
+            # NaN logits would sample some token (often end-of-text): an empty "success".
+            self._remove(seq)
+            return Finished(seq.key, error=DAMAGED_LOGITS)
         token = self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, seq.logits_at)
         seq.logits_at = -1
         if self._llama.llama_vocab_is_eog(self._model.vocab, token):

@@ -7,11 +7,12 @@ in place before CUDA is first touched.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
-from worker.decoder import BatchDecoder, Generation, Sampling
+from worker.decoder import BatchDecoder, DamagedModel, Generation, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
 
@@ -116,7 +117,9 @@ class LoadedModel:
 
 
 def _normalise(vector: list[float]) -> list[float]:
-    norm = sum(x * x for x in vector) ** 0.5
+    if not all(math.isfinite(x) for x in vector):
+        raise DamagedModel("the model produced a non-finite embedding (NaN or infinity): its weights are damaged")
+    norm = math.sqrt(sum(x * x for x in vector))
     return [x / norm for x in vector] if norm > 0 else vector
 
 

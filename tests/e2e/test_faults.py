@@ -1,6 +1,7 @@
 """Priority order and the failures a job system must survive, on real processes."""
 
 import os
+import shutil
 import threading
 import time
 
@@ -100,6 +101,34 @@ def test_a_model_file_that_fails_to_load_fails_its_job_and_the_worker_carries_on
         fine = client.wait(client.submit({"kind": "generate", "model": MODEL, "prompt": "hi", "max_tokens": 4})["id"])
     assert failed["status"] == "failed" and "fragile.gguf" in failed["error"]
     assert after["status"] == fine["status"] == "succeeded"
+
+
+def _damaged_copy(model_path: str, target) -> None:
+    """The bundled model with its header intact and every tensor byte 0xFF: f16 scales of
+    0xFFFF are NaN, so every weight is, as after a corrupted download or disk."""
+    import gguf
+
+    shutil.copyfile(model_path, target)
+    data_start = min(t.data_offset for t in gguf.GGUFReader(target).tensors)
+    with open(target, "r+b") as f:
+        f.seek(data_start)
+        f.write(b"\xff" * (os.path.getsize(target) - data_start))
+
+
+def test_a_model_whose_weights_are_damaged_fails_its_jobs_with_the_reason(processes, model_path):
+    _damaged_copy(model_path, processes.workdir / "models" / "damaged.gguf")
+    _api, url = processes.start_api()
+    processes.start_worker()
+    with processes.client(url) as client:
+        client.register_model({"name": "damaged", "path": "damaged.gguf", "kinds": ["generate", "embed"]})
+        generate = client.submit({"kind": "generate", "model": "damaged", "prompt": "Hello", "max_tokens": 8})
+        embed = client.submit({"kind": "embed", "model": "damaged", "input": ["one text", "another"]})
+        failed = [client.wait(generate["id"]), client.wait(embed["id"])]
+        fine = client.wait(client.submit({"kind": "generate", "model": MODEL, "prompt": "hi", "max_tokens": 4})["id"])
+    for job in failed:  # not an empty "success", not NaN vectors stored as invalid JSON
+        assert job["status"] == "failed" and "weights are damaged" in job["error"], job
+        assert job["result"] is None
+    assert fine["status"] == "succeeded" and fine["completion_tokens"] > 0
 
 
 def test_a_sigterm_lets_the_running_job_finish_before_the_worker_exits(processes):
