@@ -53,7 +53,8 @@ def api(host: str | None, port: int | None) -> None:
 @click.option("--gpus", default=None, help="comma-separated GPU UUIDs to pin to (sets CUDA_VISIBLE_DEVICES)")
 @click.option("--model", "models", multiple=True, help="serve only these models (default: all registered)")
 @click.option("--burst", is_flag=True, help="exit when the queues are empty")
-def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) -> None:
+@click.option("--gpu-share", default=1, show_default=True, help="workers sharing these GPUs (each budgets its share)")
+def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool, gpu_share: int) -> None:
     """Run one worker: pulls jobs from Redis, runs them with llama.cpp, writes results to SQL."""
     from worker.device import pin_to_gpus
 
@@ -61,7 +62,7 @@ def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) ->
         pin_to_gpus([g.strip() for g in gpus.split(",") if g.strip()])
     from worker.main import run_worker  # imports llama.cpp, after pinning
 
-    run_worker(get_settings(), slot=slot, models=list(models) or None, burst=burst)
+    run_worker(get_settings(), slot=slot, models=list(models) or None, burst=burst, gpu_share=max(1, gpu_share))
 
 
 @click.command()

@@ -121,6 +121,10 @@ def simulated_inventory(host: str, sizes_gib: list[float]) -> Inventory:
     return Inventory(host, "simulated", tuple(gpus))
 
 
+def is_mig_uuid(uuid: str) -> bool:
+    return uuid.startswith(MIG_UUID_PREFIX)
+
+
 # ---------------------------------------------------------------- NVML
 
 
@@ -232,6 +236,38 @@ def _uuid_if_readable(pynvml: Any, index: int) -> str | None:
         return _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index)))
     except pynvml.NVMLError:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReading:
+    total_mib: int
+    free_mib: int
+
+    @property
+    def used_mib(self) -> int:
+        return self.total_mib - self.free_mib
+
+
+def nvml_memory(gpu_uuids: Sequence[str]) -> list[MemoryReading] | None:
+    """The memory of these GPUs (or MIG devices) now, in their order; None when NVML cannot
+    read every one of them (no driver, a lost GPU)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        readings = []
+        for uuid in gpu_uuids:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+            readings.append(MemoryReading(int(memory.total // MIB), int(memory.free // MIB)))
+        return readings
+    except pynvml.NVMLError as exc:
+        log.warning("NVML cannot read the memory of %s: %s", ",".join(gpu_uuids), exc)
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 # ---------------------------------------------------------------- CUDA_VISIBLE_DEVICES
