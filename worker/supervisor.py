@@ -144,6 +144,7 @@ class Supervisor:
     slots_per_gpu: int = 1
     cpu_workers: int = 1
     backoff_start_s: float = BACKOFF_START_S
+    telemetry_interval_s: float = TELEMETRY_INTERVAL_S
     children: list[Child] = field(default_factory=list)
     _retired: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -288,7 +289,9 @@ class Supervisor:
 
     def publish_telemetry(self, readings: tuple[tuple[GpuInfo, ...], dict[str, list[str]]] | None = None) -> None:
         fresh, loaded = readings or self.read_gpus()
-        telemetry.publish(self.redis, fresh, loaded=loaded)
+        read = {g.uuid for g in fresh}
+        absent = [g.uuid for g in self.inventory.gpus if g.uuid not in read]
+        telemetry.publish(self.redis, fresh, loaded=loaded, absent=absent)
 
     def record_samples(self, gpus: Sequence[GpuInfo]) -> None:
         """History in SQL: a row per GPU now, and rows past the retention deleted (cheap: an
@@ -329,7 +332,7 @@ class Supervisor:
             try:
                 readings = self.read_gpus()
                 if telemetry_due:
-                    next_telemetry = now + TELEMETRY_INTERVAL_S
+                    next_telemetry = now + self.telemetry_interval_s
                     self.publish_telemetry(readings)
                     if self.inventory.gpus:
                         self.plan_groups()

@@ -67,3 +67,14 @@ def test_the_estimate_counts_the_slots_the_gpu_workers_run(client, settings, mod
     assert client.post("/v1/models", json=body).json()["vram_estimate_mib"] == 1038
     measured = client.post("/v1/models", json=body | {"vram_mib": 700}).json()
     assert (measured["vram_estimate_mib"], measured["vram_mib"]) == (1038, 700)
+
+
+@pytest.mark.parametrize("cut", [4, -100])  # the magic alone; a download that stopped short
+def test_a_truncated_gguf_is_a_422_that_says_so_and_registers_nothing(client, settings, model_path, cut):
+    whole = open(model_path, "rb").read()  # noqa: SIM115
+    (settings.models_dir / "cut.gguf").write_bytes(whole[:cut])
+    response = client.post("/v1/models", json={"name": "cut", "path": "cut.gguf"})
+    assert response.status_code == 422, response.text
+    assert "cannot be read as GGUF: it is truncated or corrupt" in response.json()["detail"]
+    assert response.json()["error"]["message"] == response.json()["detail"]
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smollm2-135m"]
