@@ -28,7 +28,7 @@ def test_a_cpu_build_of_llama_cpp_is_refused_for_a_pinned_worker(nvml, pinned):
 
 def test_llama_cpp_seeing_fewer_gpus_than_pinned_is_refused(nvml, pinned):
     pinned(gpu_uuid(0), gpu_uuid(1))
-    with pytest.raises(DeviceUnusable, match="llama.cpp sees 1 GPU"):
+    with pytest.raises(DeviceUnusable, match=r"llama\.cpp sees 1 GPU"):
         detect_device(gpu_devices=lambda: 1)  # CUDA opened one of the two
     assert detect_device(gpu_devices=lambda: 2).label == f"cuda:{gpu_uuid(0)},{gpu_uuid(1)}"
 

@@ -75,5 +75,5 @@ def test_truncated_or_corrupt_files_are_refused_with_a_sentence_not_the_parsers_
 def test_a_header_without_the_counts_an_estimate_needs_is_refused(tmp_path):
     path = tmp_path / "headless.gguf"
     write_gguf(path, head_count_kv=KV_HEADS, with_required=False)
-    with pytest.raises(NotAGgufFile, match="lacks GGUF metadata an estimate needs: openelm.block_count"):
+    with pytest.raises(NotAGgufFile, match=r"lacks GGUF metadata an estimate needs: openelm\.block_count"):
         read_metadata(path)
