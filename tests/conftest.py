@@ -301,7 +301,7 @@ def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def nvml(nvml_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlStandin:
     """NVML answering through the stand-in, with two GPUs (80 and 24 GiB; change ``gpus`` and
-    ``write()``): in this process, and in processes started with ``nvml.env``."""
+    ``write()``): in this process, and in the processes it starts (they inherit ``nvml.env``)."""
     standin = NvmlStandin(nvml_library, tmp_path / "nvml-inventory.txt", log=tmp_path / "nvml-calls.log")
     standin.gpus = [
         StandinGpu(gpu_uuid(0), "NVIDIA A100-SXM4-80GB", memory_mib=81920, power_w=100.0, temp=41, util=5, cc="8.0"),
@@ -309,8 +309,7 @@ def nvml(nvml_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     ]
     standin.write()
     for name, value in standin.env.items():
-        if name != "LD_LIBRARY_PATH":  # read by the dynamic linker at start only: this process loads it below
-            monkeypatch.setenv(name, value)
+        monkeypatch.setenv(name, value)  # LD_LIBRARY_PATH reaches child processes; this one loads it below
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     load_in_this_process(nvml_library)
     return standin
