@@ -159,3 +159,12 @@ def test_clearing_an_unhealthy_gpu(client, fleet, session, redis):
     assert health.too_small_models(redis, (uuid,)) == set()
     assert health.too_small_models(redis, (fleet.gpus[1].uuid,)) == {"big-model"}
     assert client.post("/v1/gpus/GPU-missing/clear").status_code == 404
+
+
+def test_a_rule_may_name_a_mig_device_by_its_uuid(client, fleet):
+    mig = "MIG-5eed0000-0001-4000-8000-000000000001"
+    response = client.post("/v1/affinity-rules", json={"model_pattern": MODEL, "effect": "allow", "gpu_uuids": [mig]})
+    assert response.status_code == 201, response.text
+    assert response.json()["rule"]["gpu_uuids"] == [mig]
+    refused = client.post("/v1/affinity-rules", json={"model_pattern": MODEL, "effect": "allow", "gpu_uuids": ["0"]})
+    assert refused.status_code == 422
