@@ -6,7 +6,6 @@ workers' offload check is switched off (GPUQ_WORKER_OFFLOAD_CHECK=false) except 
 test is that check."""
 
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ from rq.worker import Worker
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
+from tests.e2e.conftest import environ, until
 from tests.metrics_parsing import samples, value
 from tests.nvml_standin import gpu_uuid
 
@@ -27,21 +27,6 @@ FAST = {
     "GPUQ_GPU_SAMPLE_INTERVAL_S": "1",
 }
 POWER_W = {gpu_uuid(0): 100.0, gpu_uuid(1): 30.0}  # the stand-in's defaults (tests/conftest.py)
-
-
-def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-
-
-def until(what, check, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} did not happen within {timeout_s:.0f} s")
 
 
 def by_uuid(client) -> dict:
