@@ -6,7 +6,7 @@ further GPU) until they are registered again; their estimate gains the 201 MiB o
 the old formula missed, so placement does not keep planning with the smaller figure.
 
 Revision ID: 0014_vram_per_gpu
-Revises: 0009_energy_share
+Revises: 0011_sqlite_autoincrement
 Create Date: 2026-12-01
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014_vram_per_gpu"
-down_revision = "0009_energy_share"
+down_revision = "0011_sqlite_autoincrement"
 branch_labels = None
 depends_on = None
 
