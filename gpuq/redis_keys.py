@@ -123,8 +123,9 @@ def gpu_telemetry_key(uuid: str) -> str:
 
 
 def too_small_key(gpu_uuid: str) -> str:
-    """Models that ran out of memory loading on this GPU even alone (a set)."""
-    return f"{PREFIX}:too-small:{gpu_uuid}"
+    """Models that ran out of memory loading on this GPU even alone: a sorted set, each model
+    scored by the Unix time its mark ends (``gpuq/fleet/health.py``)."""
+    return f"{PREFIX}:too-small-until:{gpu_uuid}"
 
 
 def drained_hosts_key() -> str:

@@ -59,6 +59,12 @@ class Settings(BaseSettings):
         30.0, gt=0, description="how often a supervisor writes its GPUs' telemetry to SQL (gpu_samples)"
     )
     gpu_sample_retention_days: float = Field(30.0, gt=0, description="gpu_samples older than this are deleted")
+    gpu_too_small_ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a GPU that ran out of memory loading a model with nothing else on it skips that model this "
+        "long (POST /v1/gpus/{uuid}/clear ends it sooner)",
+    )
     energy_sample_interval_s: float = Field(
         0.5, gt=0, description="power sampling period on GPUs without NVML's energy counter"
     )
@@ -68,6 +74,11 @@ class Settings(BaseSettings):
 
     worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
     worker_max_loaded_models: int = Field(2, ge=1)
+    worker_offload_check: bool = Field(
+        True,
+        description="a worker pinned to GPUs refuses to start (and marks them unhealthy) unless llama.cpp can "
+        "offload to every one; false only for tests with the NVML stand-in, where llama.cpp runs on the CPU",
+    )
     worker_slots: int = Field(
         0,
         ge=0,

@@ -37,6 +37,7 @@ from gpuq.db.tables import Role
 from gpuq.local.redis_server import PrivateRedis
 from gpuq.registry.bundled import require_bundled_model_path
 from gpuq.registry.models import register_bundled_model
+from tests.nvml_standin import NvmlStandin, StandinGpu, build, gpu_uuid, load_in_this_process
 
 POSTGRES_URL = os.environ.get("GPUQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("GPUQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -289,3 +290,26 @@ def make_key(database_url: str) -> Iterator:  # type: ignore[type-arg]
 @pytest.fixture
 def admin_key(make_key) -> str:  # type: ignore[no-untyped-def]
     return make_key("admin", "admin")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The NVML stand-in (tests/nvml_standin), compiled once per session."""
+    return build(tmp_path_factory.mktemp("nvml-standin"))
+
+
+@pytest.fixture
+def nvml(nvml_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlStandin:
+    """NVML answering through the stand-in, with two GPUs (80 and 24 GiB; change ``gpus`` and
+    ``write()``): in this process, and in the processes it starts (they inherit ``nvml.env``)."""
+    standin = NvmlStandin(nvml_library, tmp_path / "nvml-inventory.txt", log=tmp_path / "nvml-calls.log")
+    standin.gpus = [
+        StandinGpu(gpu_uuid(0), "NVIDIA A100-SXM4-80GB", memory_mib=81920, power_w=100.0, temp=41, util=5, cc="8.0"),
+        StandinGpu(gpu_uuid(1), "NVIDIA L4", memory_mib=23034, power_w=30.0, temp=38, util=0, cc="8.9"),
+    ]
+    standin.write()
+    for name, value in standin.env.items():
+        monkeypatch.setenv(name, value)  # LD_LIBRARY_PATH reaches child processes; this one loads it below
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    load_in_this_process(nvml_library)
+    return standin

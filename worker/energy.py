@@ -17,8 +17,10 @@ the job cost. A GPU shared by several workers (``--slots-per-gpu``) reports the 
 GPU's energy to each job that overlaps, which is what NVML can tell.
 
 On the CPU or a simulated GPU there is nothing to measure: no meter is made and both
-figures stay null on the job row, never invented. If NVML fails during a job, the energy
-is null and ``gpu_seconds`` (known from the clock) is still recorded.
+figures stay null on the job row, never invented. A MIG device has neither reading (NVML
+reports energy and power for the whole GPU, shared by its MIG devices): its jobs get
+``gpu_seconds`` and no energy. If NVML fails during a job, the energy is null and
+``gpu_seconds`` (known from the clock) is still recorded.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class EnergySource(Protocol):
     """One GPU's raw readings: NVML on a real GPU (tests use a simulated stand-in)."""
 
     has_counter: bool  # whether energy_mj() works on this GPU
+    has_power: bool  # whether power_mw() does
 
     def energy_mj(self) -> int:
         """Energy consumed since some fixed point, in millijoules (a monotonic counter)."""
@@ -107,13 +110,13 @@ class JobEnergy:
     def __init__(self, sources: Sequence[EnergySource], interval_s: float, clock: Clock) -> None:
         self._sources = sources
         self._clock = clock
-        self._failed = False
         self._counted = [s for s in sources if s.has_counter]
-        sampled = [s for s in sources if not s.has_counter]
+        sampled = [s for s in sources if not s.has_counter and s.has_power]
+        self._failed = any(not (s.has_counter or s.has_power) for s in sources)  # energy unknowable: time only
         self._started = clock()
         self._counters_at_start = self._read_counters()
         self._integrator: _PowerIntegrator | None = None
-        if sampled:
+        if sampled and not self._failed:
             try:
                 self._integrator = _PowerIntegrator(sampled, interval_s, clock)
             except Exception:
@@ -170,11 +173,15 @@ class NvmlEnergySource:
     def __init__(self, pynvml: Any, uuid: str) -> None:
         self._nvml = pynvml
         self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        self.has_counter = self._answers(pynvml.nvmlDeviceGetTotalEnergyConsumption)
+        self.has_power = self.has_counter or self._answers(pynvml.nvmlDeviceGetPowerUsage)
+
+    def _answers(self, read: Any) -> bool:
         try:
-            pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
-            self.has_counter = True
-        except pynvml.NVMLError:  # NotSupported before Volta, FunctionNotFound on old drivers
-            self.has_counter = False
+            read(self._handle)
+            return True
+        except self._nvml.NVMLError:  # NotSupported (before Volta, on a MIG device), FunctionNotFound (old drivers)
+            return False
 
     def energy_mj(self) -> int:
         return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
@@ -195,6 +202,8 @@ def energy_meter_for(device: Device, *, sample_interval_s: float = DEFAULT_SAMPL
     except Exception:
         log.warning("NVML cannot read this worker's GPUs; job energy will not be recorded", exc_info=True)
         return None
-    how = ", ".join("energy counter" if s.has_counter else "power sampling" for s in sources)
+    how = ", ".join(
+        "energy counter" if s.has_counter else "power sampling" if s.has_power else "no energy reading" for s in sources
+    )
     log.info("measuring job energy through NVML (%s)", how)
     return EnergyMeter(sources, sample_interval_s=sample_interval_s)

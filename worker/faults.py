@@ -1,23 +1,30 @@
 """Recognising GPU faults in llama.cpp's errors, and counting them per GPU.
 
 * Out of memory while loading: the runner evicts everything and retries once, then hands
-  the job back for another GPU and marks this GPU as too small for that model.
+  the job back for another GPU. Why it ran out decides what else happens. If other
+  processes hold memory on the GPU (another program, a sibling worker of
+  ``--slots-per-gpu``, a group worker sharing it), the shortage is temporary: this worker
+  steps back from the model for ``BUSY_STEP_BACK_S`` on its own, and nothing is marked.
+  If the GPU was otherwise empty, the model does not fit it: the GPU is marked too small
+  for the model, for every worker, for ``GPUQ_GPU_TOO_SMALL_TTL_S`` (``gpuq/fleet/health.py``).
 * Repeated CUDA errors: after ``threshold`` jobs in a row fail with one, the worker's GPU
   is marked unhealthy in SQL and the worker stops taking jobs until an admin clears it.
+  (A CUDA error that aborts the process is counted by the supervisor instead.)
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
-from typing import cast
 
 from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
+from gpuq.fleet import health
 from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs
-from gpuq.redis_keys import too_small_key
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +38,10 @@ OUT_OF_MEMORY_MARKERS = (
     "failed to create llama_context",
 )
 DEFAULT_CUDA_ERROR_THRESHOLD = 3
+BUSY_STEP_BACK_S = 30.0
+# Memory others may hold on a GPU before an out of memory is blamed on them rather than on
+# the model: above what the driver and the odd monitoring tool take.
+OTHERS_SLACK_MIB = 512
 
 
 class HandBack(Exception):
@@ -65,31 +76,56 @@ class GpuHealth:
             self._mark_unhealthy(reason)
 
 
-def too_small_models(redis: Redis, gpu_uuids: tuple[str, ...]) -> set[str]:
-    """Models learned not to fit (one of) these GPUs; the worker stops serving them."""
-    if not gpu_uuids:
-        return set()
-    # Replies are bytes (no client sets decode_responses); redis-py types them bytes | str.
-    return {m.decode() for m in cast(set[bytes], redis.sunion([too_small_key(u) for u in gpu_uuids]))}
+class StepBack:
+    """Models this worker leaves alone for a while (its catalog skips them), in this process only."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, model: str, seconds: float) -> None:
+        with self._lock:
+            self._until[model] = self._clock() + seconds
+
+    def models(self) -> set[str]:
+        now = self._clock()
+        with self._lock:
+            self._until = {m: t for m, t in self._until.items() if t > now}
+            return set(self._until)
+
+
+OthersHold = Callable[[], int | None]  # MiB others hold on the worker's GPUs now; None: unknown
 
 
 def hand_back_to_queue(
-    sessions: sessionmaker[Session], redis: Redis, *, worker: str, gpu_uuids: tuple[str, ...], timeout_s: int
+    sessions: sessionmaker[Session],
+    redis: Redis,
+    *,
+    worker: str,
+    gpu_uuids: tuple[str, ...],
+    timeout_s: int,
+    too_small_ttl_s: float,
+    others_hold: OthersHold = lambda: None,
+    step_back: StepBack | None = None,
 ) -> Callable[[store.ClaimedJob, str], None]:
-    """The runner's hand-back: the job returns to its queue (SQL first, then Redis) and this
-    GPU is marked too small for the model, so the next worker to take it is another one."""
+    """The runner's hand-back: the job returns to its queue (SQL first, then Redis), and
+    either this worker steps back from the model (others hold the GPU's memory) or the GPU
+    is marked too small for it (it was otherwise empty), so that another GPU takes it."""
 
     def hand_back(job: store.ClaimedJob, reason: str) -> None:
-        with redis.pipeline(transaction=False) as pipe:
-            for uuid in gpu_uuids:
-                pipe.sadd(too_small_key(uuid), job.model)
-            pipe.execute()
+        held = others_hold()
+        if held is not None and held > OTHERS_SLACK_MIB:
+            verdict = f"the GPU is busy ({held} MiB held by others): stepping back from {job.model} for a while"
+            if step_back is not None:
+                step_back.add(job.model, BUSY_STEP_BACK_S)
+        else:
+            verdict = f"{','.join(gpu_uuids)} marked too small for {job.model} for {too_small_ttl_s:.0f} s"
+            health.mark_too_small(redis, gpu_uuids, job.model, ttl_s=too_small_ttl_s)
         with sessions() as session:
             if not store.return_to_queue(session, job.id, worker=worker):
                 return
         enqueue_jobs(redis, [QueueEntry.of(job)], timeout_s=timeout_s)
-        log.warning(
-            "job %s handed back (%s); %s marked too small for %s", job.id, reason, ",".join(gpu_uuids), job.model
-        )
+        log.warning("job %s handed back (%s); %s", job.id, reason, verdict)
 
     return hand_back

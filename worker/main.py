@@ -8,17 +8,18 @@ import secrets
 import socket
 
 from redis import Redis
+from sqlalchemy.orm import Session, sessionmaker
 
-from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.fleet.gpus import nvml_inventory
+from gpuq.fleet import health
 from gpuq.settings import Settings
 from gpuq.stats import metrics
 from worker.catalog import ModelCatalog
-from worker.device import detect_device
+from worker.device import EXIT_DEVICE_UNUSABLE, Device, DeviceUnusable, detect_device
 from worker.energy import energy_meter_for
 from worker.engine import LoadedModel
-from worker.faults import GpuHealth, hand_back_to_queue, too_small_models
+from worker.faults import GpuHealth, StepBack, hand_back_to_queue
+from worker.gpu_memory import GpuMemory
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
@@ -31,52 +32,69 @@ def worker_name(slot: str) -> str:
     return f"{socket.gethostname()}.{slot}.{os.getpid()}.{secrets.token_hex(2)}"
 
 
-def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | None = None, burst: bool = False) -> None:
-    device = detect_device()
-    redis = Redis.from_url(settings.require_redis_url())
+def device_or_refuse(settings: Settings, sessions: sessionmaker[Session]) -> Device:
+    """The device this worker runs on. A worker pinned to GPUs it cannot use marks them
+    unhealthy with the reason and exits (``EXIT_DEVICE_UNUSABLE``), never running on the CPU."""
+    try:
+        return detect_device(check_offload=settings.worker_offload_check)
+    except DeviceUnusable as exc:
+        log.error("refusing to start on %s: %s", ",".join(exc.gpu_uuids), exc)
+        health.mark_unhealthy(sessions, exc.gpu_uuids, f"a worker could not run on it: {exc}")
+        raise SystemExit(EXIT_DEVICE_UNUSABLE) from None
+
+
+def run_worker(
+    settings: Settings,
+    *,
+    slot: str = "cpu",
+    models: list[str] | None = None,
+    burst: bool = False,
+    gpu_share: int = 1,
+) -> None:
+    """One worker until it is told to stop; ``gpu_share`` workers share its GPUs (each budgets
+    that share of their memory)."""
     sessions = sync_sessions(sync_engine(settings.database_url))
+    device = device_or_refuse(settings, sessions)
+    redis = Redis.from_url(settings.require_redis_url())
+    memory = GpuMemory(device.gpu_uuids)
 
     def load(spec: ModelSpec) -> LoadedModel:
-        return LoadedModel(
+        group = catalog.slot is not None and len(catalog.slot.targets) > 1 and device.on_gpu
+        totals = [t.memory_total_mib for t in catalog.slot.targets] if catalog.slot is not None else []
+        loaded = LoadedModel(
             spec.path,
             n_ctx=spec.n_ctx,
             embedding=spec.embedding,
             threads=settings.llama_threads,
             gpu_layers=device.gpu_layers,
-            tensor_split=tensor_split(),
+            tensor_split=memory.tensor_split(spec, totals) if group else None,
             slots=settings.slots_for(on_gpu=device.on_gpu),
         )
+        memory.cuda_started = device.on_gpu
+        return loaded
 
-    def tensor_split() -> list[float] | None:
-        """For a GPU group: proportional to each GPU's free memory now (NVML), so each
-        holds its share; total memory when NVML cannot say."""
-        slot = catalog.slot
-        if slot is None or len(slot.targets) < 2 or not device.on_gpu:
-            return None
-        live = nvml_inventory(socket.gethostname())
-        return [
-            float(gpu.memory_free_mib if live and (gpu := live.by_uuid(t.uuid)) else t.memory_total_mib)
-            for t in slot.targets
-        ]
-
+    step_back = StepBack()
     catalog = ModelCatalog(
-        sessions, gpu_uuids=device.gpu_uuids, only=models, too_small=lambda: too_small_models(redis, device.gpu_uuids)
+        sessions,
+        gpu_uuids=device.gpu_uuids,
+        only=models,
+        skip=lambda: health.too_small_models(redis, device.gpu_uuids) | step_back.models(),
+        gpu_share=gpu_share,
     )
     catalog.refresh()
-    budget = catalog.slot.memory_total_mib if catalog.slot is not None and catalog.slot.memory_total_mib else None
+    budget = catalog.slot.budget_mib if catalog.slot is not None and catalog.slot.memory_total_mib else None
     cache = ModelCache(
         load,
         max_loaded=settings.worker_max_loaded_models,
         budget_mib=budget,
         on_load=lambda spec, seconds: metrics.record_model_load(redis, spec.name, seconds),
+        fits_now=memory.fits_now if device.on_gpu else None,
     )
     name = worker_name(slot)
     writer = OutcomeWriter(sessions, redis=redis, worker=name)
 
     def mark_unhealthy(reason: str) -> None:
-        with sessions() as session:
-            for uuid in device.gpu_uuids:
-                store.set_gpu_health(session, uuid, healthy=False, reason=reason)
+        health.mark_unhealthy(sessions, device.gpu_uuids, reason)
 
     runner = JobRunner(
         sessions=sessions,
@@ -90,7 +108,14 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         default_keep_alive_s=settings.worker_keep_alive_s,
         on_gpu=device.on_gpu,
         hand_back=hand_back_to_queue(
-            sessions, redis, worker=name, gpu_uuids=device.gpu_uuids, timeout_s=settings.job_timeout_s
+            sessions,
+            redis,
+            worker=name,
+            gpu_uuids=device.gpu_uuids,
+            timeout_s=settings.job_timeout_s,
+            too_small_ttl_s=settings.gpu_too_small_ttl_s,
+            others_hold=memory.held_by_others if device.on_gpu else lambda: None,
+            step_back=step_back,
         ),
         health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
         energy=energy_meter_for(device, sample_interval_s=settings.energy_sample_interval_s),

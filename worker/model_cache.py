@@ -2,8 +2,11 @@
 
 Keyed by (model name, mode): llama.cpp needs a separate context for embeddings, and on a
 GPU each instance holds its own weights, so each counts against the budget. Bounded by a
-count and, on a GPU, by the GPU's memory: a model is loaded only if its VRAM figure fits
-beside what is resident, else the least recently used models are unloaded first.
+count and, on a GPU, by the worker's share of the GPU's memory: a model is loaded only if
+its VRAM figure fits beside what is resident, else the least recently used models are
+unloaded first. On a real GPU it must also fit what NVML says is free now (``fits_now``:
+other processes and sibling workers hold memory too); when it does not even with this
+worker's own models unloaded, :class:`GpuBusy` says so and nothing is loaded.
 
 Each use also sets how long the model may then sit idle (``keep_alive``, as in Ollama: a
 job's own value, or the worker's default; negative keeps it until evicted, 0 unloads it
@@ -30,6 +33,7 @@ class ModelSpec:
     n_ctx: int
     embedding: bool
     vram_mib: int = 0
+    per_gpu_mib: int | None = None  # what each GPU of a group sets aside (tensor_split)
 
     @property
     def key(self) -> tuple[str, bool]:
@@ -38,16 +42,29 @@ class ModelSpec:
 
 Loader = Callable[[ModelSpec], LoadedModel]
 OnLoad = Callable[[ModelSpec, float], object]  # (what was loaded, seconds it took)
+FitsNow = Callable[[ModelSpec], str | None]  # None: it fits the GPU's free memory now; else why not
+
+
+class GpuBusy(MemoryError):
+    """Not enough free GPU memory for the model now, even with this worker's models unloaded
+    (the message says "out of memory", as llama.cpp's own failure would)."""
 
 
 class ModelCache:
     def __init__(
-        self, loader: Loader, *, max_loaded: int, budget_mib: int | None = None, on_load: OnLoad | None = None
+        self,
+        loader: Loader,
+        *,
+        max_loaded: int,
+        budget_mib: int | None = None,
+        on_load: OnLoad | None = None,
+        fits_now: FitsNow | None = None,
     ) -> None:
         self._loader = loader
         self._on_load = on_load  # the worker counts loads and their time in the metrics
         self._max_loaded = max_loaded
         self._budget_mib = budget_mib
+        self._fits_now = fits_now
         self._loaded: OrderedDict[tuple[str, bool], tuple[ModelSpec, LoadedModel]] = OrderedDict()
         self._expires_at: dict[tuple[str, bool], float | None] = {}
 
@@ -61,6 +78,7 @@ class ModelCache:
             self._unload(spec.key)
         while self._loaded and not self._room_for(spec):
             self._unload(next(iter(self._loaded)))
+        self._make_room_now(spec)
         started = time.perf_counter()
         model = self._loader(spec)
         load_s = time.perf_counter() - started
@@ -83,6 +101,15 @@ class ModelCache:
         for key in expired:
             self._unload(key)
         return [name for name, _ in expired]
+
+    def _make_room_now(self, spec: ModelSpec) -> None:
+        """Unload least recently used models until the GPU's free memory holds ``spec``."""
+        if self._fits_now is None:
+            return
+        while (busy := self._fits_now(spec)) is not None:
+            if not self._loaded:
+                raise GpuBusy(f"out of memory before loading {spec.name}: {busy}")
+            self._unload(next(iter(self._loaded)))
 
     def _room_for(self, spec: ModelSpec) -> bool:
         if len(self._loaded) >= self._max_loaded:

@@ -70,7 +70,7 @@ def _scaled(value: float | None, share: float) -> float | None:
 
 
 def _spec(model: ModelInfo, *, embedding: bool) -> ModelSpec:
-    return ModelSpec(model.name, model.path, model.context_length, embedding, model.vram_mib)
+    return ModelSpec(model.name, model.path, model.context_length, embedding, model.vram_mib, model.per_gpu_mib)
 
 
 class JobRunner:

@@ -1,10 +1,23 @@
 """The supervisor: one per host. Discovers GPUs, records them, runs one pinned worker per
-slot, restarts a worker that dies (with backoff), publishes GPU telemetry, and on
-SIGTERM drains: workers finish their current job, then everything exits.
+slot, restarts a worker that dies (with backoff), publishes GPU telemetry, watches for
+GPUs that fail, and on SIGTERM drains: workers finish their current job, then everything
+exits (within ``DRAIN_TIMEOUT_S``; a container's stop grace period must be longer).
 
-Slots: one per GPU (or ``slots_per_gpu``), plus one per GPU group that a registered
-model needs because no single GPU of the host holds it; group slots come and go as
-models are registered, re-registered or removed, and as rules change.
+Slots: one per GPU or MIG device (or ``slots_per_gpu``, each budgeting its share of the
+memory), plus one per GPU group that a registered model needs because no single GPU of
+the host holds it; group slots come and go as models are registered, re-registered or
+removed, as rules change and as GPUs are marked unhealthy.
+
+GPU health, as only the supervisor can see it (``gpuq/fleet/health.py``):
+
+* a GPU NVML cannot read (lost after an Xid error, say) gets no worker at start, and one
+  that stops answering later is marked unhealthy; the other GPUs carry on as before;
+* a CUDA fault aborts the worker process (ggml aborts on a CUDA error), so the worker's
+  own count of CUDA errors never gets far: the supervisor counts abnormal exits per slot
+  instead, and ``ABNORMAL_EXITS_UNHEALTHY`` of them within ``ABNORMAL_EXIT_WINDOW_S`` mark
+  the slot's GPUs unhealthy;
+* a worker that refused to start on its GPUs (``EXIT_DEVICE_UNUSABLE``) has marked them
+  itself, with the reason.
 
 Telemetry goes two ways: live readings to Redis every ``TELEMETRY_INTERVAL_S`` (short TTL,
 for the API and ``/metrics``), and history to SQL (``gpu_samples``) every
@@ -25,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,12 +51,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store
 from gpuq.children import spawn_child
 from gpuq.db.tables import Gpu, Model, utcnow
-from gpuq.fleet import telemetry
-from gpuq.fleet.gpus import GpuInfo, Inventory, discover_gpus, with_free_memory
-from gpuq.fleet.placement import PlacementRequest, group_for
-from gpuq.fleet.snapshot import Fleet, load_fleet
+from gpuq.fleet import health, telemetry
+from gpuq.fleet.gpus import GpuInfo, Inventory, UnreadableGpu, discover_gpus, is_mig_uuid, with_free_memory
+from gpuq.fleet.placement import group_for
+from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.redis_keys import GPUS_FIELD, LOADED_FIELD
 from gpuq.settings import Settings
+from worker.device import EXIT_DEVICE_UNUSABLE
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +67,24 @@ BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
 STABLE_AFTER_S = 60.0  # a worker that ran this long starts its backoff afresh
 DRAIN_TIMEOUT_S = 600.0
+ABNORMAL_EXITS_UNHEALTHY = 3  # as the worker's own count of CUDA errors (worker/faults.py)
+ABNORMAL_EXIT_WINDOW_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
 class SlotPlan:
     name: str
     gpu_uuids: tuple[str, ...]
+    share: int = 1  # workers sharing these GPUs (``--slots-per-gpu``); each budgets 1/share of the memory
 
 
 def plan_slots(inventory: Inventory, *, slots_per_gpu: int = 1, cpu_workers: int = 1) -> list[SlotPlan]:
-    """One slot per GPU (or ``slots_per_gpu``); CPU slots when the host has no GPU."""
-    if not inventory.gpus:
+    """One slot per GPU or MIG device (or ``slots_per_gpu``); CPU slots when the host has no
+    GPU at all. A GPU NVML cannot read gets none."""
+    if not inventory.gpus and not inventory.unreadable:
         return [SlotPlan(f"cpu{i}", ()) for i in range(cpu_workers)]
     return [
-        SlotPlan(f"gpu{g.index}" + (f"-{s}" if slots_per_gpu > 1 else ""), (g.uuid,))
+        SlotPlan(g.slot_name + (f"-{s}" if slots_per_gpu > 1 else ""), (g.uuid,), share=slots_per_gpu)
         for g in inventory.gpus
         for s in range(slots_per_gpu)
     ]
@@ -83,7 +102,7 @@ def plan_group_slots(host: str, fleet: Fleet, models: Sequence[Model]) -> list[S
     groups = set()
     for model in models:
         for kind in model.kinds:
-            group = group_for(PlacementRequest(model.name, kind, model.vram_mib), host_gpus, fleet.rules)
+            group = group_for(request_of(model, kind), host_gpus, fleet.rules)
             if group:
                 groups.add(tuple((g.target.index, g.target.uuid) for g in group))
     return [group_slot(list(members)) for members in sorted(groups)]
@@ -91,7 +110,8 @@ def plan_group_slots(host: str, fleet: Fleet, models: Sequence[Model]) -> list[S
 
 def worker_command(slot: SlotPlan) -> list[str]:
     command = [sys.executable, "-m", "gpuq.cli", "worker", "--slot", slot.name]
-    return command + (["--gpus", ",".join(slot.gpu_uuids)] if slot.gpu_uuids else [])
+    command += ["--gpus", ",".join(slot.gpu_uuids)] if slot.gpu_uuids else []
+    return command + (["--gpu-share", str(slot.share)] if slot.share > 1 else [])
 
 
 def worker_environment(slot: SlotPlan, base: dict[str, str]) -> dict[str, str]:
@@ -109,6 +129,7 @@ class Child:
     restarts: int = 0
     backoff_s: float = BACKOFF_START_S
     next_start_at: float = 0.0
+    abnormal_exits: deque[float] = field(default_factory=deque)  # when, within ABNORMAL_EXIT_WINDOW_S
 
 
 Spawn = Callable[[SlotPlan], subprocess.Popen[bytes]]
@@ -124,9 +145,11 @@ class Supervisor:
     slots_per_gpu: int = 1
     cpu_workers: int = 1
     backoff_start_s: float = BACKOFF_START_S
+    telemetry_interval_s: float = TELEMETRY_INTERVAL_S
     children: list[Child] = field(default_factory=list)
     _retired: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _failed: set[str] = field(default_factory=set)  # GPUs this supervisor saw NVML lose
 
     def record_inventory(self) -> None:
         rows = [
@@ -145,6 +168,7 @@ class Supervisor:
 
     def start(self) -> None:
         self.record_inventory()
+        self.mark_unreadable(self.inventory.unreadable)
         slots = plan_slots(self.inventory, slots_per_gpu=self.slots_per_gpu, cpu_workers=self.cpu_workers)
         self.children = [Child(slot, backoff_s=self.backoff_start_s) for slot in slots]
         for child in self.children:
@@ -180,8 +204,30 @@ class Supervisor:
                     child.process.send_signal(signal.SIGTERM)
                     self._retired.append(child.process)
 
+    def mark_unreadable(self, unreadable: Sequence[UnreadableGpu]) -> None:
+        """GPUs NVML cannot read: unhealthy in SQL, once each (by UUID, or by this host's row
+        at that index when even the UUID could not be read)."""
+        if not unreadable:
+            return
+        with self.sessions() as session:
+            rows = store.list_gpus(session)
+            by_index = {g.index: g.uuid for g in rows if g.host == self.inventory.host and not is_mig_uuid(g.uuid)}
+        for gpu in unreadable:
+            uuid = gpu.uuid or by_index.get(gpu.index) or self._uuid_at(gpu.index)
+            if uuid is None or uuid in self._failed:
+                continue
+            self._failed.add(uuid)
+            log.error("GPU %d (%s) is unusable: %s; marking it unhealthy", gpu.index, uuid, gpu.error)
+            health.mark_unhealthy(
+                self.sessions, [uuid], f"{gpu.error} (seen by the supervisor on {self.inventory.host})"
+            )
+
+    def _uuid_at(self, index: int) -> str | None:
+        """The whole GPU (not a MIG device) at an NVML index, as discovered at start."""
+        return next((g.uuid for g in self.inventory.gpus if g.index == index and g.mig_slot is None), None)
+
     def check(self) -> None:
-        """Restart workers that exited, each after its backoff."""
+        """Restart workers that exited, each after its backoff; count abnormal exits."""
         now = time.monotonic()
         for child in self.children:
             process = child.process
@@ -193,9 +239,10 @@ class Supervisor:
                 log.warning(
                     "worker %s exited with %s; restarting in %.0f s",
                     child.slot.name,
-                    process.returncode,
+                    _exit_status(process.returncode),
                     child.backoff_s,
                 )
+                self._count_exit(child, process.returncode, now)
                 child.process = None
                 child.next_start_at = now + child.backoff_s
                 child.backoff_s = min(child.backoff_s * 2, BACKOFF_MAX_S)
@@ -203,18 +250,49 @@ class Supervisor:
                 child.restarts += 1
                 self._start(child)
 
+    def _count_exit(self, child: Child, returncode: int, now: float) -> None:
+        if returncode == EXIT_DEVICE_UNUSABLE:
+            log.error("worker %s refused to start on its GPUs; it marked them unhealthy (see its log)", child.slot.name)
+            return
+        if returncode == 0 or not child.slot.gpu_uuids:
+            child.abnormal_exits.clear()
+            return
+        exits = child.abnormal_exits
+        exits.append(now)
+        while exits and now - exits[0] > ABNORMAL_EXIT_WINDOW_S:
+            exits.popleft()
+        if len(exits) == ABNORMAL_EXITS_UNHEALTHY:
+            reason = (
+                f"its worker ({child.slot.name} on {self.inventory.host}) exited abnormally "
+                f"{ABNORMAL_EXITS_UNHEALTHY} times within {ABNORMAL_EXIT_WINDOW_S:.0f} s, the last "
+                f"{_exit_status(returncode)} (a CUDA error aborts the process)"
+            )
+            log.error("marking %s unhealthy: %s", ",".join(child.slot.gpu_uuids), reason)
+            health.mark_unhealthy(self.sessions, child.slot.gpu_uuids, reason)
+
     def read_gpus(self) -> tuple[tuple[GpuInfo, ...], dict[str, list[str]]]:
-        """Fresh readings of this host's GPUs, and the models loaded on each."""
+        """Fresh readings of this host's GPUs, and the models loaded on each. A GPU NVML no
+        longer reads is marked unhealthy; the others are read as usual."""
         loaded = self._loaded_by_gpu()
         if self.inventory.source == "nvml":
-            fresh = discover_gpus(host=self.inventory.host).gpus
+            now = discover_gpus(host=self.inventory.host)
+            fresh = now.gpus
+            gone = [
+                UnreadableGpu(g.index, g.uuid, "NVML no longer reports it")
+                for g in self.inventory.gpus
+                if now.by_uuid(g.uuid) is None and not any(u.uuid == g.uuid for u in now.unreadable)
+            ]
+            self._failed -= {g.uuid for g in fresh}  # readable again: a later loss is news again
+            self.mark_unreadable([*now.unreadable, *gone])
         else:
             fresh = tuple(self._simulated_reading(g, loaded.get(g.uuid, [])) for g in self.inventory.gpus)
         return fresh, loaded
 
     def publish_telemetry(self, readings: tuple[tuple[GpuInfo, ...], dict[str, list[str]]] | None = None) -> None:
         fresh, loaded = readings or self.read_gpus()
-        telemetry.publish(self.redis, fresh, loaded=loaded)
+        read = {g.uuid for g in fresh}
+        absent = [g.uuid for g in self.inventory.gpus if g.uuid not in read]
+        telemetry.publish(self.redis, fresh, loaded=loaded, absent=absent)
 
     def record_samples(self, gpus: Sequence[GpuInfo]) -> None:
         """History in SQL: a row per GPU now, and rows past the retention deleted (cheap: an
@@ -255,7 +333,7 @@ class Supervisor:
             try:
                 readings = self.read_gpus()
                 if telemetry_due:
-                    next_telemetry = now + TELEMETRY_INTERVAL_S
+                    next_telemetry = now + self.telemetry_interval_s
                     self.publish_telemetry(readings)
                     if self.inventory.gpus:
                         self.plan_groups()
@@ -282,11 +360,26 @@ class Supervisor:
                 process.wait()
 
 
+def _exit_status(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
 def run_supervisor(settings: Settings, *, cpu_workers: int = 1, slots_per_gpu: int = 1) -> None:
     from gpuq.db.engine import sync_engine, sync_sessions
 
     inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
-    log.info("%s: %d GPU(s) from %s", inventory.host, len(inventory.gpus), inventory.source)
+    log.info(
+        "%s: %d GPU(s) from %s%s",
+        inventory.host,
+        len(inventory.gpus),
+        inventory.source,
+        f", {len(inventory.unreadable)} unreadable" if inventory.unreadable else "",
+    )
     base_env = {**os.environ}
 
     def spawn(slot: SlotPlan) -> subprocess.Popen[bytes]:

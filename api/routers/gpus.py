@@ -9,7 +9,7 @@ from api.deps import ADMIN_ONLY, SessionDep, StateDep
 from api.schemas import GpuPublic, GpusPublic
 from gpuq import store
 from gpuq.errors import RequestError
-from gpuq.fleet import telemetry
+from gpuq.fleet import health, telemetry
 
 router = APIRouter(prefix="/v1/gpus", tags=["gpus"], dependencies=ADMIN_ONLY)
 
@@ -42,8 +42,9 @@ async def list_gpus(db: SessionDep, state: StateDep) -> GpusPublic:
 
 
 @router.post("/{uuid}/clear", response_model=dict[str, str])
-async def clear_unhealthy(uuid: str, db: SessionDep) -> dict[str, str]:
-    """Mark a GPU healthy again after an admin has looked at it."""
-    if not await db.run_sync(lambda s: store.set_gpu_health(s, uuid, healthy=True, reason=None)):
+async def clear_unhealthy(uuid: str, db: SessionDep, state: StateDep) -> dict[str, str]:
+    """Mark a GPU healthy again after an admin has looked at it (and forget the models it was
+    found too small for)."""
+    if not await db.run_sync(lambda s: health.clear(s, state.redis, uuid)):
         raise RequestError(404, f"GPU {uuid!r} is not in the inventory")
     return {"uuid": uuid, "status": "healthy"}

@@ -18,7 +18,7 @@ class RuleCreate(Strict):
     effect: Literal["allow", "deny"]
     precedence: int = Field(0, ge=-1000, le=1000, description="higher is considered first")
     gpu_indices: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(None, min_length=1)
-    gpu_uuids: list[Annotated[str, Field(pattern=r"^GPU-[A-Za-z0-9-]+$")]] | None = Field(None, min_length=1)
+    gpu_uuids: list[Annotated[str, Field(pattern=r"^(GPU|MIG)-[A-Za-z0-9-]+$")]] | None = Field(None, min_length=1)
     gpu_name_pattern: str | None = Field(None, min_length=1, max_length=255)
     host_pattern: str | None = Field(None, min_length=1, max_length=255)
     min_memory_mib: int | None = Field(None, ge=1)

@@ -63,7 +63,8 @@ def api(host: str | None, port: int | None) -> None:
 @click.option("--gpus", default=None, help="comma-separated GPU UUIDs to pin to (sets CUDA_VISIBLE_DEVICES)")
 @click.option("--model", "models", multiple=True, help="serve only these models (default: all registered)")
 @click.option("--burst", is_flag=True, help="exit when the queues are empty")
-def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) -> None:
+@click.option("--gpu-share", default=1, show_default=True, help="workers sharing these GPUs (each budgets its share)")
+def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool, gpu_share: int) -> None:
     """Run one worker: pulls jobs from Redis, runs them with llama.cpp, writes results to SQL."""
     from worker.device import pin_to_gpus
 
@@ -72,7 +73,7 @@ def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) ->
         pin_to_gpus([g.strip() for g in gpus.split(",") if g.strip()])
     from worker.main import run_worker  # imports llama.cpp, after pinning
 
-    run_worker(settings, slot=slot, models=list(models) or None, burst=burst)
+    run_worker(settings, slot=slot, models=list(models) or None, burst=burst, gpu_share=max(1, gpu_share))
 
 
 @click.command()
@@ -92,7 +93,7 @@ def gpus() -> None:
 
     settings = get_settings()
     inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
-    if not inventory.gpus:
+    if not inventory.gpus and not inventory.unreadable:
         click.echo(f"{inventory.host}: no GPU found (NVML unavailable); workers run on the CPU")
         return
     click.echo(f"{inventory.host}: {len(inventory.gpus)} GPU(s) from {inventory.source}")
@@ -100,7 +101,7 @@ def gpus() -> None:
         ("INDEX", "UUID", "NAME", "MEMORY", "FREE", "UTIL", "TEMP", "POWER", "CC"),
         [
             (
-                str(g.index),
+                g.slot_name.removeprefix("gpu"),
                 g.uuid,
                 g.name,
                 f"{g.memory_total_mib} MiB",
@@ -113,6 +114,8 @@ def gpus() -> None:
             for g in inventory.gpus
         ],
     )
+    for lost in inventory.unreadable:
+        click.echo(f"GPU {lost.index} ({lost.uuid or 'UUID unknown'}): unusable, {lost.error}; it gets no worker")
 
 
 def _maybe(value: float | int | None, unit: str) -> str:

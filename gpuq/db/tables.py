@@ -162,11 +162,14 @@ class Model(Base):
     architecture: Mapped[str] = mapped_column(String(64))
     vram_estimate_mib: Mapped[int] = mapped_column(Integer, default=0)
     vram_override_mib: Mapped[int | None] = mapped_column(Integer)
+    # What each further GPU of a group pays again (compute buffer, CUDA overhead); None on
+    # rows registered before it was estimated.
+    vram_per_gpu_mib: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     @property
     def vram_mib(self) -> int:
-        """What placement plans with: an admin's measured figure wins over the estimate."""
+        """What placement plans with on one GPU: an admin's measured figure wins over the estimate."""
         return self.vram_override_mib if self.vram_override_mib is not None else self.vram_estimate_mib
 
     @property

@@ -2,8 +2,9 @@
 
 Each filter keeps a GPU or gives the reason it drops it, so the same chain answers "may
 this job be queued at all" (the API), "which models may this GPU serve" (a worker) and
-"where may model X run, and why" (the affinity preview). Pure and synchronous: callers
-gather the snapshot (rules, GPUs, free memory) and pass it in.
+"where may model X run, and why" (the affinity preview), and a worker's "may I load it
+now" (free memory, health). Pure and synchronous: callers gather the snapshot (rules, GPUs,
+free memory) and pass it in.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuq.fleet.affinity import GpuTarget, Rule, decide
+from gpuq.fleet.gpus import is_mig_uuid
+from gpuq.fleet.vram import on_gpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,17 +23,28 @@ class Candidate:
     """One GPU as placement sees it."""
 
     target: GpuTarget
-    memory_free_mib: int
+    memory_free_mib: int | None  # None: not known now (no live reading); never the total in its place
     healthy: bool = True
     loaded_models: frozenset[str] = frozenset()
+
+    @property
+    def is_mig(self) -> bool:
+        """A MIG device: a CUDA process can use only one, so it never joins a group."""
+        return is_mig_uuid(self.target.uuid)
 
 
 @dataclass(frozen=True, slots=True)
 class PlacementRequest:
     model: str
     kind: str
-    vram_mib: int
+    vram_mib: int  # on one GPU
     vram_basis: str = ""  # what the figure counts (K sequences of n tokens, or an admin's measure), for people
+    per_gpu_mib: int | None = None  # what each further GPU of a group pays again (None: the CUDA overhead)
+
+    def vram_on(self, n_gpus: int) -> int:
+        """The figure on a group of ``n_gpus``: every GPU holding layers has its own compute
+        buffer and CUDA context (``gpuq/fleet/vram.py``)."""
+        return on_gpus(self.vram_mib, self.per_gpu_mib, n_gpus)
 
 
 class Filter(Protocol):
@@ -71,7 +85,9 @@ class FitsFreeMemoryFilter:
     name: str = "fits-free-memory"
 
     def reject(self, request: PlacementRequest, gpu: Candidate) -> str | None:
-        if request.model in gpu.loaded_models or request.vram_mib <= gpu.memory_free_mib:
+        if gpu.memory_free_mib is None or request.model in gpu.loaded_models:
+            return None  # unknown now: the load itself finds out
+        if request.vram_mib <= gpu.memory_free_mib:
             return None
         return f"busy: the model needs {request.vram_mib} MiB, {gpu.memory_free_mib} MiB are free"
 
@@ -109,20 +125,28 @@ def can_ever_run(rules: list[Rule]) -> list[Filter]:
     return [AffinityFilter(rules), FitsMemoryFilter()]
 
 
+def may_serve(rules: list[Rule]) -> list[Filter]:
+    """The filters for "does this worker's GPU serve the model": rules, total memory and
+    health (a GPU marked unhealthy serves nothing until an admin clears it)."""
+    return [AffinityFilter(rules), FitsMemoryFilter(), HealthFilter()]
+
+
 def group_for(request: PlacementRequest, gpus: Sequence[Candidate], rules: list[Rule]) -> tuple[Candidate, ...]:
-    """The GPU group that runs a model too big for any single GPU: on one host, the GPUs
-    the rules allow, most memory first, as few as hold the model (llama.cpp splits the
-    tensors across them). Empty when a single GPU fits, or no host's GPUs together do."""
-    allow = AffinityFilter(rules)
-    allowed = [g for g in gpus if allow.reject(request, g) is None]
+    """The GPU group that runs a model too big for any single GPU: on one host, the healthy
+    GPUs the rules allow, most memory first, as few as hold the model with each member's
+    own compute buffer and CUDA overhead (llama.cpp splits the tensors across them). Empty
+    when a single healthy GPU fits, or no host's GPUs together do. MIG devices never join."""
+    allow, health = AffinityFilter(rules), HealthFilter()
+    allowed = [g for g in gpus if allow.reject(request, g) is None and health.reject(request, g) is None]
     if any(g.target.memory_total_mib >= request.vram_mib for g in allowed):
         return ()
     best: tuple[Candidate, ...] = ()
     for host in sorted({g.target.host for g in allowed}):
         members: list[Candidate] = []
-        for gpu in sorted((g for g in allowed if g.target.host == host), key=lambda g: -g.target.memory_total_mib):
+        whole = (g for g in allowed if g.target.host == host and not g.is_mig)
+        for gpu in sorted(whole, key=lambda g: -g.target.memory_total_mib):
             members.append(gpu)
-            if sum(m.target.memory_total_mib for m in members) >= request.vram_mib:
+            if sum(m.target.memory_total_mib for m in members) >= request.vram_on(len(members)):
                 group = tuple(sorted(members, key=lambda m: m.target.index))
                 if not best or len(group) < len(best):
                     best = group

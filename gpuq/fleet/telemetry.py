@@ -20,8 +20,13 @@ TELEMETRY_TTL_S = 30
 _FIELDS = ("memory_free_mib", "utilisation_pct", "temperature_c", "power_w")
 
 
-def publish(redis: Redis, gpus: Sequence[GpuInfo], *, loaded: dict[str, list[str]] | None = None) -> None:
+def publish(
+    redis: Redis, gpus: Sequence[GpuInfo], *, loaded: dict[str, list[str]] | None = None, absent: Sequence[str] = ()
+) -> None:
+    """Readings of ``gpus``; GPUs ``absent`` from this reading (NVML lost them) stop being live at once."""
     with redis.pipeline(transaction=False) as pipe:
+        for uuid in absent:
+            pipe.delete(gpu_telemetry_key(uuid))
         for gpu in gpus:
             key = gpu_telemetry_key(gpu.uuid)
             values: dict[FieldT, EncodableT] = {f: getattr(gpu, f) for f in _FIELDS if getattr(gpu, f) is not None}

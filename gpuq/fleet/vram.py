@@ -1,13 +1,17 @@
 """How much GPU memory one llama.cpp context of a model needs, estimated from GGUF metadata.
 
-    total = (weights + KV cache + compute buffer) * (1 + margin) + per-GPU overhead
+    on one GPU:  (weights + KV cache) * (1 + margin) + per-GPU part
+    on n GPUs:   (weights + KV cache) * (1 + margin) + n x per-GPU part
+    per-GPU part = compute buffer * (1 + margin) + CUDA overhead
 
 * weights: the bytes of the GGUF file's tensors, as they are loaded.
-* KV cache: layers x cells x KV heads x (key + value head size) x bytes per element (f16,
-  as llama.cpp allocates it). A context holds one KV stream per sequence, each of the
+* KV cache: the sum over layers of KV heads x cells x (key + value head size) x bytes per
+  element (f16, as llama.cpp allocates it); models whose layers differ in KV heads give one
+  count per layer in their metadata. A context holds one KV stream per sequence, each of the
   sequence's context padded to 256 cells as llama.cpp pads it: a generation context of the
   worker holds K sequences (``GPUQ_WORKER_SLOTS``), an embedding context one (llama-cpp-python
   sets ``kv_unified`` for embeddings, so its parallel sequences share one stream of n_ctx).
+  Weights and KV cache are split across the GPUs of a group (``tensor_split``).
 * compute buffer: llama.cpp's graph scratch for one micro-batch, adapted from Ollama's
   estimate for llama-style graphs (``llm/memory.go``): the larger of the attention buffer
   (the KQ scores of one micro-batch against one sequence's cells, per head) and the output
@@ -18,9 +22,11 @@
   also counts the f32 KQ mask (micro-batch x cells), which stays allocated while the
   logits are computed: without it the estimate fell 9 % short of what llama.cpp allocated
   for SmolLM2's embedding context at 4,096 tokens, with it every case measured is within
-  2.5 % (see ``tests/gpuq/fleet/test_vram.py``).
-* margin and overhead: slack for what the formula misses, and the CUDA context and
-  cuBLAS workspace every GPU pays once per process.
+  2.5 % (see ``tests/gpuq/fleet/test_vram.py``). Every GPU of a group holding layers
+  allocates its own, as Ollama counts it.
+* CUDA overhead: the CUDA context and cuBLAS workspace every GPU pays once per process,
+  457 MiB (Ollama's ``MinimumMemory`` for CUDA devices); the margin covers what the
+  formula misses.
 
 Pure functions: no file access here, see ``gpuq.registry.gguf.read_metadata``.
 """
@@ -35,7 +41,7 @@ F32_BYTES = 4
 GENERATION_BATCH_TOKENS = 512  # n_batch = n_ubatch of the worker's generation contexts (worker/decoder.py)
 KV_PAD_CELLS = 256  # llama.cpp rounds each sequence's KV stream up to a multiple of this
 DEFAULT_MARGIN = 0.05
-DEFAULT_OVERHEAD_MIB = 256.0
+DEFAULT_OVERHEAD_MIB = 457.0  # per GPU: Ollama's MinimumMemory for CUDA (ml/device.go)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +51,8 @@ class ModelShape:
     weights_bytes: int
     block_count: int
     embedding_length: int
-    head_count: int
-    head_count_kv: int
+    head_count: int  # the largest, when layers differ
+    head_count_kv: int | tuple[int, ...]  # per layer, when layers differ
     key_length: int  # per attention head
     value_length: int
     vocab_size: int
@@ -58,19 +64,52 @@ class VramEstimate:
     kv_cache_mib: float
     compute_mib: float
     overhead_mib: float
-    total_mib: float
+    total_mib: float  # on one GPU
     n_seqs: int  # sequences with their own KV stream: K for generation, 1 for embeddings
     n_ctx: int  # tokens per sequence, as registered
     n_batch: int  # tokens per micro-batch
+    margin: float = DEFAULT_MARGIN
+
+    @property
+    def per_gpu_mib(self) -> float:
+        """What each GPU of a group pays again: its compute buffer and its CUDA overhead."""
+        return self.compute_mib * (1 + self.margin) + self.overhead_mib
+
+    def total_on(self, n_gpus: int) -> float:
+        return self.total_mib + (n_gpus - 1) * self.per_gpu_mib
+
+
+def on_gpus(total_mib: int, per_gpu_mib: int | None, n_gpus: int) -> int:
+    """A figure for one GPU (an estimate or an admin's measure) carried to ``n_gpus``: each
+    further GPU pays the per-GPU part again (without an estimate of it, the CUDA overhead)."""
+    per_gpu = per_gpu_mib if per_gpu_mib is not None else int(DEFAULT_OVERHEAD_MIB)
+    return total_mib + max(0, n_gpus - 1) * per_gpu
+
+
+def tensor_split(free_mib: list[float], reserve_mib: float) -> list[float]:
+    """llama.cpp's ``tensor_split`` for a group: layers in proportion to what each GPU has
+    left once its own compute buffer and CUDA overhead (``reserve_mib``) are set aside, so a
+    GPU with little free memory is not handed the share its size alone would suggest."""
+    room = [max(0.0, free - reserve_mib) for free in free_mib]
+    if not any(room):
+        return [1.0] * len(free_mib)
+    return room
 
 
 def padded_cells(n_ctx: int) -> int:
     return -(-n_ctx // KV_PAD_CELLS) * KV_PAD_CELLS
 
 
+def kv_heads_over_layers(shape: ModelShape) -> int:
+    """KV heads summed over the layers (each layer's own count, where they differ)."""
+    if isinstance(shape.head_count_kv, tuple):
+        return sum(shape.head_count_kv)
+    return shape.block_count * shape.head_count_kv
+
+
 def kv_cache_bytes(shape: ModelShape, n_cells: int, bytes_per_element: int = F16_BYTES) -> int:
-    per_token = shape.head_count_kv * (shape.key_length + shape.value_length) * bytes_per_element
-    return shape.block_count * n_cells * per_token
+    per_head_token = (shape.key_length + shape.value_length) * bytes_per_element
+    return kv_heads_over_layers(shape) * n_cells * per_head_token
 
 
 def compute_buffer_bytes(shape: ModelShape, n_ctx: int, n_batch: int = GENERATION_BATCH_TOKENS) -> int:
@@ -97,7 +136,7 @@ def estimate_vram(
     kv = kv_cache_bytes(shape, n_seqs * cells_per_seq) / MIB
     compute = compute_buffer_bytes(shape, cells_per_seq, n_batch) / MIB
     total = (weights + kv + compute) * (1 + margin) + overhead_mib
-    return VramEstimate(weights, kv, compute, overhead_mib, total, n_seqs, n_ctx, n_batch)
+    return VramEstimate(weights, kv, compute, overhead_mib, total, n_seqs, n_ctx, n_batch, margin)
 
 
 def estimate_generation(shape: ModelShape, *, n_ctx: int, slots: int) -> VramEstimate:

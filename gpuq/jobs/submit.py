@@ -25,8 +25,8 @@ from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError, queue_unavailable
-from gpuq.fleet.placement import PlacementRequest, can_ever_run, evaluate, explain_unplaceable, group_for
-from gpuq.fleet.snapshot import Fleet, load_fleet
+from gpuq.fleet.placement import can_ever_run, evaluate, explain_unplaceable, group_for
+from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
 from gpuq.jobs.queues import Priority, QueueEntry
@@ -126,7 +126,7 @@ def check_placeable(spec: JobSpec, model: Model | None, fleet: Fleet, index: int
     no GPU."""
     if not fleet.gpus or model is None or spec.kind == JobKind.NOOP:
         return
-    request = PlacementRequest(model.name, spec.kind.value, model.vram_mib)
+    request = request_of(model, spec.kind.value)
     verdicts = evaluate(request, fleet.gpus, can_ever_run(fleet.rules))
     if not any(v.ok for v in verdicts) and not group_for(request, fleet.gpus, fleet.rules):
         raise RequestError(422, _where(index) + explain_unplaceable(request, verdicts))

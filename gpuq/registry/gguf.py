@@ -1,4 +1,11 @@
-"""What gpuq needs to know about a GGUF file, read from its header with the ``gguf`` package."""
+"""What gpuq needs to know about a GGUF file, read from its header with the ``gguf`` package.
+
+A file that is not GGUF, or is truncated or corrupt, is refused with :class:`NotAGgufFile`
+and a sentence that says so, never with the parser's own exception: registration turns it
+into a 422 (API) or a one-line error (CLI). Some architectures store a count per layer
+(``head_count_kv`` of OpenELM, say) rather than one number; those are read as per-layer
+tuples (the KV estimate sums them) or, where one number is needed, their largest.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,11 @@ GGUF_MAGIC = b"GGUF"
 
 
 class NotAGgufFile(ValueError):
-    """The file does not start with the GGUF magic bytes."""
+    """The file is not a GGUF file gpuq can read: no GGUF magic, truncated, or corrupt."""
+
+
+# Header keys an estimate cannot do without (each under the file's architecture).
+REQUIRED_KEYS = ("block_count", "embedding_length", "attention.head_count")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +35,7 @@ class GgufMetadata:
     embedding_length: int
     block_count: int
     head_count: int
-    head_count_kv: int
+    head_count_kv: int | tuple[int, ...]
     key_length: int
     value_length: int
     vocab_size: int
@@ -65,7 +76,26 @@ def read_metadata(path: Path) -> GgufMetadata:
     if not is_gguf(path):
         raise NotAGgufFile(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     stat = path.stat()
-    return _read_metadata(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    try:
+        return _read_metadata(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    except NotAGgufFile:
+        raise
+    except Exception as exc:  # whatever the parser trips on in a damaged file: the file is the problem
+        raise NotAGgufFile(
+            f"{path} cannot be read as GGUF: it is truncated or corrupt ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _per_layer(value: Any) -> int | tuple[int, ...]:
+    """A count the header holds once, or once per layer."""
+    if isinstance(value, list | tuple):
+        counts = tuple(int(v) for v in value)
+        return counts[0] if len(set(counts)) == 1 else counts
+    return int(value)
+
+
+def _largest(value: int | tuple[int, ...]) -> int:
+    return max(value) if isinstance(value, tuple) else value
 
 
 @lru_cache(maxsize=64)
@@ -77,9 +107,16 @@ def _read_metadata(path_str: str, _size: int, _mtime_ns: int) -> GgufMetadata:
     reader = GGUFReader(path)
     arch = _field_value(reader, "general.architecture") or "unknown"
 
-    def arch_int(key: str, default: int = 0) -> int:
+    missing = [f"{arch}.{key}" for key in REQUIRED_KEYS if _field_value(reader, f"{arch}.{key}") is None]
+    if missing:
+        raise NotAGgufFile(f"{path} lacks GGUF metadata an estimate needs: {', '.join(missing)}")
+
+    def arch_value(key: str, default: int | tuple[int, ...] = 0) -> int | tuple[int, ...]:
         value = _field_value(reader, f"{arch}.{key}")
-        return int(value) if value is not None else default
+        return _per_layer(value) if value is not None else default
+
+    def arch_int(key: str, default: int = 0) -> int:
+        return _largest(arch_value(key, default))
 
     heads = arch_int("attention.head_count")
     embedding = arch_int("embedding_length")
@@ -92,7 +129,7 @@ def _read_metadata(path_str: str, _size: int, _mtime_ns: int) -> GgufMetadata:
         embedding_length=embedding,
         block_count=arch_int("block_count"),
         head_count=heads,
-        head_count_kv=arch_int("attention.head_count_kv", heads),
+        head_count_kv=arch_value("attention.head_count_kv", heads),
         key_length=arch_int("attention.key_length", head_size),
         value_length=arch_int("attention.value_length", head_size),
         vocab_size=arch_int("vocab_size", len(tokens.data) if tokens is not None else 0),

@@ -43,17 +43,22 @@ def gpu_slots() -> int:
     return get_settings().slots_for(on_gpu=True)
 
 
-def estimate_for_kinds(shape: ModelShape, *, n_ctx: int, kinds: set[ModelKind], slots: int) -> VramEstimate:
-    """The largest of the contexts a worker may load for this model's kinds (see ``gpuq/fleet/vram.py``).
-
-    One figure serves both kinds: placement must find a GPU that holds either context, and a
-    worker's cache counts the figure once per context it loads."""
+def estimates_for_kinds(shape: ModelShape, *, n_ctx: int, kinds: set[ModelKind], slots: int) -> list[VramEstimate]:
+    """The contexts a worker may load for this model's kinds (see ``gpuq/fleet/vram.py``)."""
     estimates = []
     if ModelKind.GENERATE in kinds:
         estimates.append(estimate_generation(shape, n_ctx=n_ctx, slots=slots))
     if ModelKind.EMBED in kinds:
         estimates.append(estimate_embedding(shape, n_ctx=n_ctx))
-    return max(estimates, key=lambda e: e.total_mib)
+    return estimates
+
+
+def estimate_for_kinds(shape: ModelShape, *, n_ctx: int, kinds: set[ModelKind], slots: int) -> VramEstimate:
+    """The largest of the contexts a worker may load for this model's kinds.
+
+    One figure serves both kinds: placement must find a GPU that holds either context, and a
+    worker's cache counts the figure once per context it loads."""
+    return max(estimates_for_kinds(shape, n_ctx=n_ctx, kinds=kinds, slots=slots), key=lambda e: e.total_mib)
 
 
 def vram_basis(model: Model, slots: int) -> str:
@@ -93,6 +98,7 @@ def build_model(
         raise InvalidModel(
             f"context_length {n_ctx} is out of range: the model was trained for at most {meta.context_length}"
         )
+    estimates = estimates_for_kinds(meta.shape, n_ctx=n_ctx, kinds=kinds, slots=slots or gpu_slots())
     return Model(
         name=name,
         path=str(path),
@@ -102,10 +108,10 @@ def build_model(
         context_length_trained=meta.context_length,
         size_bytes=meta.size_bytes,
         architecture=meta.architecture,
-        vram_estimate_mib=math.ceil(
-            estimate_for_kinds(meta.shape, n_ctx=n_ctx, kinds=kinds, slots=slots or gpu_slots()).total_mib
-        ),
+        vram_estimate_mib=math.ceil(max(e.total_mib for e in estimates)),
         vram_override_mib=vram_override_mib,
+        # Each further GPU of a group pays the larger per-GPU part of the kinds' contexts.
+        vram_per_gpu_mib=math.ceil(max(e.per_gpu_mib for e in estimates)),
     )
 
 

@@ -5,7 +5,7 @@ from redis import Redis
 
 from gpuq import store
 from gpuq.db.tables import Gpu
-from gpuq.fleet import telemetry
+from gpuq.fleet import health, telemetry
 from gpuq.fleet.gpus import simulated_inventory, with_free_memory
 from tests.conftest import both_databases
 
@@ -147,10 +147,24 @@ def test_preview_of_an_unknown_model_and_a_fleet_without_gpus(client):
     assert cpu_only["gpus"] == [] and cpu_only["summary"] == "no GPUs are registered: CPU workers run every model"
 
 
-def test_clearing_an_unhealthy_gpu(client, fleet, session):
+def test_clearing_an_unhealthy_gpu(client, fleet, session, redis):
     uuid = fleet.gpus[0].uuid
     store.set_gpu_health(session, uuid, healthy=False, reason="3 CUDA errors in a row")
+    health.mark_too_small(redis, (uuid,), "big-model", ttl_s=3600)
+    health.mark_too_small(redis, (fleet.gpus[1].uuid,), "big-model", ttl_s=3600)
     assert client.get("/v1/gpus").json()["data"][0]["unhealthy_reason"] == "3 CUDA errors in a row"
     assert client.post(f"/v1/gpus/{uuid}/clear").status_code == 200
     assert client.get("/v1/gpus").json()["data"][0]["healthy"]
+    # Clearing also forgets what the GPU was found too small for (only that GPU's marks).
+    assert health.too_small_models(redis, (uuid,)) == set()
+    assert health.too_small_models(redis, (fleet.gpus[1].uuid,)) == {"big-model"}
     assert client.post("/v1/gpus/GPU-missing/clear").status_code == 404
+
+
+def test_a_rule_may_name_a_mig_device_by_its_uuid(client, fleet):
+    mig = "MIG-5eed0000-0001-4000-8000-000000000001"
+    response = client.post("/v1/affinity-rules", json={"model_pattern": MODEL, "effect": "allow", "gpu_uuids": [mig]})
+    assert response.status_code == 201, response.text
+    assert response.json()["rule"]["gpu_uuids"] == [mig]
+    refused = client.post("/v1/affinity-rules", json={"model_pattern": MODEL, "effect": "allow", "gpu_uuids": ["0"]})
+    assert refused.status_code == 422

@@ -61,9 +61,20 @@ def test_the_estimate_counts_the_slots_the_gpu_workers_run(client, settings, mod
     (settings.models_dir / "small.gguf").symlink_to(model_path)
     body = {"name": "small", "path": "small.gguf", "kinds": ["generate"], "context_length": 2048}
     settings.worker_slots = 2  # the app reads these settings: as if the API had started with them
-    # SmolLM2: (92.10 weights + 2 * 45 KV + 101.125 compute) * 1.05 + 256 = 553.39 MiB
-    assert client.post("/v1/models", json=body).json()["vram_estimate_mib"] == 554
-    settings.worker_slots = 8  # (92.10 + 8 * 45 + 101.125) * 1.05 + 256 = 836.89 MiB
-    assert client.post("/v1/models", json=body).json()["vram_estimate_mib"] == 837
+    # SmolLM2: (92.10 weights + 2 * 45 KV + 101.125 compute) * 1.05 + 457 CUDA overhead = 754.39 MiB
+    assert client.post("/v1/models", json=body).json()["vram_estimate_mib"] == 755
+    settings.worker_slots = 8  # (92.10 + 8 * 45 + 101.125) * 1.05 + 457 = 1037.89 MiB
+    assert client.post("/v1/models", json=body).json()["vram_estimate_mib"] == 1038
     measured = client.post("/v1/models", json=body | {"vram_mib": 700}).json()
-    assert (measured["vram_estimate_mib"], measured["vram_mib"]) == (837, 700)
+    assert (measured["vram_estimate_mib"], measured["vram_mib"]) == (1038, 700)
+
+
+@pytest.mark.parametrize("cut", [4, -100])  # the magic alone; a download that stopped short
+def test_a_truncated_gguf_is_a_422_that_says_so_and_registers_nothing(client, settings, model_path, cut):
+    whole = open(model_path, "rb").read()  # noqa: SIM115
+    (settings.models_dir / "cut.gguf").write_bytes(whole[:cut])
+    response = client.post("/v1/models", json={"name": "cut", "path": "cut.gguf"})
+    assert response.status_code == 422, response.text
+    assert "cannot be read as GGUF: it is truncated or corrupt" in response.json()["detail"]
+    assert response.json()["error"]["message"] == response.json()["detail"]
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smollm2-135m"]

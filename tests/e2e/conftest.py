@@ -2,6 +2,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -92,3 +93,20 @@ def reconcile(
     finally:
         redis.close()
         engine.dispose()
+
+
+def until(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    """Polls ``check`` until it returns something true, and returns that; raises after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not happen within {timeout_s:.0f} s")
+
+
+def environ(pid: int) -> dict[str, str]:
+    """A running process's environment, as the kernel has it."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)

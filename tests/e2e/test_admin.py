@@ -16,6 +16,7 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Role
 from gpuq.jobs.enqueue import remove_queued
 from gpuq.jobs.queues import Priority, QueueEntry, queue_name
+from tests.e2e.conftest import until
 
 MODEL = "smollm2-135m"
 NOOP = {"kind": "noop", "model": MODEL}
@@ -25,13 +26,7 @@ WAIT_S = 60.0
 
 
 def _until(what, check, timeout_s=WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} did not happen within {timeout_s:.0f} s")
+    return until(what, check, timeout_s)
 
 
 def _worker(client, name):

@@ -10,6 +10,8 @@ import pytest
 from redis import Redis
 from rq.worker import Worker
 
+from tests.e2e.conftest import environ
+
 MODEL = "smollm2-135m"
 FLEET = {
     "GPUQ_SIMULATED_GPUS": "24,24,48,80",
@@ -29,11 +31,6 @@ def fleet(processes):
     with processes.client(url) as client:
         gpus = {g["index"]: g["uuid"] for g in client.gpus()}
         yield client, gpus, workers
-
-
-def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
 def register_copy(client, processes, model_path, name, vram_mib):

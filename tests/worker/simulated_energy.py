@@ -16,6 +16,7 @@ class SimulatedEnergySource:
 
     def __init__(self, power_w: Callable[[float], float], *, has_counter: bool, counter_start_mj: int = 7_000_000):
         self.has_counter = has_counter
+        self.has_power = True
         self._power_w = power_w
         self._t0 = time.monotonic()
         self._counter_start_mj = counter_start_mj

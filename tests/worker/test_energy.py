@@ -1,14 +1,16 @@
 """The job energy meter: NVML's energy counter where the GPU has one, power sampled and
-integrated where it does not. NVML cannot run here, so a SIMULATED energy source stands in
-for it through the same interface (tests/worker/simulated_energy.py)."""
+integrated where it does not. The arithmetic and threading are exercised with a SIMULATED
+energy source (tests/worker/simulated_energy.py); the NVML path itself through real pynvml,
+answered by the NVML stand-in (tests/nvml_standin), whose counter runs at its set power."""
 
 import threading
 import time
 
 import pytest
 
+from tests.nvml_standin import StandinMig, gpu_uuid, mig_uuid
 from tests.worker.simulated_energy import SimulatedEnergySource, constant
-from worker.device import Device
+from worker.device import ALL_LAYERS, Device
 from worker.energy import EnergyMeter, energy_meter_for
 
 
@@ -80,3 +82,40 @@ def test_no_meter_on_the_cpu_or_a_simulated_gpu():
     assert energy_meter_for(Device(label="cpu", gpu_layers=0)) is None
     simulated = Device(label="simulated:GPU-SIM-00-abc", gpu_layers=0, gpu_uuids=("GPU-SIM-00-abc",))
     assert energy_meter_for(simulated) is None
+
+
+def cuda(*uuids):
+    return Device(label=f"cuda:{','.join(uuids)}", gpu_layers=ALL_LAYERS, gpu_uuids=uuids)
+
+
+def test_through_nvml_the_energy_counter_gives_power_times_time(nvml):
+    meter = energy_meter_for(cuda(gpu_uuid(0)))  # the stand-in's GPU 0 draws 100 W
+    measured = run_job(meter, 0.5)
+    assert measured.energy_j == pytest.approx(100.0 * measured.gpu_seconds, rel=0.05)
+    assert "nvmlDeviceGetTotalEnergyConsumption" in {name for _pid, name in nvml.calls()}
+
+
+def test_through_nvml_a_gpu_without_the_counter_is_sampled(nvml):
+    nvml.gpus[1].energy_counter = False
+    nvml.write()
+    meter = energy_meter_for(cuda(gpu_uuid(1)), sample_interval_s=0.05)  # 30 W
+    measured = run_job(meter, 0.5)
+    assert measured.energy_j == pytest.approx(30.0 * measured.gpu_seconds, rel=0.05)
+    assert "nvmlDeviceGetPowerUsage" in {name for _pid, name in nvml.calls()}
+
+
+def test_a_mig_device_records_its_gpu_seconds_and_no_energy(nvml):
+    nvml.gpus[0].mig_mode, nvml.gpus[0].max_mig = True, 7
+    nvml.gpus[0].migs = [StandinMig(mig_uuid(0, 0), slot=0)]
+    nvml.write()
+    measured = run_job(energy_meter_for(cuda(mig_uuid(0, 0))), 0.2)
+    # NVML reports energy and power for the whole GPU, shared by its MIG devices: none is charged.
+    assert measured.energy_j is None and measured.gpu_seconds == pytest.approx(0.2, abs=0.05)
+
+
+def test_a_gpu_lost_mid_job_records_no_energy(nvml):
+    meter = energy_meter_for(cuda(gpu_uuid(0)))
+    job = meter.start()
+    nvml.lose(0)
+    measured = job.stop()
+    assert measured.energy_j is None and measured.gpu_seconds is not None

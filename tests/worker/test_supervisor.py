@@ -1,4 +1,6 @@
-"""The supervisor's slot plan, restart backoff and drain, with real child processes."""
+"""The supervisor's slot plan, restart backoff and drain, with real child processes; and
+GPU health as only the supervisor sees it (lost GPUs, workers aborting), with NVML answered
+by the stand-in (tests/nvml_standin)."""
 
 import itertools
 import subprocess
@@ -10,8 +12,12 @@ import pytest
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.fleet.gpus import Inventory, simulated_inventory
+from gpuq.db.tables import Gpu
+from gpuq.fleet import telemetry
+from gpuq.fleet.gpus import Inventory, discover_gpus, simulated_inventory
 from gpuq.settings import Settings
+from tests.nvml_standin import StandinMig, gpu_uuid, mig_uuid
+from worker.device import EXIT_DEVICE_UNUSABLE
 from worker.supervisor import SlotPlan, Supervisor, plan_slots, worker_command, worker_environment
 
 
@@ -31,7 +37,21 @@ def test_a_worker_is_spawned_with_its_gpu_visible_and_nothing_else():
     assert worker_environment(SlotPlan("cpu0", ()), {})["CUDA_VISIBLE_DEVICES"] == ""
 
 
-def make_supervisor(database_url, redis, command, **options):
+def test_mig_devices_get_a_slot_each_and_shared_gpus_say_so_to_their_workers(nvml):
+    nvml.gpus[0].mig_mode, nvml.gpus[0].max_mig = True, 7
+    nvml.gpus[0].migs = [StandinMig(mig_uuid(0, 0), slot=0), StandinMig(mig_uuid(0, 1), slot=1)]
+    nvml.write()
+    slots = plan_slots(discover_gpus(host="node1"))
+    assert slots == [
+        SlotPlan("gpu0-mig0", (mig_uuid(0, 0),)),
+        SlotPlan("gpu0-mig1", (mig_uuid(0, 1),)),
+        SlotPlan("gpu1", (gpu_uuid(1),)),
+    ]
+    shared = plan_slots(discover_gpus(host="node1"), slots_per_gpu=2)
+    assert worker_command(shared[0])[-6:] == ["--slot", "gpu0-mig0-0", "--gpus", mig_uuid(0, 0), "--gpu-share", "2"]
+
+
+def make_supervisor(database_url, redis, command, inventory=None, **options):
     spawned = []
 
     def spawn(slot):
@@ -41,7 +61,7 @@ def make_supervisor(database_url, redis, command, **options):
     engine = sync_engine(database_url)
     supervisor = Supervisor(
         settings=Settings(database_url=database_url, redis_url="redis://unused"),
-        inventory=simulated_inventory("node1", [24]),
+        inventory=inventory or simulated_inventory("node1", [24]),
         spawn=spawn,
         sessions=sync_sessions(engine),
         redis=redis,
@@ -119,3 +139,106 @@ def test_a_running_supervisor_records_gpu_samples_and_prunes_old_ones(database_u
     # What the simulation reports (memory), and nulls for what it does not have.
     assert {(r.memory_total_mib, r.memory_used_mib, r.host) for r in rows} == {(24 * 1024, 0, "node1")}
     assert {(r.utilization_pct, r.temperature_c, r.power_w) for r in rows} == {(None, None, None)}
+
+
+def gpu_rows(engine):
+    with sync_sessions(engine)() as session:
+        return {g.uuid: g for g in store.list_gpus(session)}
+
+
+def test_a_gpu_lost_before_the_start_gets_no_worker_and_the_others_do(nvml, database_url, redis):
+    sleeper = "import time; time.sleep(60)"
+    first, _spawned, engine = make_supervisor(database_url, redis, sleeper, inventory=discover_gpus(host="node1"))
+    first.start()  # an earlier run recorded both GPUs
+    first.drain(timeout_s=5)
+    nvml.lose(1)
+    supervisor, spawned, _engine = make_supervisor(database_url, redis, sleeper, inventory=discover_gpus(host="node1"))
+    supervisor.start()
+    supervisor.drain(timeout_s=5)
+    assert spawned == ["gpu0"]  # not a supervisor that died at start: the healthy GPU is served
+    rows = gpu_rows(engine)
+    assert rows[gpu_uuid(0)].healthy and not rows[gpu_uuid(1)].healthy
+    assert "GPU is lost" in rows[gpu_uuid(1)].unhealthy_reason
+    engine.dispose()
+
+
+def test_a_gpu_lost_while_running_is_marked_unhealthy_and_the_others_keep_their_telemetry(nvml, database_url, redis):
+    sleeper = "import time; time.sleep(60)"
+    supervisor, _spawned, engine = make_supervisor(
+        database_url, redis, sleeper, inventory=discover_gpus(host="node1"), telemetry_interval_s=0.2
+    )
+    supervisor.settings = Settings(database_url=database_url, redis_url="redis://unused", gpu_sample_interval_s=0.2)
+    runner = threading.Thread(target=supervisor.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while set(telemetry.read(redis, [gpu_uuid(0), gpu_uuid(1)])) != {gpu_uuid(0), gpu_uuid(1)}:
+            assert time.monotonic() < deadline, "no telemetry published"
+            time.sleep(0.1)
+        nvml.lose(1)
+        lost_at = time.time()
+        while gpu_rows(engine)[gpu_uuid(1)].healthy:
+            assert time.monotonic() < deadline + 10, "the lost GPU was never marked"
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few more rounds
+        live = telemetry.read(redis, [gpu_uuid(0), gpu_uuid(1)])
+        with sync_sessions(engine)() as session:
+            after = [r for r in store.gpu_samples(session) if r.sampled_at.timestamp() > lost_at + 0.5]
+    finally:
+        supervisor.request_stop()
+        runner.join(timeout=30)
+    assert "GPU is lost" in gpu_rows(engine)[gpu_uuid(1)].unhealthy_reason
+    assert gpu_uuid(0) in live and gpu_uuid(1) not in live  # the healthy GPU is still live, the lost one is not
+    assert after and {r.gpu_uuid for r in after} == {gpu_uuid(0)}
+    engine.dispose()
+
+
+def test_a_worker_aborting_three_times_marks_its_gpu_unhealthy(database_url, redis):
+    # ggml aborts on a CUDA error: the process dies with SIGABRT before any count in it can grow.
+    supervisor, spawned, engine = make_supervisor(database_url, redis, "import os; os.abort()", backoff_start_s=0.05)
+    supervisor.start()
+    uuid = supervisor.inventory.gpus[0].uuid
+    deadline = time.monotonic() + 20
+    while len(spawned) < 4 and time.monotonic() < deadline:
+        supervisor.check()
+        time.sleep(0.02)
+    supervisor.drain(timeout_s=5)
+    row = gpu_rows(engine)[uuid]
+    assert not row.healthy and "exited abnormally 3 times" in row.unhealthy_reason
+    assert "killed by SIGABRT" in row.unhealthy_reason
+    engine.dispose()
+
+
+@pytest.mark.parametrize("code", [0, EXIT_DEVICE_UNUSABLE])
+def test_clean_exits_and_refusals_are_not_counted_as_crashes(database_url, redis, code):
+    supervisor, spawned, engine = make_supervisor(
+        database_url, redis, f"import sys; sys.exit({code})", backoff_start_s=0.05
+    )
+    supervisor.start()
+    deadline = time.monotonic() + 20
+    while len(spawned) < 5 and time.monotonic() < deadline:
+        supervisor.check()
+        time.sleep(0.02)
+    supervisor.drain(timeout_s=5)
+    assert len(spawned) == 5 and gpu_rows(engine)[supervisor.inventory.gpus[0].uuid].healthy
+    engine.dispose()
+
+
+def test_a_cpu_host_runs_cpu_workers_but_a_host_whose_gpus_are_all_lost_does_not(nvml):
+    assert plan_slots(Inventory("node1", "none", ()), cpu_workers=1) == [SlotPlan("cpu0", ())]
+    nvml.lose(0)
+    nvml.lose(1)
+    inventory = discover_gpus(host="node1")
+    assert inventory.gpus == () and len(inventory.unreadable) == 2
+    assert plan_slots(inventory, cpu_workers=1) == []
+
+
+def test_gpu_rows_are_only_those_nvml_reads(nvml, database_url, redis):
+    nvml.lose(1)
+    supervisor, _spawned, engine = make_supervisor(
+        database_url, redis, "import time; time.sleep(60)", inventory=discover_gpus(host="node1")
+    )
+    supervisor.start()
+    supervisor.drain(timeout_s=5)
+    assert list(gpu_rows(engine)) == [gpu_uuid(0)] and isinstance(gpu_rows(engine)[gpu_uuid(0)], Gpu)
+    engine.dispose()
