@@ -21,8 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
+from redis.exceptions import RedisError
 from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
@@ -78,8 +80,15 @@ class GenerationRun:
         self._polled_at = time.monotonic()
         worker = self._worker
         worker._read_control()  # throttled to once a second unless pub/sub said it changed
-        if worker._control.drained or worker.runner.sql.wait_s > 0:
+        if worker._control.drained or worker.runner.sql.wait_s > 0 or worker.redis_health.wait_s > 0:
             return
+        try:
+            self._admit_waiting(free)
+        except RedisError as exc:  # the live sequences go on; intake resumes once Redis answers
+            worker.redis_health.failed("taking more jobs", exc)
+
+    def _admit_waiting(self, free: int) -> None:
+        worker = self._worker
         while free > 0:
             taken = next_waiting(worker, self._model, JobKind.GENERATE)
             if taken is None:
@@ -164,7 +173,11 @@ class EmbeddingRun:
         worker._read_control()
         alone = must_run_alone(worker, job)
         while not alone and not worker._control.drained and len(taken) < self.MAX_JOBS:
-            more = next_waiting(worker, self._model, JobKind.EMBED)
+            try:
+                more = next_waiting(worker, self._model, JobKind.EMBED)
+            except RedisError as exc:
+                worker.redis_health.failed("taking more embedding jobs", exc)
+                break
             if more is None:
                 break
             if must_run_alone(worker, more[0]):  # it runs next, by itself
@@ -215,8 +228,12 @@ def next_waiting(worker: GpuqWorker, model: str, kind: str) -> tuple[Job, Queue]
 
 
 def must_run_alone(worker: GpuqWorker, job: Job) -> bool:
-    """Whether the job died beside others on a worker that crashed (see the reconciler)."""
-    return bool(worker.connection.sismember(RUN_ALONE_KEY, job.id))
+    """Whether the job died beside others on a worker that crashed (see the reconciler);
+    not known while Redis does not answer, when it runs as any other."""
+    try:
+        return bool(worker.connection.sismember(RUN_ALONE_KEY, job.id))
+    except RedisError:
+        return False
 
 
 def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, threading.Event, ClaimedJob] | None:
@@ -227,7 +244,13 @@ def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, th
         # (and discarded) before this claim, or it would match the new run.
         worker._requeued_jobs.discard(job.id)
         worker._flush_outcomes()
-    execution = worker.begin_execution(job)
+    try:
+        execution = worker.begin_execution(job)
+    except RedisError as exc:
+        # Popped but not started: in no list, its hash still queued, so the reconciler
+        # enqueues it again (see IN_FLIGHT_LIMIT_S). Nothing was claimed.
+        worker.redis_health.failed(f"starting {job.id}", exc)
+        return None
     cancel = worker.monitor.begin(job.id)
     try:
         claimed = worker.runner.claim(job.id)
@@ -243,5 +266,6 @@ def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, th
     if claimed is None:
         worker.end_execution(job, execution)
         return None
-    worker.connection.srem(RUN_ALONE_KEY, job.id)  # running now (alone if it had to)
+    with suppress(RedisError):  # else it runs alone once more, which is harmless
+        worker.connection.srem(RUN_ALONE_KEY, job.id)  # running now (alone if it had to)
     return execution, cancel, claimed

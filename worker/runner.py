@@ -27,8 +27,8 @@ from worker.energy import NOT_MEASURED, EnergyMeter, JobEnergy, Measurement
 from worker.engine import JobCancelled, LoadedModel
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
 from worker.model_cache import ModelCache, ModelSpec
+from worker.outages import Dependency
 from worker.outcome_writer import OutcomeWriter
-from worker.sql_health import SqlHealth
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class JobRunner:
         self._generating: dict[str, tuple[_Running, LoadedModel]] = {}
         self._kept: list[tuple[ModelSpec, float | None]] = []  # models used since keep_models, with keep_alive
         self._unconfirmed: set[str] = set()  # claims that raised: their COMMIT may still have gone through
-        self.sql = SqlHealth()  # while the database does not answer, the worker takes no job
+        self.sql = Dependency("the database", meanwhile="taking no new job until it answers")
 
     def claim(self, job_id: str) -> store.ClaimedJob | None:
         """Queued to running in SQL for this worker; None (and logged) if it is no longer queued.

@@ -30,9 +30,7 @@ from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.command import parse_payload
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -48,12 +46,12 @@ from gpuq.jobs.queues import parse_queue_name, worker_queue_names
 from gpuq.redis_keys import SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_intermediate_key, rq_queue_key
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
+from worker.outages import Dependency
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
 
 IDLE_WRITE_GAP_S = 1.0
-MAX_REDIS_BACKOFF_S = 30.0
 CONTROL_READ_GAP_S = 1.0  # drain flags and unload requests are re-read at most this often
 DRAINED_WAKE_S = 1.0  # a drained worker checks its flags (and keep_alive expiries) this often
 
@@ -122,6 +120,8 @@ class GpuqWorker(SimpleWorker):
         self._control_changed = threading.Event()  # set by pub/sub: re-read the flags now
         self._unloads_pending: set[str] = set()
         self._requeued_jobs: set[str] = set()
+        self.redis_health = Dependency("Redis", meanwhile="decoding what runs, its bookkeeping kept for later")
+        self._unsent: list[Callable[[], None]] = []  # RQ bookkeeping that Redis could not take yet
         self.monitor = JobMonitor(
             self.connection,
             heartbeat=self._heartbeat_running_job,
@@ -141,9 +141,13 @@ class GpuqWorker(SimpleWorker):
         """RQ's idle loop, with the queue list refreshed on every wake-up (RQ's own loop keeps
         blocking on the queues it started with). ``max_idle_time`` is not supported."""
         self.set_state(WorkerStatus.IDLE)
-        backoff_s = 1.0
         while True:
-            self._housekeeping()
+            try:
+                self._housekeeping()
+            except RedisError as exc:
+                self.redis_health.failed("between jobs", exc)
+            else:
+                self.redis_health.succeeded()
             pause_s = self._pause_s(timeout)
             if pause_s is not None:
                 if timeout is None:
@@ -161,10 +165,8 @@ class GpuqWorker(SimpleWorker):
                 )
             except DequeueTimeout:
                 continue
-            except (RedisConnectionError, RedisTimeoutError):
-                log.warning("cannot reach Redis; retrying in %.0f s", backoff_s, exc_info=True)
-                time.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, MAX_REDIS_BACKOFF_S)
+            except RedisError as exc:
+                self.redis_health.failed("waiting for jobs", exc)
                 continue
             if result is not None:
                 if self._put_back_if_drained(*result):
@@ -178,13 +180,16 @@ class GpuqWorker(SimpleWorker):
             return DRAINED_WAKE_S
         if not self._ordered_queues:  # nothing to serve (unhealthy GPU, no allowed model)
             return float(timeout or 0)
-        if self.runner.sql.wait_s > 0:  # a job taken now could not be claimed
-            return min(self.runner.sql.wait_s, self.dequeue_timeout)
+        waits = [d.wait_s for d in (self.runner.sql, self.redis_health) if d.wait_s > 0]
+        if waits:  # a job taken now could not be claimed, or Redis does not answer
+            return min(max(waits), self.dequeue_timeout)
         return None
 
     def _housekeeping(self) -> None:
         """Between jobs and on every idle wake-up: model expiry and unloads, the queue list,
-        heartbeat, RQ's maintenance, and the admin's flags (each throttled where it costs)."""
+        heartbeat, RQ's maintenance, and the admin's flags (each throttled where it costs).
+        Raises RedisError if Redis does not answer."""
+        self._send_unsent()
         with self._cache_lock:
             self._on_idle()  # unload models whose keep_alive ran out
             self._apply_unloads()
@@ -291,7 +296,11 @@ class GpuqWorker(SimpleWorker):
             self._flush_outcomes()
 
     def _execute_job(self, job: Job, queue: Queue) -> None:
-        execution = self.begin_execution(job)
+        try:
+            execution = self.begin_execution(job)
+        except RedisError as exc:  # popped, not started: the reconciler enqueues it again
+            self.redis_health.failed(f"starting {job.id}", exc)
+            return
         cancel = self.monitor.begin(job.id)
         try:
             self.runner.run(job.id, cancel)
@@ -328,19 +337,38 @@ class GpuqWorker(SimpleWorker):
     def end_execution(self, job: Job, execution: Execution) -> None:
         self.monitor.end(job.id)
         self._running.pop(job.id, None)
-        with self.connection.pipeline(transaction=False) as pipe:
-            self.cleanup_execution(job, pipeline=pipe, execution=execution)
-            pipe.eval(_DELETE_UNLESS_QUEUED, 1, job.key)  # result_ttl=0: the result lives in SQL
-            self.increment_successful_job_count(pipeline=pipe)
-            if not self._running:
-                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
-            self._publish_loaded(pipe)
-            pipe.execute()
+
+        def send() -> None:
+            with self.connection.pipeline(transaction=False) as pipe:
+                self.cleanup_execution(job, pipeline=pipe, execution=execution)
+                pipe.eval(_DELETE_UNLESS_QUEUED, 1, job.key)  # result_ttl=0: the result lives in SQL
+                self.increment_successful_job_count(pipeline=pipe)
+                if not self._running:
+                    self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+                pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
+                self._publish_loaded(pipe)
+                pipe.execute()
+
+        self._send_or_keep(send, f"the end of {job.id}")
+
+    def _send_or_keep(self, send: Callable[[], None], what: str) -> None:
+        """RQ bookkeeping that must reach Redis some time: sent now, or kept and sent by the
+        loop once Redis answers (the outcome itself is in SQL already: nothing waits on it)."""
+        try:
+            send()
+        except RedisError as exc:
+            self.redis_health.failed(f"recording {what}", exc)
+            self._published_loaded = None  # publish again with the kept bookkeeping
+            self._unsent.append(send)
+
+    def _send_unsent(self) -> None:
+        while self._unsent:
+            self._unsent[0]()  # RedisError: it stays first in line
+            self._unsent.pop(0)
 
     def return_unclaimed(self, job: Job, queue: Queue, execution: Execution) -> None:
         """The database could not be reached to claim the job: it goes back to the front of its
-        queue, as it was, and the worker takes nothing until SQL answers (``SqlHealth``). So
+        queue, as it was, and the worker takes nothing until SQL answers (``runner.sql``). So
         an outage neither runs a job unrecorded nor empties the queues into RQ's failed
         registry. (If the claim did commit and only its reply was lost, the row is running on
         this worker: its next claim of the job adopts it, and the reconciler re-enqueues a
@@ -359,10 +387,15 @@ class GpuqWorker(SimpleWorker):
     def fail_execution(self, job: Job, queue: Queue, execution: Execution) -> None:
         self.monitor.end(job.id)
         self._running.pop(job.id, None)
-        self.handle_job_failure(job, queue, exc_string=traceback.format_exc(), execution=execution)
-        self.connection.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
-        if not self._running:
-            self.set_state(WorkerStatus.IDLE)
+        trace = traceback.format_exc()
+
+        def send() -> None:
+            self.handle_job_failure(job, queue, exc_string=trace, execution=execution)
+            self.connection.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
+            if not self._running:
+                self.set_state(WorkerStatus.IDLE)
+
+        self._send_or_keep(send, f"the failure of {job.id}")
 
     def _publish_loaded(self, pipe: Pipeline) -> None:
         """Which models this worker holds, on its RQ worker hash (for telemetry, dashboards
@@ -422,24 +455,49 @@ class GpuqWorker(SimpleWorker):
 
     # ------------------------------------------------------------- fewer writes
 
+    # RQ's own loop quits at the first Redis error from any of these; a gpuq worker rides out
+    # an outage instead (its running jobs go on, see ``_send_or_keep``).
+
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         now = time.monotonic()
         if pipeline is None and timeout is None and now - self._last_heartbeat_mono < IDLE_WRITE_GAP_S:
             return
         self._last_heartbeat_mono = now
-        super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
+        if pipeline is not None:
+            super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
+            return
+        try:
+            super().heartbeat(timeout or self.worker_ttl)
+        except RedisError as exc:
+            self.redis_health.failed("sending its heartbeat", exc)
 
     def check_for_suspension(self, burst: bool) -> None:
         # RQ asks Redis on every loop; once a second is enough to honour `rq suspend`.
         now = time.monotonic()
         if now - self._suspension_checked_at >= IDLE_WRITE_GAP_S:
             self._suspension_checked_at = now
-            super().check_for_suspension(burst)
+            try:
+                super().check_for_suspension(burst)
+            except RedisError as exc:
+                self.redis_health.failed("checking for `rq suspend`", exc)
+
+    def run_maintenance_tasks(self) -> None:
+        try:
+            super().run_maintenance_tasks()
+        except RedisError as exc:
+            self.redis_health.failed("cleaning RQ's registries", exc)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is None and getattr(self, "_state", None) == state:
             return
-        super().set_state(state, pipeline=pipeline)
+        if pipeline is not None:
+            super().set_state(state, pipeline=pipeline)
+            return
+        try:
+            super().set_state(state)
+        except RedisError as exc:
+            self._state = ""  # unknown to Redis: set again next time
+            self.redis_health.failed("publishing its state", exc)
 
     # ------------------------------------------------------------- lifecycle
 

@@ -50,9 +50,10 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> str:
+    def start(self, *, port: int | None = None) -> str:
+        """Starts it on a free port, or on ``port`` (to come back where clients look for it)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = port or free_port()
         args = [
             find_redis_server(),
             "--port",
