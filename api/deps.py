@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Protocol, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.schemas.common import MAX_SQL_INT
 from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Batch, File, Job
@@ -40,14 +42,24 @@ async def get_db(state: Annotated[AppState, Depends(get_state)]) -> AsyncIterato
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+# The id of a row with an integer key (a schedule, an affinity rule), as a path parameter:
+# one beyond what the column holds is a 422, not a database error.
+RowId = Annotated[int, Path(ge=1, le=MAX_SQL_INT)]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]
 
 
-async def get_caller(request: Request, db: SessionDep) -> Caller:
+# Reads ``Authorization: Bearer <key>``; as a dependency it also marks each route that needs
+# a key with the bearer security scheme in the OpenAPI document. Its own refusal (a bare
+# 403) is off: get_caller answers 401 in gpuq's shape.
+_bearer = HTTPBearer(scheme_name="apiKey", description="a gpuq API key (`gpuq keys create`)", auto_error=False)
+
+
+async def get_caller(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)], db: SessionDep
+) -> Caller:
     """The caller's API key, from ``Authorization: Bearer <key>`` (what the OpenAI client sends)."""
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-    secret = secret.strip()
-    if scheme.lower() != "bearer" or not secret:
+    secret = credentials.credentials.strip() if credentials is not None else ""
+    if not secret:
         raise RequestError(
             401,
             "this endpoint needs an API key: send the header `Authorization: Bearer <key>` "

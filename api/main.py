@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from redis import Redis
 
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
+from api.input_guard import refuse_unstorable_input
+from api.openapi import install_openapi
 from api.routers import (
     affinity,
     batches,
@@ -48,7 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await engine.dispose()
             blocking_engine.dispose()
 
-    app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan, dependencies=[Depends(refuse_unstorable_input)])
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_body_bytes,
@@ -75,4 +77,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     for router in routers:
         app.include_router(router)
+    install_openapi(app)
     return app

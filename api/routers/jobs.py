@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 
 from api.deps import CallerDep, SessionDep, StateDep, visible_job
+from api.errors import errors
 from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from api.schemas.common import PriorityName
 from gpuq import store
@@ -22,7 +23,18 @@ from gpuq.jobs.submit import submit_jobs
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses=errors(
+        404,
+        409,
+        429,
+        503,
+        other={200: {"model": JobPublic, "description": "An `Idempotency-Key` replay: the first job"}},
+    ),
+)
 async def create_job(
     body: JobCreate,
     db: SessionDep,
@@ -44,7 +56,9 @@ async def create_job(
     return JobPublic.of(accepted.job)
 
 
-@router.post("/bulk", status_code=status.HTTP_202_ACCEPTED, response_model=JobsAccepted)
+@router.post(
+    "/bulk", status_code=status.HTTP_202_ACCEPTED, response_model=JobsAccepted, responses=errors(404, 409, 429, 503)
+)
 async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller: CallerDep) -> JobsAccepted:
     """Queue many jobs in one request: all are accepted, or none (the error names the index)."""
     limit = state.settings.max_jobs_per_request
@@ -57,12 +71,12 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
 async def read_job(job_id: str, db: SessionDep, caller: CallerDep) -> JobPublic:
     return JobPublic.of(await visible_job(db, caller, job_id))
 
 
-@router.get("/{job_id}/position", response_model=JobPosition)
+@router.get("/{job_id}/position", response_model=JobPosition, responses=errors(404))
 async def read_position(job_id: str, db: SessionDep, state: StateDep, caller: CallerDep) -> JobPosition:
     """A queued job's place: jobs ahead of it (in its queue and the higher priorities of its
     model and kind) and an ETA from the model's recent throughput. Other statuses: position null."""
@@ -114,7 +128,11 @@ async def list_jobs(
     )
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobPublic,
+    responses=errors(404, 409, other={202: {"model": JobPublic, "description": "Running: it stops at its next token"}}),
+)
 async def cancel(job_id: str, db: SessionDep, state: StateDep, response: Response, caller: CallerDep) -> JobPublic:
     """A queued job is cancelled at once (200); a running one stops at its next token (202)."""
     await visible_job(db, caller, job_id)

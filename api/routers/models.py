@@ -6,6 +6,7 @@ from anyio import to_thread
 from fastapi import APIRouter, status
 
 from api.deps import ADMIN_ONLY, KEY_REQUIRED, SessionDep, StateDep
+from api.errors import errors
 from api.schemas import ModelCreate, ModelPublic, ModelsPublic
 from gpuq import store
 from gpuq.db.tables import Model
@@ -20,7 +21,7 @@ async def list_models(db: SessionDep) -> ModelsPublic:
     return ModelsPublic(data=[ModelPublic.of(m) for m in await db.run_sync(store.list_models)])
 
 
-@router.get("/{name}", response_model=ModelPublic)
+@router.get("/{name}", response_model=ModelPublic, responses=errors(404))
 async def read_model(name: str, db: SessionDep) -> ModelPublic:
     model = await db.run_sync(store.get_model, name)
     if model is None:
@@ -28,7 +29,9 @@ async def read_model(name: str, db: SessionDep) -> ModelPublic:
     return ModelPublic.of(model)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic, dependencies=ADMIN_ONLY)
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=ModelPublic, dependencies=ADMIN_ONLY, responses=errors(403)
+)
 async def register_model(body: ModelCreate, db: SessionDep, state: StateDep) -> ModelPublic:
     """Register (or re-register) a GGUF file under the models directory by name."""
 

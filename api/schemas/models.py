@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import MAX_CONTEXT_TOKENS, Strict
+from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_SQL_INT, Strict
 from gpuq.db.tables import Model, ModelKind
 
 
@@ -16,7 +16,10 @@ class ModelCreate(Strict):
     kinds: list[ModelKind] = Field(default_factory=lambda: [ModelKind.GENERATE], min_length=1)
     context_length: int | None = Field(None, ge=1, le=MAX_CONTEXT_TOKENS)
     vram_mib: int | None = Field(
-        None, ge=1, description="measured GPU memory the model needs; overrides gpuq's estimate for placement"
+        None,
+        ge=1,
+        le=MAX_SQL_INT,
+        description="measured GPU memory the model needs; overrides gpuq's estimate for placement",
     )
 
 

@@ -34,6 +34,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq.db.tables import DeliveryStatus, WebhookDelivery, utcnow
+from gpuq.private_files import private_dir, write_private
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,8 @@ def load_secret(configured: str, data_dir: Path) -> bytes:
         return configured.encode()
     path = data_dir / "webhook_secret"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_hex(32))
-        path.chmod(0o600)
+        private_dir(path.parent)
+        write_private(path, secrets.token_hex(32).encode())
     return path.read_text().strip().encode()
 
 

@@ -54,7 +54,7 @@ def test_a_schedule_is_created_previewed_paused_resumed_run_and_deleted(client, 
         ({"requests": None, "input_file_id": "file-x"}, 422, "input file 'file-x' does not exist"),
         (
             {"requests": [LINE | {"body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}]},
-            400,
+            422,
             "line 1: model 'nope' is not registered",
         ),
         ({"requests": [{"custom_id": "a"}]}, 422, "invalid requests: request 1: `method` must be POST"),
