@@ -39,6 +39,26 @@ def test_impossible_cron_expressions_say_why(bad):
     assert caught.value.status == 422 and f"invalid cron expression {bad!r}" in caught.value.message
 
 
+@pytest.mark.parametrize("extra_fields", ["* * * * * *", "0 0 2 * * * 2030", "*/1 * * * * *"])
+def test_seconds_and_years_fields_are_refused_so_a_schedule_cannot_fire_every_second(extra_fields):
+    with pytest.raises(RequestError) as caught:
+        check_cron(extra_fields)
+    assert caught.value.status == 422 and "give five fields" in caught.value.message
+    assert "no seconds or years field" in caught.value.message
+
+
+@pytest.mark.parametrize("never", ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4,6,9,11 *"])
+def test_an_expression_that_matches_no_date_is_refused(never):
+    with pytest.raises(RequestError) as caught:
+        check_cron(never)
+    assert caught.value.status == 422 and f"cron expression {never!r} never fires" in caught.value.message
+
+
+@pytest.mark.parametrize("good", ["@daily", "@hourly", "@weekly", "0 0 29 2 *", "0 0 L * *", "*/5 9-17 * * 1-5"])
+def test_five_field_expressions_and_aliases_give_their_first_fire_time(good):
+    assert check_cron(good, "Europe/Paris") > datetime.now(UTC)
+
+
 def test_unknown_time_zones_are_refused():
     with pytest.raises(RequestError, match="unknown time zone 'Mars/Olympus'"):
         zone("Mars/Olympus")
