@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Protocol, TypeVar
 
+from anyio import to_thread
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.schemas.common import MAX_SQL_INT
 from gpuq import store
 from gpuq.auth.access import Caller
+from gpuq.batches.destinations import DestinationPolicy, check_webhook_url
 from gpuq.db.tables import Batch, File, Job
 from gpuq.errors import RequestError
 from gpuq.settings import Settings
@@ -30,6 +32,12 @@ class AppState:
     # Heavy synchronous work (starting a 50,000-line batch) runs in a worker thread with
     # its own session, off the event loop.
     sync_sessions: sessionmaker[Session]
+    destinations: DestinationPolicy  # where webhook_url may point (gpuq/batches/destinations.py)
+
+    async def check_webhook_url(self, url: object | None) -> None:
+        """A 422 for a webhook URL that may not be sent to; the lookup runs off the event loop."""
+        if url is not None:
+            await to_thread.run_sync(lambda: check_webhook_url(self.destinations, str(url)))
 
 
 def get_state(request: Request) -> AppState:

@@ -30,19 +30,24 @@ from api.routers import (
     webhooks,
     workers,
 )
+from gpuq.batches.destinations import DestinationPolicy, Resolve, system_resolve
 from gpuq.db.engine import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.settings import Settings, get_settings
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, resolve: Resolve = system_resolve) -> FastAPI:
+    """The app over ``settings``; ``resolve`` is how webhook hosts are looked up (tests stub it)."""
     settings = settings or get_settings()
+    destinations = DestinationPolicy.from_setting(settings.webhook_allowed_hosts, resolve=resolve)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = async_engine(settings.database_url)
         blocking_engine = sync_engine(settings.database_url)
         redis = Redis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)
-        app.state.gpuq = AppState(settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine))
+        app.state.gpuq = AppState(
+            settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine), destinations
+        )
         try:
             yield
         finally:

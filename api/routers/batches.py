@@ -30,6 +30,7 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
     """Run every line of an uploaded file. Lines are checked first; an invalid one fails the
     request (422, with line numbers) and nothing is created."""
     file = await visible_file(db, caller, body.input_file_id)
+    await state.check_webhook_url(body.webhook_url)
 
     def start() -> str:
         with state.sync_sessions() as session:

@@ -47,6 +47,7 @@ async def create_job(
     the same key and body return the first job (200) instead of queueing another."""
     if idempotency_key and body.idempotency_key is None:
         body = body.model_copy(update={"idempotency_key": idempotency_key})
+    await state.check_webhook_url(body.webhook_url)
     await admit(db, state.redis, caller, queued_jobs=1, submissions=1)
     [accepted] = await submit_jobs(
         db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s, caller=caller
@@ -64,6 +65,8 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
     limit = state.settings.max_jobs_per_request
     if len(body.jobs) > limit:
         raise RequestError(422, f"{len(body.jobs)} jobs in one request; at most {limit}")
+    for url in {j.webhook_url for j in body.jobs}:
+        await state.check_webhook_url(url)
     await admit(db, state.redis, caller, queued_jobs=len(body.jobs), submissions=len(body.jobs))
     accepted = await submit_jobs(
         db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller

@@ -121,7 +121,7 @@ def test_a_batch_is_queued_then_cancelled_then_cancelling_it_again_is_a_conflict
             {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}}
         )
     )
-    batch = create(client, upload(client, content).json()["id"], webhook_url="http://127.0.0.1:9/hook").json()
+    batch = create(client, upload(client, content).json()["id"], webhook_url="http://hooks.example/hook").json()
     assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 4, "completed": 0, "failed": 0}
     assert len(redis_job_keys(redis)) == 4
     assert [j["priority"] for j in client.get("/v1/jobs").json()["data"]] == ["low"] * 4  # below interactive work
