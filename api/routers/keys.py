@@ -10,7 +10,6 @@ from api.deps import AdminDep, CallerDep, SessionDep
 from api.errors import errors
 from api.schemas import KeyCreate, KeyCreated, KeyPublic, KeysPublic
 from gpuq import store
-from gpuq.db.tables import Role
 from gpuq.errors import RequestError
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -50,12 +49,9 @@ async def who_am_i(db: SessionDep, caller: CallerDep) -> KeyPublic:
 async def revoke_key(key_id: str, db: SessionDep, _admin: AdminDep) -> Response:
     """The key stops working at once. The last active admin key cannot be revoked: that
     would lock every admin out (create another admin key first)."""
-    key = await db.run_sync(store.get_api_key, key_id)
-    if key is None or key.revoked_at is not None:
+    outcome = await db.run_sync(store.revoke_key_keeping_an_admin, key_id)
+    if outcome == store.Revocation.NOT_FOUND:
         raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
-    if key.role == Role.ADMIN:
-        admins = [k for k in await db.run_sync(store.list_api_keys) if k.role == Role.ADMIN]
-        if len(admins) == 1:
-            raise RequestError(409, f"key {key_id} is the last active admin key; create another admin key first")
-    await db.run_sync(store.revoke_api_key, key_id)
+    if outcome == store.Revocation.LAST_ADMIN:
+        raise RequestError(409, f"key {key_id} is the last active admin key; create another admin key first")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

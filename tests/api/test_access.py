@@ -1,6 +1,7 @@
 """API keys, roles and tenants: who may call what, and what each tenant sees."""
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -231,3 +232,46 @@ def test_a_tenant_reads_only_its_own_webhook_deliveries(as_key, make_key, client
     assert [d["job_id"] for d in as_key(acme, "GET", "/v1/webhooks/deliveries").json()["data"]] == ["job_a"]
     assert as_key(acme, "GET", "/v1/webhooks/deliveries", params={"job_id": "job_g"}).json()["data"] == []
     assert {d["job_id"] for d in client.get("/v1/webhooks/deliveries").json()["data"]} == {"job_a", "job_g"}
+
+
+ROUNDS = 8
+
+
+def revoke_at_once(pairs: list[tuple[TestClient, str, str]]) -> list[int]:
+    """Each (client, secret, key id) revokes at the same moment; the statuses, sorted."""
+    barrier = threading.Barrier(len(pairs))
+
+    def revoke(c: TestClient, secret: str, key_id: str) -> int:
+        barrier.wait()
+        return c.delete(f"/v1/keys/{key_id}", headers=bearer(secret)).status_code
+
+    with ThreadPoolExecutor(len(pairs)) as pool:
+        return sorted(pool.map(lambda pair: revoke(*pair), pairs))
+
+
+@both_databases
+def test_two_admins_revoking_each_other_at_once_leave_one_admin_key(settings, session, make_key):
+    """Each round starts with exactly two active admin keys, and each revokes the other at
+    the same moment, through its own API instance: one revocation wins, the other is refused
+    (409, or 401 once its own key is gone), and an admin key is always left."""
+    from api.main import create_app
+    from gpuq.db.tables import Role
+
+    def active_admins() -> dict[str, str]:
+        """key prefix -> id of every active admin key."""
+        session.expire_all()
+        rows = session.query(ApiKey).filter(ApiKey.role == Role.ADMIN.value, ApiKey.revoked_at.is_(None))
+        return {k.key_prefix: k.id for k in rows}
+
+    survivor = make_key("admin", "ops")
+    with TestClient(create_app(settings)) as first, TestClient(create_app(settings)) as second:
+        for _ in range(ROUNDS):
+            newcomer = make_key("admin", "ops")
+            ids = active_admins()
+            assert len(ids) == 2
+            a, b = ids[survivor[:12]], ids[newcomer[:12]]
+            codes = revoke_at_once([(first, survivor, b), (second, newcomer, a)])
+            left = active_admins()
+            assert len(left) == 1, f"no admin key is left after {codes}"
+            assert codes in ([204, 401], [204, 409]), codes
+            survivor = survivor if survivor[:12] in left else newcomer
