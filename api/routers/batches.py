@@ -34,7 +34,6 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
 
     def start() -> str:
         with state.sync_sessions() as session:
-            admit_sync(session, state.redis, caller, queued_jobs=file.line_count, submissions=1)
             return batches.start_batch(
                 session,
                 state.redis,
@@ -47,6 +46,7 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
                 webhook_url=str(body.webhook_url) if body.webhook_url else None,
                 owner=caller.owner,
                 api_key_id=caller.key_id,
+                admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=file.line_count, submissions=1),
             ).id
 
     batch_id = await to_thread.run_sync(start)

@@ -16,7 +16,6 @@ from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
-from gpuq.jobs.limits import admit
 from gpuq.jobs.position import job_position_async
 from gpuq.jobs.submit import submit_jobs
 
@@ -48,7 +47,6 @@ async def create_job(
     if idempotency_key and body.idempotency_key is None:
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     await state.check_webhook_url(body.webhook_url)
-    await admit(db, state.redis, caller, queued_jobs=1, submissions=1)
     [accepted] = await submit_jobs(
         db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s, caller=caller
     )
@@ -67,7 +65,6 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
         raise RequestError(422, f"{len(body.jobs)} jobs in one request; at most {limit}")
     for url in {j.webhook_url for j in body.jobs}:
         await state.check_webhook_url(url)
-    await admit(db, state.redis, caller, queued_jobs=len(body.jobs), submissions=len(body.jobs))
     accepted = await submit_jobs(
         db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
     )

@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -208,11 +208,13 @@ def start_batch(
     webhook_url: str | None = None,
     owner: str | None = None,
     api_key_id: str | None = None,
+    admit: Callable[[Session], None] | None = None,
 ) -> Batch:
     """Check every line, then write the batch and its jobs and queue them (or nothing).
     The batch and its jobs belong to ``owner``; ``api_key_id`` is the key that asked, whose
-    queued-jobs limit they count against. Synchronous: the API runs it in a worker thread,
-    the scheduler in its own loop."""
+    queued-jobs limit they count against; ``admit`` applies that key's limits in ``session``,
+    once every line has passed its checks (a refused batch spends nothing). Synchronous: the
+    API runs it in a worker thread, the scheduler in its own loop."""
     if endpoint not in ENDPOINTS:
         raise RequestError(
             422, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
@@ -227,6 +229,8 @@ def start_batch(
         jobs = plan_batch_jobs(
             session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
         )
+        if admit is not None:
+            admit(session)
         now = utcnow()
         batch = Batch(
             id=batch_id,

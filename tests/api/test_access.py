@@ -200,6 +200,36 @@ def test_a_key_over_its_submission_rate_gets_a_429_with_retry_after(as_key, make
     assert len(job_rows()) == 3
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kind": "noop", "model": "no-such-model"},  # 404
+        {"kind": "generate", "model": MODEL, "prompt": "hi", "max_tokens": 4096},  # 422: over the context
+        {"kind": "noop", "model": MODEL, "webhook_url": "http://127.0.0.1:6379/"},  # 422: an internal destination
+    ],
+)
+def test_refused_submissions_spend_none_of_the_keys_rate(as_key, make_key, client, job_rows, bad):
+    limited = make_key("submitter", "acme", max_submissions_per_minute=2)
+    for _ in range(5):
+        assert as_key(limited, "POST", "/v1/jobs", json=bad).status_code in (404, 422)
+    assert as_key(limited, "POST", "/v1/jobs/bulk", json={"jobs": [NOOP, bad]}).status_code in (404, 422)
+    file = batch_file(client, limited).json()
+    bad_batch = {"input_file_id": file["id"], "endpoint": "/v1/embeddings", "completion_window": "999h"}
+    assert as_key(limited, "POST", "/v1/batches", json=bad_batch).status_code == 422
+    # The whole minute's allowance is still there for work that is accepted.
+    assert as_key(limited, "POST", "/v1/jobs/bulk", json={"jobs": [NOOP, NOOP]}).status_code == 202
+    assert as_key(limited, "POST", "/v1/jobs", json=NOOP).status_code == 429
+    assert len(job_rows()) == 2
+
+
+def test_an_idempotent_replay_spends_nothing(as_key, make_key, job_rows):
+    limited = make_key("submitter", "acme", max_submissions_per_minute=1)
+    first = as_key(limited, "POST", "/v1/jobs", json=NOOP | {"idempotency_key": "k1"})
+    again = as_key(limited, "POST", "/v1/jobs", json=NOOP | {"idempotency_key": "k1"})
+    assert (first.status_code, again.status_code) == (202, 200) and again.json()["id"] == first.json()["id"]
+    assert len(job_rows()) == 1
+
+
 def test_a_batch_counts_its_lines_against_the_queued_jobs_limit(as_key, make_key, client, session):
     limited = make_key("submitter", "acme", max_queued_jobs=1)
     file = batch_file(client, limited).json()
