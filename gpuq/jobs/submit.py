@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.limits import admit
 from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
 from gpuq.jobs.queues import Priority, QueueEntry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +140,10 @@ def _tokenizer(model: Model) -> VocabTokenizer:
     try:
         return vocab_tokenizer(model.path)
     except ValueError as exc:  # llama.cpp could not read the file
+        # The path and llama.cpp's words go to the log: submitters see neither where files live nor why.
+        log.error("model %s: its file %s cannot be read: %s", model.name, model.path, exc)
         raise RequestError(
-            422, f"model {model.name!r} cannot be used: its file {model.path} cannot be read ({exc})"
+            422, f"model {model.name!r} cannot be used: its file cannot be read (an admin can see why in the log)"
         ) from None
 
 
