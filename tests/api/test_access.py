@@ -305,3 +305,34 @@ def test_two_admins_revoking_each_other_at_once_leave_one_admin_key(settings, se
             assert len(left) == 1, f"no admin key is left after {codes}"
             assert codes in ([204, 401], [204, 409]), codes
             survivor = survivor if survivor[:12] in left else newcomer
+
+
+@both_databases
+def test_a_submitter_reads_its_own_batchs_output_and_error_files_with_the_openai_client(
+    client, make_key, session, redis, settings
+):
+    """OpenAI's flow, files.content(batch.output_file_id), works for the batch's tenant's keys
+    and answers 404 to another tenant's."""
+    import openai
+
+    from gpuq.batches.service import advance_batches
+    from tests.gpuq.batches.test_finalize import chat_line, finish_lines
+
+    def as_tenant(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=client, max_retries=0)
+
+    acme, globex = as_tenant(make_key("submitter", "acme")), as_tenant(make_key("submitter", "globex"))
+    lines = "\n".join(json.dumps(chat_line(c)) for c in ("a", "b")).encode()
+    uploaded = acme.files.create(file=("in.jsonl", lines), purpose="batch")
+    batch = acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    finish_lines(session, batch.id, succeeded=("a",), failed=("b",))
+    assert advance_batches(session, redis, settings.data_dir) == [batch.id]
+    done = acme.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.output_file_id and done.error_file_id
+    [ok] = acme.files.content(done.output_file_id).text.splitlines()
+    [err] = acme.files.content(done.error_file_id).text.splitlines()
+    assert json.loads(ok)["custom_id"] == "a" and json.loads(err)["custom_id"] == "b"
+    assert acme.files.retrieve(done.output_file_id).purpose == "batch_output"
+    for file_id in (done.output_file_id, done.error_file_id, uploaded.id):
+        with pytest.raises(openai.NotFoundError):
+            globex.files.content(file_id)
