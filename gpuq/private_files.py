@@ -8,7 +8,7 @@ created empty with 0600 before SQLite opens it, because SQLite gives its ``-wal`
 ``-shm`` files the database file's mode.
 
 An existing data directory is not changed (it may be a directory the operator chose for
-other reasons); ``open_to_others`` lets callers warn about one that others may read.
+other reasons); the API and the scheduler warn at start about one that others may read.
 """
 
 from __future__ import annotations
@@ -55,6 +55,13 @@ def open_to_others(path: Path) -> bool:
     return path.exists() and bool(path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO))
 
 
+def warn_if_open_to_others(data_dir: Path) -> None:
+    """Say so at start when other local users may read the data directory (gpuq never
+    narrows a directory it did not create)."""
+    if open_to_others(data_dir):
+        log.warning("the data directory %s is open to other local users; `chmod 700` it (docs/security.md)", data_dir)
+
+
 def prepare_sqlite_file(database_url: str) -> None:
     """For a SQLite URL: its directory (0700 if gpuq creates it), and the database file and
     SQLite's companions narrowed to 0600, the database created empty so if it is new."""
@@ -69,8 +76,3 @@ def prepare_sqlite_file(database_url: str) -> None:
         companion = Path(f"{database}{suffix}")
         if companion.exists() and open_to_others(companion):
             os.chmod(companion, FILE_MODE)
-    if open_to_others(database.parent):
-        log.warning(
-            "the data directory %s is open to other local users; `chmod 700` it (see docs/security.md)",
-            database.parent,
-        )

@@ -38,6 +38,7 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import utcnow
 from gpuq.jobs.aging import promote_aged_jobs
 from gpuq.jobs.reconciler import reconcile_once
+from gpuq.private_files import warn_if_open_to_others
 from gpuq.settings import Settings
 from gpuq.stats import rollups
 
@@ -118,6 +119,7 @@ class Scheduler:
         self._engine = sync_engine(settings.database_url)
         self._sessions = sync_sessions(self._engine)
         self._redis = Redis.from_url(settings.require_redis_url())
+        warn_if_open_to_others(settings.data_dir)
         secret = load_secret(settings.webhook_secret, settings.data_dir)
         policy = DestinationPolicy.from_setting(settings.webhook_allowed_hosts, resolve=resolve)
         self._webhooks = DeliveryPool(self._sessions, secret, threads=settings.webhook_delivery_threads, policy=policy)

@@ -69,3 +69,15 @@ async def test_uploads_inline_requests_and_the_webhook_secret_are_private(tmp_pa
 def test_an_existing_files_directory_open_to_others_is_narrowed(tmp_path):
     (tmp_path / "files").mkdir(mode=0o755)
     assert mode(files_dir(tmp_path)) == 0o700
+
+
+def test_a_data_directory_open_to_others_is_left_as_it_is_but_reported(tmp_path, caplog):
+    from gpuq.private_files import warn_if_open_to_others
+
+    tmp_path.chmod(0o755)
+    warn_if_open_to_others(tmp_path)
+    assert mode(tmp_path) == 0o755 and "is open to other local users; `chmod 700` it" in caplog.text
+    caplog.clear()
+    tmp_path.chmod(0o700)
+    warn_if_open_to_others(tmp_path)
+    assert caplog.text == ""
