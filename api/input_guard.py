@@ -15,6 +15,7 @@ Headers need no check: HTTP servers refuse NUL in them.
 from __future__ import annotations
 
 from fastapi import Request
+from fastapi.dependencies.utils import get_flat_params
 
 from gpuq.errors import RequestError
 from gpuq.json_checks import NUL, NUL_ESCAPE, depth_message, may_be_too_deep, nul_location, nul_message, too_deep
@@ -41,11 +42,20 @@ async def _check_json_body(request: Request) -> None:
         _refuse_nul(f"`{where}`" if where else "the request body", where or "body")
 
 
+def _declared_query_parameters(request: Request) -> set[str]:
+    """The query parameters the matched route reads (its own and its dependencies'); others
+    are never read, so whatever they hold reaches nothing."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    return {param.alias for param in get_flat_params(dependant)} if dependant is not None else set()
+
+
 async def refuse_unstorable_input(request: Request) -> None:
     for name, value in request.path_params.items():
         if NUL in str(value):
             _refuse_nul(f"the path parameter `{name}`", name)
+    declared = _declared_query_parameters(request)
     for name, value in request.query_params.multi_items():
-        if NUL in name or NUL in value:
-            _refuse_nul(f"the query parameter `{name.replace(NUL, '')}`", name.replace(NUL, ""))
+        if name in declared and NUL in value:
+            _refuse_nul(f"the query parameter `{name}`", name)
     await _check_json_body(request)
