@@ -144,6 +144,19 @@ def fire(
     return run
 
 
+def _paused_for_its_cron(session: Session, schedule: Schedule) -> bool:
+    """A schedule stored before its cron was checked as it is now (a seconds field made one
+    fire every second) is paused, and says so, instead of firing."""
+    try:
+        check_cron(schedule.cron, schedule.timezone)
+    except RequestError as exc:
+        log.warning("schedule %s is paused: %s", schedule.name, exc.message)
+        schedule.enabled = False
+        store.save_schedule(session, schedule)
+        return True
+    return False
+
+
 def fire_due_schedules(
     session: Session, redis: Redis, *, now: datetime | None = None, timeout_s: int = 3600
 ) -> list[ScheduleRun]:
@@ -151,6 +164,8 @@ def fire_due_schedules(
     now = now or utcnow()
     runs = []
     for schedule in store.due_schedules(session, now):
+        if _paused_for_its_cron(session, schedule):
+            continue
         latest = _latest_due(schedule, now)
         on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
         if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:

@@ -1,10 +1,12 @@
 """Batch file lines checked as an upload streams in, whatever the chunks' boundaries."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from gpuq.batches.files import LineScanner
+from gpuq.db.tables import File
 
 
 def good(custom_id: str, text: str = "hi") -> bytes:
@@ -36,3 +38,28 @@ def test_a_line_longer_than_many_chunks_is_checked_whole():
     long_line = good("big", "y" * 3_000_000)
     scanner = scan(long_line + b"\n" + good("next"), chunk=1 << 16)
     assert (scanner.lines, scanner.errors, scanner.seen) == (2, [], {"big", "next"})
+
+
+async def test_an_upload_whose_row_cannot_be_written_leaves_no_file(session, tmp_path):
+    from sqlalchemy.exc import IntegrityError
+
+    from gpuq import store
+    from gpuq.batches import files
+
+    async def body():
+        yield good("a") + b"\n"
+
+    stored = await files.store_upload(body(), filename="in.jsonl", purpose="batch", directory=files.files_dir(tmp_path))
+    assert Path(stored.path).exists()
+    # The database refuses the row for real: another file already has its id.
+    store.save_file(
+        session,
+        File(
+            **{c: getattr(stored, c) for c in ("id", "purpose", "filename", "bytes", "line_count", "created_at")},
+            path="/elsewhere",
+        ),
+    )
+    session.expunge_all()
+    with pytest.raises(IntegrityError):
+        files.save_upload(session, stored)
+    assert not Path(stored.path).exists() and list((tmp_path / "files").iterdir()) == []

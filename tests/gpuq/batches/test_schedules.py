@@ -135,3 +135,13 @@ def test_a_run_whose_batch_cannot_start_records_why(session, redis, tmp_path):
     [run] = fire_due_schedules(session, redis, now=T0)
     assert run.batch_id is None and run.error == "file 'file-gone' does not exist"
     assert schedule.id == run.schedule_id
+
+
+@both_databases
+@pytest.mark.parametrize("cron", ["* * * * * *", "0 0 31 2 *"])
+def test_a_schedule_stored_with_a_cron_now_refused_is_paused_instead_of_fired(session, redis, tmp_path, cron, caplog):
+    schedule = make_schedule(session, tmp_path, cron=cron, next_fire_at=T0 - timedelta(seconds=1))
+    assert fire_due_schedules(session, redis, now=T0) == []
+    session.refresh(schedule)
+    assert schedule.enabled is False and session.query(ScheduleRun).count() == 0
+    assert f"schedule {schedule.name} is paused" in caplog.text
