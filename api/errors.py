@@ -37,7 +37,7 @@ _HIDDEN_LOCATION_PARTS = {"body", "query", "path", "header", *(kind.value for ki
 ERROR_DESCRIPTIONS = {
     400: "The request cannot be read: the body is not valid JSON, or not a multipart upload",
     401: "No API key, or one that is unknown or revoked",
-    403: "The key may not do this: an admin key is needed, or the object is another tenant's",
+    403: "The key may not do this: it needs an admin key, or a submitter named another tenant",
     404: "No such object (another tenant's objects answer the same)",
     409: "The object's state does not allow it now (`detail` says why)",
     413: "The request body is over the size limit",
