@@ -62,7 +62,6 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "default-src 'none'",
         "script-src 'self'",
         "style-src 'self'",
-        "style-src-attr 'unsafe-inline'",
         "img-src 'self' data:",
         "connect-src 'self'",
         "base-uri 'none'",
