@@ -1,16 +1,30 @@
-"""Refuse request bodies over a size limit before they are read into memory."""
+"""Refuse request bodies over a size limit before they are read into memory.
+
+A declared ``Content-Length`` over the limit is refused before the app runs. A body without
+one (``Transfer-Encoding: chunked``) is counted as the app reads it, and reading stops with
+``BodyTooLarge`` at the first byte over: an ``HTTPException``, because FastAPI turns any
+other exception met while it reads a body into a 400, and re-raises these as they are.
+"""
 
 from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_content
 
 
-class BodyTooLarge(Exception):
-    """Raised from inside the app's receive() once the body passes the limit."""
+def too_large_message(limit: int) -> str:
+    return f"request body is larger than {limit} bytes; split it into smaller requests"
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from inside the app's receive() once the body passes the limit: a 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, too_large_message(limit))
 
 
 class BodyLimitMiddleware:
@@ -41,7 +55,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(limit)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -56,7 +70,7 @@ class BodyLimitMiddleware:
                 await self._refuse(scope, send, limit)
 
     async def _refuse(self, scope: Scope, send: Send, limit: int) -> None:
-        message = f"request body is larger than {limit} bytes; split it into smaller requests"
+        message = too_large_message(limit)
         body = json.dumps(error_content(str(scope.get("path", "")), 413, message, code="body_too_large")).encode()
         await send(
             {

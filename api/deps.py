@@ -7,13 +7,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Protocol, TypeVar
 
-from fastapi import Depends, Request
+from anyio import to_thread
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.schemas.common import MAX_SQL_INT
 from gpuq import store
 from gpuq.auth.access import Caller
+from gpuq.batches.destinations import DestinationPolicy, check_webhook_url
 from gpuq.db.tables import Batch, File, Job
 from gpuq.errors import RequestError
 from gpuq.settings import Settings
@@ -28,6 +32,12 @@ class AppState:
     # Heavy synchronous work (starting a 50,000-line batch) runs in a worker thread with
     # its own session, off the event loop.
     sync_sessions: sessionmaker[Session]
+    destinations: DestinationPolicy  # where webhook_url may point (gpuq/batches/destinations.py)
+
+    async def check_webhook_url(self, url: object | None) -> None:
+        """A 422 for a webhook URL that may not be sent to; the lookup runs off the event loop."""
+        if url is not None:
+            await to_thread.run_sync(lambda: check_webhook_url(self.destinations, str(url)))
 
 
 def get_state(request: Request) -> AppState:
@@ -40,14 +50,24 @@ async def get_db(state: Annotated[AppState, Depends(get_state)]) -> AsyncIterato
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+# The id of a row with an integer key (a schedule, an affinity rule), as a path parameter:
+# one beyond what the column holds is a 422, not a database error.
+RowId = Annotated[int, Path(ge=1, le=MAX_SQL_INT)]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]
 
 
-async def get_caller(request: Request, db: SessionDep) -> Caller:
+# Reads ``Authorization: Bearer <key>``; as a dependency it also marks each route that needs
+# a key with the bearer security scheme in the OpenAPI document. Its own refusal (a bare
+# 403) is off: get_caller answers 401 in gpuq's shape.
+_bearer = HTTPBearer(scheme_name="apiKey", description="a gpuq API key (`gpuq keys create`)", auto_error=False)
+
+
+async def get_caller(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)], db: SessionDep
+) -> Caller:
     """The caller's API key, from ``Authorization: Bearer <key>`` (what the OpenAI client sends)."""
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-    secret = secret.strip()
-    if scheme.lower() != "bearer" or not secret:
+    secret = credentials.credentials.strip() if credentials is not None else ""
+    if not secret:
         raise RequestError(
             401,
             "this endpoint needs an API key: send the header `Authorization: Bearer <key>` "

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
+from api.schemas.common import ErrorBody
 from gpuq.db.tables import JobKind
 from gpuq.errors import RequestError, unavailable
 
@@ -34,6 +35,30 @@ OLLAMA_PREFIX = "/api/"
 
 # Pydantic puts the union tag in an error's location (body.generate.prompt); users never wrote it.
 _HIDDEN_LOCATION_PARTS = {"body", "query", "path", "header", *(kind.value for kind in JobKind)}
+
+
+# What each refusal means, as the OpenAPI document describes it (api/openapi.py).
+ERROR_DESCRIPTIONS = {
+    400: "The request cannot be read: the body is not valid JSON, or not a multipart upload",
+    401: "No API key, or one that is unknown or revoked",
+    403: "The key may not do this: it needs an admin key, or a submitter named another tenant",
+    404: "No such object (another tenant's objects answer the same)",
+    409: "The object's state does not allow it now (`detail` says why)",
+    413: "The request body is over the size limit",
+    422: "A value is invalid: `detail` names the field and says what to fix; nothing was changed",
+    429: "Over the key's limits; `Retry-After` says when trying again can succeed",
+    500: "A fault in gpuq, not in the request; the details are in the server's log",
+    503: "The job queue (Redis) is unavailable; nothing was queued",
+}
+
+
+def errors(*statuses: int, other: Mapping[int, dict[str, Any]] | None = None) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route or router: the refusals it answers beyond those api/openapi.py
+    adds to every operation (400, 401, 413, 422 and 500, where they apply), and ``other``
+    responses (a second success status, a content type other than JSON)."""
+    declared: dict[int | str, dict[str, Any]] = {status: response for status, response in (other or {}).items()}
+    declared.update({status: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[status]} for status in statuses})
+    return declared
 
 
 def error_type(status: int) -> str:
@@ -97,14 +122,35 @@ async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Starlette's own refusals: no such route (404), a method the route lacks (405)."""
+    """Starlette's and FastAPI's own refusals: no such route (404), a method the route lacks
+    (405), a body that cannot be parsed (400), one over the size limit (413, api/body_limit.py)."""
+    code = None
     if exc.status_code == 404:
         message = f"there is no endpoint {request.method} {request.url.path}"
     elif exc.status_code == 405:
         message = f"{request.url.path} does not take {request.method}"
+    elif exc.status_code == 400:
+        message = (
+            "the request body could not be parsed: send JSON with `Content-Type: application/json`, "
+            "or a file upload as multipart/form-data"
+        )
+        code = "invalid_body"
     else:
         message = str(exc.detail)
-    return error_response(request, exc.status_code, message, headers=exc.headers)
+        code = "body_too_large" if exc.status_code == 413 else None
+    return error_response(request, exc.status_code, message, code=code, headers=dict(exc.headers or {}) or None)
+
+
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    """Anything else is gpuq's fault, not the caller's: the same JSON shape, a 500, and the
+    traceback in the server's log (Starlette re-raises it after this response). The
+    exception's own text stays in the log: it can hold SQL, paths or other tenants' data."""
+    log.error("%s %s failed with %s", request.method, request.url.path, type(exc).__name__)
+    message = (
+        f"internal server error ({type(exc).__name__}): a fault in gpuq, not in the request; "
+        "the details are in the server's log"
+    )
+    return error_response(request, 500, message, code="internal_error")
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
@@ -141,3 +187,4 @@ def install_error_handlers(app: FastAPI) -> None:
         app.exception_handler(database_outage)(_database_unavailable)
     for redis_outage in (RedisConnectionError, RedisTimeoutError):
         app.exception_handler(redis_outage)(_redis_unavailable)
+    app.exception_handler(Exception)(_server_error)

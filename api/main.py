@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from redis import Redis
 
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
+from api.input_guard import refuse_unstorable_input
+from api.openapi import install_openapi
 from api.routers import (
     affinity,
     batches,
@@ -28,19 +30,26 @@ from api.routers import (
     webhooks,
     workers,
 )
+from gpuq.batches.destinations import DestinationPolicy, Resolve, system_resolve
 from gpuq.db.engine import async_engine, async_sessions, sync_engine, sync_sessions
+from gpuq.private_files import warn_if_open_to_others
 from gpuq.settings import Settings, get_settings
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, resolve: Resolve = system_resolve) -> FastAPI:
+    """The app over ``settings``; ``resolve`` is how webhook hosts are looked up (tests stub it)."""
     settings = settings or get_settings()
+    destinations = DestinationPolicy.from_setting(settings.webhook_allowed_hosts, resolve=resolve)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warn_if_open_to_others(settings.data_dir)
         engine = async_engine(settings.database_url)
         blocking_engine = sync_engine(settings.database_url)
         redis = Redis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)
-        app.state.gpuq = AppState(settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine))
+        app.state.gpuq = AppState(
+            settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine), destinations
+        )
         try:
             yield
         finally:
@@ -48,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await engine.dispose()
             blocking_engine.dispose()
 
-    app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan, dependencies=[Depends(refuse_unstorable_input)])
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_body_bytes,
@@ -75,4 +84,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     for router in routers:
         app.include_router(router)
+    install_openapi(app)
     return app

@@ -11,7 +11,7 @@ from statistics import median
 
 from redis import Redis
 
-from bench import batch_bench, batching, dispatch, generation, model_swap, stats_bench
+from bench import batch_bench, batching, dispatch, generation, model_swap, stats_bench, upload_line
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.registry.models import register_bundled_model
@@ -192,9 +192,21 @@ def _fmt(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
 
+def bench_upload_line(args: argparse.Namespace) -> None:
+    costs = [upload_line.measure(mb) for mb in args.line_mb]
+    print("\none upload line fed in 1 MiB chunks: scan time per MB against the line's length")
+    for c in costs:
+        print(
+            f"  {c.megabytes:4d} MB line   scan {c.scan_s:6.2f} s ({c.scan_s_per_mb * 1000:6.1f} ms/MB)"
+            f"   json.loads alone {c.parse_s:6.2f} s"
+        )
+    ratio = costs[-1].scan_s_per_mb / costs[0].scan_s_per_mb
+    print(f"  per-MB cost, longest / shortest  {ratio:5.2f}x   (linear: about 1x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    choices = ["dispatch", "generation", "batching", "model-swap", "batch-accept", "embeddings", "stats"]
+    choices = ["dispatch", "generation", "batching", "model-swap", "batch-accept", "embeddings", "stats", "upload-line"]
     parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
@@ -214,6 +226,12 @@ def main() -> None:
         "--postgres-url", default=DEFAULT_POSTGRES, help="stats: a PostgreSQL server to create a scratch database on"
     )
     parser.add_argument("--stats-rows", type=int, default=1_000_000, help="job rows the stats benchmark seeds")
+    parser.add_argument(
+        "--line-mb",
+        type=lambda text: [int(mb) for mb in text.split(",")],
+        default=[16, 96],
+        help="upload-line: line lengths in MB, comma-separated",
+    )
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):
@@ -232,6 +250,8 @@ def main() -> None:
         bench_embeddings(args)
     if "stats" in args.which:
         bench_stats(args)
+    if "upload-line" in args.which:
+        bench_upload_line(args)
 
 
 if __name__ == "__main__":

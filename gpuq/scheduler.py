@@ -30,6 +30,7 @@ from datetime import datetime
 
 from redis import Redis
 
+from gpuq.batches.destinations import DestinationPolicy, Resolve, system_resolve
 from gpuq.batches.schedules import fire_due_schedules
 from gpuq.batches.service import advance_batches
 from gpuq.batches.webhooks import DeliveryPool, load_secret
@@ -37,6 +38,7 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import utcnow
 from gpuq.jobs.aging import promote_aged_jobs
 from gpuq.jobs.reconciler import reconcile_once
+from gpuq.private_files import warn_if_open_to_others
 from gpuq.settings import Settings
 from gpuq.stats import rollups
 
@@ -111,14 +113,16 @@ class Scheduler:
     ``tick_s`` is both the loop's tick and the interval of the every-tick duties; tests
     shorten it. ``duties`` may be added to before ``run``."""
 
-    def __init__(self, settings: Settings, *, tick_s: float = TICK_S) -> None:
+    def __init__(self, settings: Settings, *, tick_s: float = TICK_S, resolve: Resolve = system_resolve) -> None:
         self.settings = settings
         self.tick_s = tick_s
         self._engine = sync_engine(settings.database_url)
         self._sessions = sync_sessions(self._engine)
         self._redis = Redis.from_url(settings.require_redis_url())
+        warn_if_open_to_others(settings.data_dir)
         secret = load_secret(settings.webhook_secret, settings.data_dir)
-        self._webhooks = DeliveryPool(self._sessions, secret, threads=settings.webhook_delivery_threads)
+        policy = DestinationPolicy.from_setting(settings.webhook_allowed_hosts, resolve=resolve)
+        self._webhooks = DeliveryPool(self._sessions, secret, threads=settings.webhook_delivery_threads, policy=policy)
         # The reconciler waits one interval before its first run, as it always has: workers
         # that were running when the system restarted get time to report in again.
         later = time.monotonic() + settings.reconcile_interval_s

@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     webhook_secret: str = Field(
         "", description="HMAC key for webhook signatures; empty: one is generated in the data directory"
     )
+    webhook_allowed_hosts: str = Field(
+        "",
+        description="comma-separated host names (or *.suffix), addresses and CIDR ranges webhooks may be sent to "
+        "besides public addresses, e.g. hooks.internal,10.2.0.0/16; empty: public addresses only",
+    )
     webhook_delivery_threads: int = Field(
         4, ge=1, description="webhooks the scheduler sends at once, each on its own thread, off its tick"
     )

@@ -6,7 +6,8 @@ from fnmatch import fnmatchcase
 
 from fastapi import APIRouter, Response, status
 
-from api.deps import ADMIN_ONLY, SessionDep, StateDep
+from api.deps import ADMIN_ONLY, RowId, SessionDep, StateDep
+from api.errors import errors
 from api.schemas import PlacementPreview, PreviewGpu, RuleCreate, RulePublic, RuleSaved, RulesPublic
 from gpuq import store
 from gpuq.db.tables import AffinityRule, JobKind
@@ -15,7 +16,7 @@ from gpuq.fleet.placement import Candidate, PlacementRequest, preview
 from gpuq.fleet.snapshot import load_fleet, rule_of
 from gpuq.registry.models import vram_basis
 
-router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"], dependencies=ADMIN_ONLY)
+router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"], dependencies=ADMIN_ONLY, responses=errors(403))
 
 
 @router.get("", response_model=RulesPublic)
@@ -29,22 +30,22 @@ async def create_rule(body: RuleCreate, db: SessionDep) -> RuleSaved:
     return await _save(db, AffinityRule(**body.model_dump()))
 
 
-@router.put("/{rule_id}", response_model=RuleSaved)
-async def replace_rule(rule_id: int, body: RuleCreate, db: SessionDep) -> RuleSaved:
+@router.put("/{rule_id}", response_model=RuleSaved, responses=errors(404))
+async def replace_rule(rule_id: RowId, body: RuleCreate, db: SessionDep) -> RuleSaved:
     existing = await db.run_sync(store.get_rule, rule_id)
     if existing is None:
         raise RequestError(404, f"affinity rule {rule_id} does not exist")
     return await _save(db, AffinityRule(id=rule_id, created_at=existing.created_at, **body.model_dump()))
 
 
-@router.delete("/{rule_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_rule(rule_id: int, db: SessionDep) -> Response:
+@router.delete("/{rule_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
+async def delete_rule(rule_id: RowId, db: SessionDep) -> Response:
     if not await db.run_sync(store.delete_rule, rule_id):
         raise RequestError(404, f"affinity rule {rule_id} does not exist")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/preview", response_model=PlacementPreview)
+@router.get("/preview", response_model=PlacementPreview, responses=errors(404))
 async def preview_placement(
     model: str, db: SessionDep, state: StateDep, kind: JobKind = JobKind.GENERATE
 ) -> PlacementPreview:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from api.deps import CallerDep, SessionDep, StateDep, visible_batch, visible_file
+from api.errors import errors
 from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
 from gpuq import store
 from gpuq.batches import service as batches
@@ -24,15 +25,15 @@ async def _object(db: SessionDep, batch: Batch) -> BatchObject:
     return BatchObject.of(batch, counts)
 
 
-@router.post("", response_model=BatchObject)
+@router.post("", response_model=BatchObject, responses=errors(404, 429, 503))
 async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, caller: CallerDep) -> BatchObject:
     """Run every line of an uploaded file. Lines are checked first; an invalid one fails the
-    request (400, with line numbers) and nothing is created."""
+    request (422, with line numbers) and nothing is created."""
     file = await visible_file(db, caller, body.input_file_id)
+    await state.check_webhook_url(body.webhook_url)
 
     def start() -> str:
         with state.sync_sessions() as session:
-            admit_sync(session, state.redis, caller, queued_jobs=file.line_count, submissions=1)
             return batches.start_batch(
                 session,
                 state.redis,
@@ -45,13 +46,14 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
                 webhook_url=str(body.webhook_url) if body.webhook_url else None,
                 owner=caller.owner,
                 api_key_id=caller.key_id,
+                admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=file.line_count, submissions=1),
             ).id
 
     batch_id = await to_thread.run_sync(start)
     return await _object(db, await visible_batch(db, caller, batch_id))
 
 
-@router.get("/{batch_id}", response_model=BatchObject)
+@router.get("/{batch_id}", response_model=BatchObject, responses=errors(404))
 async def read_batch(batch_id: str, db: SessionDep, caller: CallerDep) -> BatchObject:
     return await _object(db, await visible_batch(db, caller, batch_id))
 
@@ -69,21 +71,21 @@ async def list_batches(
             lambda s: store.list_batches(s, limit=limit, after=after, owner=caller.tenant_filter)
         )
     except LookupError:
-        raise RequestError(400, f"`after` names batch {after!r}, which does not exist") from None
+        raise RequestError(422, f"`after` names batch {after!r}, which does not exist", param="after") from None
     data = [await _object(db, b) for b in rows]
     return BatchesPublic(
         data=data, has_more=has_more, first_id=data[0].id if data else None, last_id=data[-1].id if data else None
     )
 
 
-@router.post("/{batch_id}/cancel", response_model=BatchObject)
+@router.post("/{batch_id}/cancel", response_model=BatchObject, responses=errors(404, 409))
 async def cancel_batch(batch_id: str, db: SessionDep, state: StateDep, caller: CallerDep) -> BatchObject:
     await visible_batch(db, caller, batch_id)
     await db.run_sync(lambda s: batches.cancel_batch(s, state.redis, batch_id))
     return await _object(db, await visible_batch(db, caller, batch_id))
 
 
-@router.get("/{batch_id}/progress", response_model=BatchProgress)
+@router.get("/{batch_id}/progress", response_model=BatchProgress, responses=errors(404))
 async def batch_progress(batch_id: str, db: SessionDep, caller: CallerDep) -> BatchProgress:
     """gpuq's own view: input lines per job status, throughput so far and an ETA."""
     batch = await visible_batch(db, caller, batch_id)
@@ -91,7 +93,13 @@ async def batch_progress(batch_id: str, db: SessionDep, caller: CallerDep) -> Ba
     return BatchProgress.of(batch, by_status)
 
 
-@router.get("/{batch_id}/results")
+@router.get(
+    "/{batch_id}/results",
+    response_class=StreamingResponse,
+    responses=errors(
+        404, other={200: {"content": {"application/jsonl": {}}, "description": "One output line per answered request"}}
+    ),
+)
 async def batch_results(batch_id: str, db: SessionDep, caller: CallerDep) -> StreamingResponse:
     """The output lines answered so far (successes and errors), as JSONL, while it runs."""
     batch = await visible_batch(db, caller, batch_id)

@@ -53,6 +53,28 @@ PAGES = {
 }
 # The shells change only with a new release, but a stale script would break a page.
 NO_CACHE = {"Cache-Control": "no-cache"}
+# What a browser may load and run on these pages: gpuq's own files and calls to its own API,
+# nothing inline but style attributes (js/dom.js sets the bars' widths so), no plugins, and no
+# framing by another site (clickjacking an admin's signed-in tab). Even a script injected
+# somewhere would find nothing to load and nowhere to send an admin's key.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers that predate it
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], include_in_schema=False)
 
@@ -73,7 +95,7 @@ def render_page(page: str) -> str:
 
 
 def _page(page: str) -> HTMLResponse:
-    return HTMLResponse(render_page(page), headers=NO_CACHE)
+    return HTMLResponse(render_page(page), headers=NO_CACHE | SECURITY_HEADERS)
 
 
 @router.get("", response_class=HTMLResponse)
@@ -117,4 +139,6 @@ async def static(name: str) -> FileResponse:
     # `name` may hold slashes (js/pages/jobs.js); only an exact entry of the list is served.
     if name not in STATIC_FILES:
         raise RequestError(404, f"no dashboard file {name!r}")
-    return FileResponse(DASHBOARD_DIR / "static" / name, media_type=STATIC_FILES[name], headers=NO_CACHE)
+    return FileResponse(
+        DASHBOARD_DIR / "static" / name, media_type=STATIC_FILES[name], headers=NO_CACHE | SECURITY_HEADERS
+    )

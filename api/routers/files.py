@@ -9,9 +9,9 @@ from fastapi import APIRouter, Form, UploadFile
 from fastapi.responses import FileResponse
 
 from api.deps import CallerDep, SessionDep, StateDep, visible_file
+from api.errors import errors
 from api.schemas import FileObject
-from gpuq import store
-from gpuq.batches.files import files_dir, store_upload
+from gpuq.batches.files import files_dir, save_upload, store_upload
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -36,15 +36,19 @@ async def upload_file(
         directory=files_dir(state.settings.data_dir),
     )
     stored.owner = caller.owner
-    return FileObject.of(await db.run_sync(lambda s: store.save_file(s, stored)))
+    return FileObject.of(await db.run_sync(lambda s: save_upload(s, stored)))
 
 
-@router.get("/{file_id}", response_model=FileObject)
+@router.get("/{file_id}", response_model=FileObject, responses=errors(404))
 async def read_file(file_id: str, db: SessionDep, caller: CallerDep) -> FileObject:
     return FileObject.of(await visible_file(db, caller, file_id))
 
 
-@router.get("/{file_id}/content")
+@router.get(
+    "/{file_id}/content",
+    response_class=FileResponse,
+    responses=errors(404, other={200: {"content": {"application/jsonl": {}}, "description": "The file, as stored"}}),
+)
 async def file_content(file_id: str, db: SessionDep, caller: CallerDep) -> FileResponse:
     found = await visible_file(db, caller, file_id)
     return FileResponse(found.path, media_type="application/jsonl", filename=found.filename)

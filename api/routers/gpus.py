@@ -6,12 +6,13 @@ from anyio import to_thread
 from fastapi import APIRouter
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
+from api.errors import errors
 from api.schemas import GpuPublic, GpusPublic
 from gpuq import store
 from gpuq.errors import RequestError
 from gpuq.fleet import health, telemetry
 
-router = APIRouter(prefix="/v1/gpus", tags=["gpus"], dependencies=ADMIN_ONLY)
+router = APIRouter(prefix="/v1/gpus", tags=["gpus"], dependencies=ADMIN_ONLY, responses=errors(403))
 
 
 @router.get("", response_model=GpusPublic)
@@ -41,7 +42,7 @@ async def list_gpus(db: SessionDep, state: StateDep) -> GpusPublic:
     )
 
 
-@router.post("/{uuid}/clear", response_model=dict[str, str])
+@router.post("/{uuid}/clear", response_model=dict[str, str], responses=errors(404))
 async def clear_unhealthy(uuid: str, db: SessionDep, state: StateDep) -> dict[str, str]:
     """Mark a GPU healthy again after an admin has looked at it (and forget the models it was
     found too small for)."""

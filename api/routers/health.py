@@ -7,18 +7,23 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from api.deps import SessionDep, StateDep
+from api.schemas.health import Health, Readiness
 from gpuq import store
 from gpuq.errors import RETRY_AFTER_S
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    return Health(status="ok")
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "The database or Redis does not answer"}},
+)
 async def readyz(db: SessionDep, state: StateDep) -> JSONResponse:
     checks: dict[str, str] = {}
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import AdminDep, CallerDep, SessionDep, StateDep, visible_job
+from api.errors import errors
 from api.schemas import JobPublic
 from api.schemas.job_actions import BulkResult, JobSelection, Requeued
 from gpuq import store
@@ -40,7 +41,7 @@ def _filter(body: JobSelection, caller: Caller, *, allowed: tuple[str, ...], act
     )
 
 
-@router.post("/retry", response_model=BulkResult)
+@router.post("/retry", response_model=BulkResult, responses=errors(403, 503))
 async def retry_many(body: JobSelection, db: SessionDep, state: StateDep, caller: CallerDep) -> BulkResult:
     """Retry every failed (default) or cancelled job the filter selects, at most 10,000 a call."""
     flt = _filter(body, caller, allowed=RETRYABLE, action="retried")
@@ -48,7 +49,7 @@ async def retry_many(body: JobSelection, db: SessionDep, state: StateDep, caller
     return BulkResult(matched=outcome.matched, changed=outcome.changed)
 
 
-@router.post("/cancel", response_model=BulkResult)
+@router.post("/cancel", response_model=BulkResult, responses=errors(403))
 async def cancel_many(body: JobSelection, db: SessionDep, state: StateDep, caller: CallerDep) -> BulkResult:
     """Cancel every queued or running job the filter selects (running ones stop at their next token)."""
     flt = _filter(body, caller, allowed=CANCELLABLE, action="cancelled")
@@ -56,14 +57,22 @@ async def cancel_many(body: JobSelection, db: SessionDep, state: StateDep, calle
     return BulkResult(matched=outcome.matched, changed=outcome.changed)
 
 
-@router.post("/{job_id}/retry", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+@router.post(
+    "/{job_id}/retry", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic, responses=errors(404, 409, 503)
+)
 async def retry(job_id: str, db: SessionDep, state: StateDep, caller: CallerDep) -> JobPublic:
     """Queue a failed or cancelled job again, same id, as a fresh run (attempts kept)."""
     job = await visible_job(db, caller, job_id)
     return JobPublic.of(await job_actions.retry_job(db, state.redis, job, timeout_s=state.settings.job_timeout_s))
 
 
-@router.post("/{job_id}/requeue", response_model=Requeued)
+@router.post(
+    "/{job_id}/requeue",
+    response_model=Requeued,
+    responses=errors(
+        403, 404, 409, 503, other={202: {"model": Requeued, "description": "A running job taken back from its worker"}}
+    ),
+)
 async def requeue(job_id: str, db: SessionDep, state: StateDep, caller: AdminDep, response: Response) -> Requeued:
     """Queued: push its Redis entry again if it was lost. Running: take it back from its
     (stuck) worker, which is told to stop, and queue it again (202)."""

@@ -9,20 +9,31 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 
 from api.deps import CallerDep, SessionDep, StateDep, visible_job
+from api.errors import errors
 from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from api.schemas.common import PriorityName
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
-from gpuq.jobs.limits import admit
 from gpuq.jobs.position import job_position_async
 from gpuq.jobs.submit import submit_jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses=errors(
+        404,
+        409,
+        429,
+        503,
+        other={200: {"model": JobPublic, "description": "An `Idempotency-Key` replay: the first job"}},
+    ),
+)
 async def create_job(
     body: JobCreate,
     db: SessionDep,
@@ -35,7 +46,7 @@ async def create_job(
     the same key and body return the first job (200) instead of queueing another."""
     if idempotency_key and body.idempotency_key is None:
         body = body.model_copy(update={"idempotency_key": idempotency_key})
-    await admit(db, state.redis, caller, queued_jobs=1, submissions=1)
+    await state.check_webhook_url(body.webhook_url)
     [accepted] = await submit_jobs(
         db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s, caller=caller
     )
@@ -44,25 +55,28 @@ async def create_job(
     return JobPublic.of(accepted.job)
 
 
-@router.post("/bulk", status_code=status.HTTP_202_ACCEPTED, response_model=JobsAccepted)
+@router.post(
+    "/bulk", status_code=status.HTTP_202_ACCEPTED, response_model=JobsAccepted, responses=errors(404, 409, 429, 503)
+)
 async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller: CallerDep) -> JobsAccepted:
     """Queue many jobs in one request: all are accepted, or none (the error names the index)."""
     limit = state.settings.max_jobs_per_request
     if len(body.jobs) > limit:
         raise RequestError(422, f"{len(body.jobs)} jobs in one request; at most {limit}")
-    await admit(db, state.redis, caller, queued_jobs=len(body.jobs), submissions=len(body.jobs))
+    for url in {j.webhook_url for j in body.jobs}:
+        await state.check_webhook_url(url)
     accepted = await submit_jobs(
         db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
     )
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
 async def read_job(job_id: str, db: SessionDep, caller: CallerDep) -> JobPublic:
     return JobPublic.of(await visible_job(db, caller, job_id))
 
 
-@router.get("/{job_id}/position", response_model=JobPosition)
+@router.get("/{job_id}/position", response_model=JobPosition, responses=errors(404))
 async def read_position(job_id: str, db: SessionDep, state: StateDep, caller: CallerDep) -> JobPosition:
     """A queued job's place: jobs ahead of it (in its queue and the higher priorities of its
     model and kind) and an ETA from the model's recent throughput. Other statuses: position null."""
@@ -114,7 +128,11 @@ async def list_jobs(
     )
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobPublic,
+    responses=errors(404, 409, other={202: {"model": JobPublic, "description": "Running: it stops at its next token"}}),
+)
 async def cancel(job_id: str, db: SessionDep, state: StateDep, response: Response, caller: CallerDep) -> JobPublic:
     """A queued job is cancelled at once (200); a running one stops at its next token (202)."""
     await visible_job(db, caller, job_id)

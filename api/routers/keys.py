@@ -7,15 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from api.deps import AdminDep, CallerDep, SessionDep
+from api.errors import errors
 from api.schemas import KeyCreate, KeyCreated, KeyPublic, KeysPublic
 from gpuq import store
-from gpuq.db.tables import Role
 from gpuq.errors import RequestError
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated, responses=errors(403))
 async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCreated:
     """The response holds the secret; gpuq keeps only its hash and cannot show it again."""
     key, secret = await db.run_sync(
@@ -31,7 +31,7 @@ async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCr
     return KeyCreated(**KeyPublic.of(key).model_dump(), key=secret)
 
 
-@router.get("", response_model=KeysPublic)
+@router.get("", response_model=KeysPublic, responses=errors(403))
 async def list_keys(db: SessionDep, _admin: AdminDep, include_revoked: Annotated[bool, Query()] = False) -> KeysPublic:
     keys = await db.run_sync(lambda s: store.list_api_keys(s, include_revoked=include_revoked))
     return KeysPublic(data=[KeyPublic.of(k) for k in keys])
@@ -45,16 +45,13 @@ async def who_am_i(db: SessionDep, caller: CallerDep) -> KeyPublic:
     return KeyPublic.of(key)
 
 
-@router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(403, 404, 409))
 async def revoke_key(key_id: str, db: SessionDep, _admin: AdminDep) -> Response:
     """The key stops working at once. The last active admin key cannot be revoked: that
     would lock every admin out (create another admin key first)."""
-    key = await db.run_sync(store.get_api_key, key_id)
-    if key is None or key.revoked_at is not None:
+    outcome = await db.run_sync(store.revoke_key_keeping_an_admin, key_id)
+    if outcome == store.Revocation.NOT_FOUND:
         raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
-    if key.role == Role.ADMIN:
-        admins = [k for k in await db.run_sync(store.list_api_keys) if k.role == Role.ADMIN]
-        if len(admins) == 1:
-            raise RequestError(409, f"key {key_id} is the last active admin key; create another admin key first")
-    await db.run_sync(store.revoke_api_key, key_id)
+    if outcome == store.Revocation.LAST_ADMIN:
+        raise RequestError(409, f"key {key_id} is the last active admin key; create another admin key first")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -12,14 +12,21 @@ from anyio import to_thread
 from fastapi import APIRouter, Response
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
+from api.errors import errors
 from gpuq import store
 from gpuq.db.tables import JobKind
 from gpuq.stats import metrics
 
-router = APIRouter(tags=["metrics"], dependencies=ADMIN_ONLY)
+router = APIRouter(tags=["metrics"], dependencies=ADMIN_ONLY, responses=errors(403))
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {metrics.CONTENT_TYPE: {"schema": {"type": "string"}}}, "description": "Prometheus text"}
+    },
+)
 async def prometheus_metrics(db: SessionDep, state: StateDep) -> Response:
     models = await db.run_sync(store.list_models)
     gpus = await db.run_sync(store.list_gpus)

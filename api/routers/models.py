@@ -5,7 +5,8 @@ from __future__ import annotations
 from anyio import to_thread
 from fastapi import APIRouter, status
 
-from api.deps import ADMIN_ONLY, KEY_REQUIRED, SessionDep, StateDep
+from api.deps import ADMIN_ONLY, KEY_REQUIRED, CallerDep, SessionDep, StateDep
+from api.errors import errors
 from api.schemas import ModelCreate, ModelPublic, ModelsPublic
 from gpuq import store
 from gpuq.db.tables import Model
@@ -16,19 +17,22 @@ router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=KEY_REQUIR
 
 
 @router.get("", response_model=ModelsPublic)
-async def list_models(db: SessionDep) -> ModelsPublic:
-    return ModelsPublic(data=[ModelPublic.of(m) for m in await db.run_sync(store.list_models)])
+async def list_models(db: SessionDep, caller: CallerDep) -> ModelsPublic:
+    models = await db.run_sync(store.list_models)
+    return ModelsPublic(data=[ModelPublic.of(m, full_path=caller.is_admin) for m in models])
 
 
-@router.get("/{name}", response_model=ModelPublic)
-async def read_model(name: str, db: SessionDep) -> ModelPublic:
+@router.get("/{name}", response_model=ModelPublic, responses=errors(404))
+async def read_model(name: str, db: SessionDep, caller: CallerDep) -> ModelPublic:
     model = await db.run_sync(store.get_model, name)
     if model is None:
         raise RequestError(404, f"model {name!r} is not registered")
-    return ModelPublic.of(model)
+    return ModelPublic.of(model, full_path=caller.is_admin)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic, dependencies=ADMIN_ONLY)
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=ModelPublic, dependencies=ADMIN_ONLY, responses=errors(403)
+)
 async def register_model(body: ModelCreate, db: SessionDep, state: StateDep) -> ModelPublic:
     """Register (or re-register) a GGUF file under the models directory by name."""
 

@@ -8,7 +8,8 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Query, Response, status
 
-from api.deps import ADMIN_ONLY, AdminDep, SessionDep, StateDep
+from api.deps import ADMIN_ONLY, AdminDep, RowId, SessionDep, StateDep
+from api.errors import errors
 from api.schemas import (
     FireTimes,
     ScheduleCreate,
@@ -24,7 +25,7 @@ from gpuq.batches import service as batches
 from gpuq.db.tables import Schedule, utcnow
 from gpuq.errors import RequestError
 
-router = APIRouter(prefix="/v1/schedules", tags=["schedules"], dependencies=ADMIN_ONLY)
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"], dependencies=ADMIN_ONLY, responses=errors(403))
 
 
 async def _get(db: SessionDep, schedule_id: int) -> Schedule:
@@ -39,7 +40,7 @@ async def list_schedules(db: SessionDep) -> SchedulesPublic:
     return SchedulesPublic(data=[SchedulePublic.of(s) for s in await db.run_sync(store.list_schedules)])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic, responses=errors(409))
 async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep, caller: AdminDep) -> SchedulePublic:
     """The cron, time zone and batch are checked now (a dry run of the batch's lines), so a
     schedule that could never run is a 422 today, not a failed run tonight."""
@@ -54,6 +55,7 @@ async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep,
                 file = store.get_file(session, body.input_file_id or "")
                 if file is None:
                     raise RequestError(422, f"input file {body.input_file_id!r} does not exist")
+                batches.check_input_file(file)
                 batches.plan_batch_jobs(session, path=file.path, batch_id="dry-run", priority=body.priority)
                 return file.id
             file = schedules.store_inline_requests(body.requests, state.settings.data_dir)
@@ -82,13 +84,13 @@ async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep,
     return SchedulePublic.of(await db.run_sync(lambda s: store.save_schedule(s, schedule)))
 
 
-@router.get("/{schedule_id}", response_model=SchedulePublic)
-async def read_schedule(schedule_id: int, db: SessionDep) -> SchedulePublic:
+@router.get("/{schedule_id}", response_model=SchedulePublic, responses=errors(404))
+async def read_schedule(schedule_id: RowId, db: SessionDep) -> SchedulePublic:
     return SchedulePublic.of(await _get(db, schedule_id))
 
 
-@router.patch("/{schedule_id}", response_model=SchedulePublic)
-async def update_schedule(schedule_id: int, body: SchedulePatch, db: SessionDep) -> SchedulePublic:
+@router.patch("/{schedule_id}", response_model=SchedulePublic, responses=errors(404))
+async def update_schedule(schedule_id: RowId, body: SchedulePatch, db: SessionDep) -> SchedulePublic:
     """Change the cron, time zone, misfire policy or priority; pause or resume with `enabled`."""
     schedule = await _get(db, schedule_id)
     cron, tz = body.cron or schedule.cron, body.timezone or schedule.timezone
@@ -107,25 +109,25 @@ async def update_schedule(schedule_id: int, body: SchedulePatch, db: SessionDep)
     return SchedulePublic.of(await db.run_sync(lambda s: store.save_schedule(s, schedule)))
 
 
-@router.post("/{schedule_id}/pause", response_model=SchedulePublic)
-async def pause_schedule(schedule_id: int, db: SessionDep) -> SchedulePublic:
+@router.post("/{schedule_id}/pause", response_model=SchedulePublic, responses=errors(404))
+async def pause_schedule(schedule_id: RowId, db: SessionDep) -> SchedulePublic:
     return await update_schedule(schedule_id, SchedulePatch(enabled=False), db)
 
 
-@router.post("/{schedule_id}/resume", response_model=SchedulePublic)
-async def resume_schedule(schedule_id: int, db: SessionDep) -> SchedulePublic:
+@router.post("/{schedule_id}/resume", response_model=SchedulePublic, responses=errors(404))
+async def resume_schedule(schedule_id: RowId, db: SessionDep) -> SchedulePublic:
     return await update_schedule(schedule_id, SchedulePatch(enabled=True), db)
 
 
-@router.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_schedule(schedule_id: int, db: SessionDep) -> Response:
+@router.delete("/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
+async def delete_schedule(schedule_id: RowId, db: SessionDep) -> Response:
     if not await db.run_sync(store.delete_schedule, schedule_id):
         raise RequestError(404, f"schedule {schedule_id} does not exist")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{schedule_id}/run", response_model=ScheduleRunPublic)
-async def run_schedule_now(schedule_id: int, db: SessionDep, state: StateDep) -> ScheduleRunPublic:
+@router.post("/{schedule_id}/run", response_model=ScheduleRunPublic, responses=errors(404))
+async def run_schedule_now(schedule_id: RowId, db: SessionDep, state: StateDep) -> ScheduleRunPublic:
     """Start the schedule's batch now, whatever its cron says (recorded as a manual run)."""
     await _get(db, schedule_id)
 
@@ -139,16 +141,18 @@ async def run_schedule_now(schedule_id: int, db: SessionDep, state: StateDep) ->
     return await to_thread.run_sync(run)
 
 
-@router.get("/{schedule_id}/preview", response_model=FireTimes)
-async def preview_fire_times(schedule_id: int, db: SessionDep, n: Annotated[int, Query(ge=1, le=100)] = 5) -> FireTimes:
+@router.get("/{schedule_id}/preview", response_model=FireTimes, responses=errors(404))
+async def preview_fire_times(
+    schedule_id: RowId, db: SessionDep, n: Annotated[int, Query(ge=1, le=100)] = 5
+) -> FireTimes:
     schedule = await _get(db, schedule_id)
     times = schedules.fire_times(schedule.cron, schedule.timezone, utcnow(), n)
     return FireTimes(cron=schedule.cron, timezone=schedule.timezone, next=times)
 
 
-@router.get("/{schedule_id}/runs", response_model=ScheduleRunsPublic)
+@router.get("/{schedule_id}/runs", response_model=ScheduleRunsPublic, responses=errors(404))
 async def schedule_history(
-    schedule_id: int, db: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50
+    schedule_id: RowId, db: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50
 ) -> ScheduleRunsPublic:
     await _get(db, schedule_id)
     rows = await db.run_sync(lambda s: store.schedule_runs(s, schedule_id, limit=limit))

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
+from api.errors import errors
 from api.schemas.common import PriorityName
 from api.schemas.stats import (
     EnergyRow,
@@ -36,7 +37,7 @@ from gpuq.stats import queries as stats
 from gpuq.stats.filters import StatsFilter, Window, parse_filter, parse_window
 from gpuq.stats.queries import Sums
 
-router = APIRouter(prefix="/v1/stats", tags=["stats"], dependencies=ADMIN_ONLY)
+router = APIRouter(prefix="/v1/stats", tags=["stats"], dependencies=ADMIN_ONLY, responses=errors(403))
 
 
 class StatsQuery:

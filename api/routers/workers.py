@@ -13,12 +13,13 @@ from anyio import to_thread
 from fastapi import APIRouter
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
+from api.errors import errors
 from api.schemas.workers import HostDrain, UnloadRequest, UnloadRequested, WorkerPublic, WorkersPublic
 from gpuq import store
 from gpuq.errors import RequestError
 from gpuq.fleet import workers
 
-router = APIRouter(tags=["workers"], dependencies=ADMIN_ONLY)
+router = APIRouter(tags=["workers"], dependencies=ADMIN_ONLY, responses=errors(403))
 
 
 async def _running_by_worker(db: SessionDep) -> dict[str, list[str]]:
@@ -49,7 +50,7 @@ async def list_workers(db: SessionDep, state: StateDep) -> WorkersPublic:
     return WorkersPublic(data=await _views(db, state), drained_hosts=sorted(hosts))
 
 
-@router.get("/v1/workers/{name}", response_model=WorkerPublic)
+@router.get("/v1/workers/{name}", response_model=WorkerPublic, responses=errors(404))
 async def read_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
     worker = await _live(state, name)
     return WorkerPublic.of(worker, (await _running_by_worker(db)).get(name, []))
@@ -62,14 +63,14 @@ async def _drain_worker(name: str, db: SessionDep, state: StateDep, *, drained: 
     return await read_worker(name, db, state)
 
 
-@router.post("/v1/workers/{name}/drain", response_model=WorkerPublic)
+@router.post("/v1/workers/{name}/drain", response_model=WorkerPublic, responses=errors(404))
 async def drain_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
     """The worker finishes its running jobs and takes no more until undrained (state
     `draining`, then `drained`); it stays alive. The flag lives as long as the process."""
     return await _drain_worker(name, db, state, drained=True)
 
 
-@router.post("/v1/workers/{name}/undrain", response_model=WorkerPublic)
+@router.post("/v1/workers/{name}/undrain", response_model=WorkerPublic, responses=errors(404))
 async def undrain_worker(name: str, db: SessionDep, state: StateDep) -> WorkerPublic:
     """Clears the worker's own flag; a worker whose host is drained stays drained (`drained_by`)."""
     return await _drain_worker(name, db, state, drained=False)
@@ -87,18 +88,18 @@ async def _drain_host(host: str, db: SessionDep, state: StateDep, *, drained: bo
     return HostDrain(host=host, drained=drained, changed=changed, workers=await _views(db, state, host=host))
 
 
-@router.post("/v1/hosts/{host}/drain", response_model=HostDrain)
+@router.post("/v1/hosts/{host}/drain", response_model=HostDrain, responses=errors(404))
 async def drain_host(host: str, db: SessionDep, state: StateDep) -> HostDrain:
     """Every worker of the host, including workers started there later, until undrained."""
     return await _drain_host(host, db, state, drained=True)
 
 
-@router.post("/v1/hosts/{host}/undrain", response_model=HostDrain)
+@router.post("/v1/hosts/{host}/undrain", response_model=HostDrain, responses=errors(404))
 async def undrain_host(host: str, db: SessionDep, state: StateDep) -> HostDrain:
     return await _drain_host(host, db, state, drained=False)
 
 
-@router.post("/v1/workers/{name}/unload", response_model=UnloadRequested)
+@router.post("/v1/workers/{name}/unload", response_model=UnloadRequested, responses=errors(404, 409))
 async def unload_on_worker(name: str, body: UnloadRequest, state: StateDep) -> UnloadRequested:
     """Unload a model from one worker: at once if it is idle, else right after its job."""
     worker = await _live(state, name)
@@ -109,7 +110,7 @@ async def unload_on_worker(name: str, body: UnloadRequest, state: StateDep) -> U
     return UnloadRequested(model=body.model, workers=[name])
 
 
-@router.post("/v1/models/{name}/unload", response_model=UnloadRequested)
+@router.post("/v1/models/{name}/unload", response_model=UnloadRequested, responses=errors(404))
 async def unload_everywhere(name: str, db: SessionDep, state: StateDep) -> UnloadRequested:
     """Every worker holding the model unloads it (at once if idle, else after its job). The
     next job for it loads it again: this frees memory, it does not retire the model."""

@@ -33,11 +33,15 @@ class FileObject(BaseModel):
         )
 
 
+# The endpoints a batch line may name (gpuq/batches/openai_format.py's ENDPOINTS; a test keeps them equal).
+BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+
+
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="ignore")  # the openai client may add fields gpuq does not use
 
     input_file_id: str = Field(min_length=1)
-    endpoint: str
+    endpoint: BatchEndpoint
     completion_window: str = "24h"
     metadata: dict[str, str] | None = Field(None, max_length=16)
     priority: PriorityName = Field(

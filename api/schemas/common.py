@@ -5,11 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from gpuq.jobs.queues import Priority
 
 MAX_CONTEXT_TOKENS = 1 << 20
+# The largest value an INTEGER column holds on PostgreSQL (SQLite's go further): the bound
+# of every integer a request stores or looks up, so a larger one is a 422, not a 500.
+MAX_SQL_INT = 2**31 - 1
 MAX_EMBED_INPUTS = 2048
 MAX_STOP_SEQUENCES = 4
 
@@ -48,8 +51,14 @@ class ErrorObject(BaseModel):
 class ErrorBody(BaseModel):
     """Every refusal on gpuq's and the OpenAI-compatible routes (api/errors.py)."""
 
-    detail: str
+    detail: str = Field(description="what is wrong and what to fix")
     error: ErrorObject
+
+
+class OllamaErrorBody(BaseModel):
+    """Every refusal on Ollama's routes (``/api/...``), the shape Ollama's clients read."""
+
+    error: str
 
 
 def unix_time(value: datetime | None) -> int | None:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import Strict
+from api.schemas.common import MAX_SQL_INT, Strict
 from gpuq.db.tables import AffinityRule
 from gpuq.fleet.affinity import glob_problem, model_pattern_problem
 
@@ -21,7 +21,7 @@ class RuleCreate(Strict):
     gpu_uuids: list[Annotated[str, Field(pattern=r"^(GPU|MIG)-[A-Za-z0-9-]+$")]] | None = Field(None, min_length=1)
     gpu_name_pattern: str | None = Field(None, min_length=1, max_length=255)
     host_pattern: str | None = Field(None, min_length=1, max_length=255)
-    min_memory_mib: int | None = Field(None, ge=1)
+    min_memory_mib: int | None = Field(None, ge=1, le=MAX_SQL_INT)
 
     @model_validator(mode="after")
     def _valid_patterns(self) -> RuleCreate:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 
 from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_EMBED_INPUTS, MAX_STOP_SEQUENCES, PriorityName, Strict
+from gpuq.batches.destinations import redact_url
 from gpuq.db.tables import Job, JobKind
 from gpuq.jobs.queues import Priority
 from gpuq.jobs.submit import JobSpec
@@ -157,7 +158,13 @@ class JobPublic(JobSummary):
 
     @classmethod
     def of(cls, job: Job) -> JobPublic:
-        return cls(**_job_fields(job), request=job.request, result=job.result)
+        return cls(**_job_fields(job), request=_shown_request(job.request), result=job.result)
+
+
+def _shown_request(request: dict[str, Any]) -> dict[str, Any]:
+    """The request as stored, but a webhook URL's credentials hidden (they are sent, never shown)."""
+    url = request.get("webhook_url")
+    return request | {"webhook_url": redact_url(url)} if isinstance(url, str) else request
 
 
 def _job_fields(job: Job) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import Strict
+from api.schemas.common import MAX_SQL_INT, Strict
 from gpuq.db.tables import ApiKey, Role
 
 
@@ -14,9 +14,11 @@ class KeyCreate(Strict):
     name: str = Field(min_length=1, max_length=128, description="what the key is for, e.g. 'nightly-evals'")
     owner: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$", description="the tenant it acts for")
     role: Role = Role.SUBMITTER
-    max_queued_jobs: int | None = Field(None, ge=1, description="jobs it may have queued at once; null: no limit")
+    max_queued_jobs: int | None = Field(
+        None, ge=1, le=MAX_SQL_INT, description="jobs it may have queued at once; null: no limit"
+    )
     max_submissions_per_minute: int | None = Field(
-        None, ge=1, description="jobs (or batches) it may submit a minute; null: no limit"
+        None, ge=1, le=MAX_SQL_INT, description="jobs (or batches) it may submit a minute; null: no limit"
     )
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import MAX_CONTEXT_TOKENS, Strict
+from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_SQL_INT, Strict
 from gpuq.db.tables import Model, ModelKind
 
 
@@ -16,7 +17,10 @@ class ModelCreate(Strict):
     kinds: list[ModelKind] = Field(default_factory=lambda: [ModelKind.GENERATE], min_length=1)
     context_length: int | None = Field(None, ge=1, le=MAX_CONTEXT_TOKENS)
     vram_mib: int | None = Field(
-        None, ge=1, description="measured GPU memory the model needs; overrides gpuq's estimate for placement"
+        None,
+        ge=1,
+        le=MAX_SQL_INT,
+        description="measured GPU memory the model needs; overrides gpuq's estimate for placement",
     )
 
 
@@ -27,7 +31,9 @@ class ModelPublic(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "gpuq"
-    path: str
+    path: str = Field(
+        description="the GGUF file: its path on the server for admin keys, its file name alone for others"
+    )
     kinds: list[str]
     context_length: int
     context_length_trained: int
@@ -38,11 +44,13 @@ class ModelPublic(BaseModel):
     vram_mib: int = Field(description="what placement uses: the override if set, else the estimate")
 
     @classmethod
-    def of(cls, model: Model) -> ModelPublic:
+    def of(cls, model: Model, *, full_path: bool = True) -> ModelPublic:
+        """``full_path=False`` for callers who are not admins: where files live on the
+        server is the operators' business (and a map for an attacker)."""
         return cls(
             id=model.name,
             created=int(model.created_at.timestamp()),
-            path=model.path,
+            path=model.path if full_path else PurePath(model.path).name,
             kinds=model.kinds,
             context_length=model.context_length,
             context_length_trained=model.context_length_trained,

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from api.schemas.batches import BatchEndpoint
 from api.schemas.common import PriorityName, Strict
 from gpuq.db.tables import Schedule, ScheduleRun
 from gpuq.jobs.queues import Priority
@@ -18,7 +19,9 @@ class ScheduleCreate(Strict):
     timezone: str = Field("UTC", description="IANA name the cron is read in, e.g. Europe/Paris")
     input_file_id: str | None = Field(None, description="a stored batch file to run...")
     requests: list[dict[str, Any]] | None = Field(None, min_length=1, description="...or inline batch lines")
-    endpoint: str = "/v1/chat/completions"
+    endpoint: BatchEndpoint = Field(
+        "/v1/chat/completions", description="the batch's endpoint; lines may name any of these"
+    )
     priority: PriorityName = Field("low", validate_default=True)
     enabled: bool = True
     misfire: Literal["skip", "run_once"] = "skip"

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import Role
+from gpuq.private_files import private_dir
 from gpuq.settings import Settings
 
 BOOTSTRAP_OWNER = "admin"
@@ -37,7 +38,7 @@ def ensure_admin_key(session: Session, data_dir: Path) -> str | None:
         return None
     _key, secret = store.create_api_key(session, name="bootstrap", owner=BOOTSTRAP_OWNER, role=Role.ADMIN)
     path = key_file(data_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 from redis import Redis
 from sqlalchemy.orm import Session
 
@@ -27,11 +27,13 @@ from gpuq.batches import service as batches
 from gpuq.batches.files import PURPOSE_BATCH, LineScanner, files_dir, jsonl_line, new_file_id
 from gpuq.db.tables import File, MisfirePolicy, Schedule, ScheduleRun, utcnow
 from gpuq.errors import RequestError
+from gpuq.private_files import write_private
 
 log = logging.getLogger(__name__)
 
 MISFIRE_GRACE_S = 60.0
-MAX_CATCH_UP_TICKS = 10_000  # bound the walk over missed ticks (a per-second cron down for hours)
+MAX_CATCH_UP_TICKS = 10_000  # bound the walk over missed ticks (a per-minute cron down for days)
+CRON_ALIASES = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"})
 
 
 def zone(name: str) -> ZoneInfo:
@@ -41,13 +43,28 @@ def zone(name: str) -> ZoneInfo:
         raise RequestError(422, f"unknown time zone {name!r}; use an IANA name such as UTC or Europe/Paris") from None
 
 
-def check_cron(expression: str) -> None:
-    if not croniter.is_valid(expression):
-        try:
-            croniter(expression)
-        except Exception as exc:
-            raise RequestError(422, f"invalid cron expression {expression!r}: {exc}") from None
-        raise RequestError(422, f"invalid cron expression {expression!r}")
+def check_cron(expression: str, tz: str = "UTC") -> datetime:
+    """The first fire time of a valid cron expression (after now, in UTC), or a 422 saying
+    what is wrong. croniter also reads a sixth field (seconds) and a seventh (years); gpuq
+    takes the standard five fields, or an alias such as @daily, and refuses expressions that
+    match no date at all (``0 0 31 2 *``), which croniter only finds out when asked for one."""
+    fields = expression.split()
+    if not (len(fields) == 5 or (len(fields) == 1 and fields[0].lower() in CRON_ALIASES)):
+        raise RequestError(
+            422,
+            f"invalid cron expression {expression!r}: give five fields (minute hour day-of-month month "
+            f"day-of-week, e.g. '0 2 * * *') or one of {', '.join(sorted(CRON_ALIASES))}; "
+            f"gpuq has no seconds or years field",
+            param="cron",
+        )
+    try:
+        return next_fire_time(expression, tz, utcnow())
+    except CroniterBadDateError:
+        raise RequestError(
+            422, f"cron expression {expression!r} never fires: no date matches it (such as 31 February)", param="cron"
+        ) from None
+    except (CroniterError, ValueError, KeyError) as exc:
+        raise RequestError(422, f"invalid cron expression {expression!r}: {exc}", param="cron") from None
 
 
 def fire_times(expression: str, tz: str, after: datetime, count: int) -> list[datetime]:
@@ -86,7 +103,7 @@ def store_inline_requests(lines: list[dict[str, Any]], data_dir: Path) -> File:
         raise RequestError(422, "`requests` is empty")
     file_id = new_file_id()
     path = files_dir(data_dir) / f"{file_id}.jsonl"
-    path.write_bytes(payload)
+    write_private(path, payload)
     return File(
         id=file_id,
         purpose=PURPOSE_BATCH,
@@ -127,6 +144,19 @@ def fire(
     return run
 
 
+def _paused_for_its_cron(session: Session, schedule: Schedule) -> bool:
+    """A schedule stored before its cron was checked as it is now (a seconds field made one
+    fire every second) is paused, and says so, instead of firing."""
+    try:
+        check_cron(schedule.cron, schedule.timezone)
+    except RequestError as exc:
+        log.warning("schedule %s is paused: %s", schedule.name, exc.message)
+        schedule.enabled = False
+        store.save_schedule(session, schedule)
+        return True
+    return False
+
+
 def fire_due_schedules(
     session: Session, redis: Redis, *, now: datetime | None = None, timeout_s: int = 3600
 ) -> list[ScheduleRun]:
@@ -134,6 +164,8 @@ def fire_due_schedules(
     now = now or utcnow()
     runs = []
     for schedule in store.due_schedules(session, now):
+        if _paused_for_its_cron(session, schedule):
+            continue
         latest = _latest_due(schedule, now)
         on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
         if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:
@@ -153,5 +185,5 @@ def run_now(session: Session, redis: Redis, schedule: Schedule, *, timeout_s: in
 
 
 def first_fire_time(expression: str, tz: str) -> datetime:
-    check_cron(expression)
-    return next_fire_time(expression, tz, utcnow())
+    zone(tz)
+    return check_cron(expression, tz)

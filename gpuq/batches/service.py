@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -46,6 +46,7 @@ from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs, remove_queued
 from gpuq.jobs.queues import Priority
 from gpuq.jobs.submit import JobSpec, check_against_model, check_placeable
+from gpuq.private_files import open_private
 from gpuq.stats import metrics
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,11 @@ def completion_window_s(window: str) -> int:
     match = _WINDOW.match(window)
     hours = int(match.group(1)) if match else 0
     if not 1 <= hours <= 168:
-        raise RequestError(400, f"completion_window {window!r} is not supported; use hours from 1h to 168h, e.g. 24h")
+        raise RequestError(
+            422,
+            f"completion_window {window!r} is not supported; use hours from 1h to 168h, e.g. 24h",
+            param="completion_window",
+        )
     return hours * 3600
 
 
@@ -145,7 +150,7 @@ def plan_batch_jobs(
     owner: str | None = None,
     api_key_id: str | None = None,
 ) -> list[store.NewJob]:
-    """Every line checked, then turned into jobs; RequestError(400) lists the bad lines."""
+    """Every line checked, then turned into jobs; RequestError(422) lists the bad lines."""
     models: dict[str, Model | None] = {}
     lines, errors = _parse_lines(path, models, lambda name: store.get_model(session, name))
     tokens, more = _check_lines(lines, models, load_fleet(session))
@@ -153,7 +158,7 @@ def plan_batch_jobs(
     if errors:
         shown = "; ".join(f"line {number}: {message}" for number, message in errors[:MAX_ERRORS_REPORTED])
         rest = len(errors) - MAX_ERRORS_REPORTED
-        raise RequestError(400, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
+        raise RequestError(422, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
 
     ids = iter(store.new_job_ids(len(lines)))  # a job per line at most (embedding lines are grouped)
 
@@ -203,26 +208,29 @@ def start_batch(
     webhook_url: str | None = None,
     owner: str | None = None,
     api_key_id: str | None = None,
+    admit: Callable[[Session], None] | None = None,
 ) -> Batch:
     """Check every line, then write the batch and its jobs and queue them (or nothing).
     The batch and its jobs belong to ``owner``; ``api_key_id`` is the key that asked, whose
-    queued-jobs limit they count against. Synchronous: the API runs it in a worker thread,
-    the scheduler in its own loop."""
+    queued-jobs limit they count against; ``admit`` applies that key's limits in ``session``,
+    once every line has passed its checks (a refused batch spends nothing). Synchronous: the
+    API runs it in a worker thread, the scheduler in its own loop."""
     if endpoint not in ENDPOINTS:
-        raise RequestError(400, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
+        raise RequestError(
+            422, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
+        )
     window_s = completion_window_s(completion_window)
     file = store.get_file(session, input_file_id)
     if file is None:
         raise RequestError(404, f"file {input_file_id!r} does not exist")
-    if file.purpose != PURPOSE_BATCH:
-        raise RequestError(
-            400, f"file {input_file_id} has purpose {file.purpose!r}; a batch needs a file with purpose 'batch'"
-        )
+    check_input_file(file)
     with gc_paused():
         batch_id = new_batch_id()
         jobs = plan_batch_jobs(
             session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
         )
+        if admit is not None:
+            admit(session)
         now = utcnow()
         batch = Batch(
             id=batch_id,
@@ -246,6 +254,16 @@ def start_batch(
             store.delete_batch(session, batch_id)
             raise queue_unavailable(exc) from None
         return batch
+
+
+def check_input_file(file: File) -> None:
+    """A batch runs an uploaded batch file, not another batch's output."""
+    if file.purpose != PURPOSE_BATCH:
+        raise RequestError(
+            422,
+            f"file {file.id} has purpose {file.purpose!r}; a batch needs a file with purpose 'batch'",
+            param="input_file_id",
+        )
 
 
 def cancel_batch(session: Session, redis: Redis, batch_id: str) -> Batch:
@@ -339,7 +357,10 @@ def _write_output_files(session: Session, batch: Batch, directory: Path) -> dict
     partial = {True: directory / f".{batch.id}.{token}.out", False: directory / f".{batch.id}.{token}.err"}
     counts = {True: [0, 0], False: [0, 0]}  # lines, bytes
     try:
-        with partial[True].open("wb") as ok_out, partial[False].open("wb") as err_out:
+        with (
+            open_private(partial[True], exclusive=True) as ok_out,
+            open_private(partial[False], exclusive=True) as err_out,
+        ):
             for succeeded, line in result_lines(session, batch):
                 data = jsonl_line(line)
                 (ok_out if succeeded else err_out).write(data)

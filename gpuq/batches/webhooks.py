@@ -7,6 +7,11 @@ conditional UPDATE (so two schedulers do not both send it), POSTed with an HMAC-
 signature, and on failure retried after 2, 4, 8 ... seconds (at most an hour apart) until
 ``MAX_ATTEMPTS``.
 
+Each attempt first checks the destination again (gpuq/batches/destinations.py): one that
+now resolves to an internal address fails for good, before any connection. The log
+records a status and an error class (``HTTP 500``, ``ConnectTimeout``), never what the
+receiver answered, because submitters read it and the receiver may be none of theirs.
+
 Verifying a delivery (receiver side)::
 
     expected = hmac.new(secret, f"{timestamp}.".encode() + body, sha256).hexdigest()
@@ -21,6 +26,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +39,9 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpuq.batches.destinations import Destination, DestinationPolicy, RefusedDestination, redact_url
 from gpuq.db.tables import DeliveryStatus, WebhookDelivery, utcnow
+from gpuq.private_files import private_dir, write_private
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +83,8 @@ def load_secret(configured: str, data_dir: Path) -> bytes:
         return configured.encode()
     path = data_dir / "webhook_secret"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_hex(32))
-        path.chmod(0o600)
+        private_dir(path.parent)
+        write_private(path, secrets.token_hex(32).encode())
     return path.read_text().strip().encode()
 
 
@@ -122,7 +129,12 @@ def claim_due(session: Session, *, now: datetime | None = None, limit: int = BAT
 
 
 def deliver_due(
-    session: Session, secret: bytes, *, now: datetime | None = None, client: httpx.Client | None = None
+    session: Session,
+    secret: bytes,
+    *,
+    policy: DestinationPolicy,
+    now: datetime | None = None,
+    client: httpx.Client | None = None,
 ) -> list[str]:
     """Send the deliveries that are due (up to ``BATCH_SIZE``) one after the other, each
     claimed just before its attempt; returns the ids delivered this time. The scheduler
@@ -133,9 +145,52 @@ def deliver_due(
         claimed = claim_due(session, now=now, limit=1)
         if not claimed:
             break  # a claimed or retried delivery is not due again at ``now``
-        if send(session, claimed[0], secret, now=now, client=client):
+        if send(session, claimed[0], secret, policy=policy, now=now, client=client):
             delivered.append(claimed[0])
     return delivered
+
+
+_LEGACY_ERROR = re.compile(r"^(HTTP \d{3}|[A-Za-z]+): ")
+
+
+def error_class(last_error: str | None) -> str | None:
+    """A delivery's error as submitters may see it. Rows logged before errors were recorded
+    as classes held the receiver's answer (``HTTP 500: <body>``) or the exception's text:
+    only their class is shown."""
+    if last_error is None:
+        return None
+    legacy = _LEGACY_ERROR.match(last_error)
+    return legacy.group(1) if legacy else last_error
+
+
+def _post(client: httpx.Client, destination: Destination, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    """POST to the checked address itself, as the URL's host (``Host``, TLS server name)."""
+    url = httpx.URL(destination.url)
+    extensions = {"sni_hostname": destination.host} if url.scheme == "https" else {}
+    return client.post(
+        url.copy_with(host=destination.address),
+        content=body,
+        headers=headers | {"Host": url.netloc.decode()},
+        extensions=extensions,
+    )
+
+
+def _attempt(
+    destination: Destination, body: bytes, headers: dict[str, str], client: httpx.Client | None
+) -> tuple[bool, int | None, str | None]:
+    """(accepted, HTTP status, error class) of one POST."""
+    try:
+        if client is None:
+            with httpx.Client(timeout=TIMEOUT_S, follow_redirects=False) as own:
+                response = _post(own, destination, body, headers)
+        else:
+            response = _post(client, destination, body, headers)
+    except httpx.HTTPError as exc:
+        log.info("webhook to %s: %s: %s", redact_url(destination.url), type(exc).__name__, exc)
+        return False, None, type(exc).__name__
+    if response.is_success:
+        return True, response.status_code, None
+    return False, response.status_code, f"HTTP {response.status_code}"  # the body stays unread
 
 
 def send(
@@ -143,15 +198,25 @@ def send(
     delivery_id: str,
     secret: bytes,
     *,
+    policy: DestinationPolicy,
     now: datetime | None = None,
     client: httpx.Client | None = None,
 ) -> bool:
-    """One attempt at a claimed delivery: POST it and record the outcome (delivered, retried
-    after a backoff, or failed for good). Returns whether the receiver accepted it."""
+    """One attempt at a claimed delivery: check its destination, POST it and record the
+    outcome (delivered, retried after a backoff, or failed for good). Returns whether the
+    receiver accepted it."""
     now = now or utcnow()
     delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
     if delivery is None:
         return False  # deleted since it was claimed
+    try:
+        destination = policy.check(delivery.url)
+    except RefusedDestination as exc:
+        delivery.status, delivery.last_status_code = DeliveryStatus.FAILED.value, None
+        delivery.last_error = f"destination refused: {exc}"
+        log.warning("webhook %s to %s refused: %s", delivery.id, redact_url(delivery.url), exc)
+        session.commit()
+        return False
     body = json.dumps(
         {"id": delivery.id, "event": delivery.event, "data": delivery.payload}, separators=(",", ":")
     ).encode()
@@ -164,23 +229,12 @@ def send(
         "X-Gpuq-Timestamp": timestamp,
         "X-Gpuq-Signature": sign(secret, timestamp, body),
     }
-    try:
-        if client is None:
-            with httpx.Client(timeout=TIMEOUT_S) as own:
-                response = own.post(delivery.url, content=body, headers=headers)
-        else:
-            response = client.post(delivery.url, content=body, headers=headers)
-        delivery.last_status_code, delivery.last_error = response.status_code, None
-        ok = response.is_success
-        if not ok:
-            delivery.last_error = f"HTTP {response.status_code}: {response.text[:200]}"
-    except httpx.HTTPError as exc:
-        ok, delivery.last_status_code, delivery.last_error = False, None, f"{type(exc).__name__}: {exc}"
+    ok, delivery.last_status_code, delivery.last_error = _attempt(destination, body, headers, client)
     if ok:
         delivery.status, delivery.delivered_at = DeliveryStatus.DELIVERED.value, now
     elif delivery.attempts >= MAX_ATTEMPTS:
         delivery.status = DeliveryStatus.FAILED.value
-        log.warning("webhook %s to %s failed for good: %s", delivery.id, delivery.url, delivery.last_error)
+        log.warning("webhook %s to %s failed for good: %s", delivery.id, redact_url(delivery.url), delivery.last_error)
     else:
         delivery.next_attempt_at = now + timedelta(seconds=backoff_s(delivery.attempts))
     session.commit()
@@ -196,9 +250,12 @@ class DeliveryPool:
     its claim lapse and be sent twice. Claiming stays the conditional UPDATE, so several
     schedulers, each with its pool, still send every attempt once."""
 
-    def __init__(self, sessions: sessionmaker[Session], secret: bytes, *, threads: int) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], secret: bytes, *, threads: int, policy: DestinationPolicy
+    ) -> None:
         self._sessions = sessions
         self._secret = secret
+        self._policy = policy
         self._threads = threads
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="webhook")
         self._lock = threading.Lock()
@@ -221,7 +278,7 @@ class DeliveryPool:
     def _send(self, delivery_id: str) -> None:
         try:
             with self._sessions() as session:
-                send(session, delivery_id, self._secret)
+                send(session, delivery_id, self._secret, policy=self._policy)
         except Exception:
             # The database failed under us: the claim lapses after CLAIM_S and the attempt is made again.
             log.exception("webhook %s: the attempt could not be recorded; it will be retried", delivery_id)

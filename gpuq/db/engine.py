@@ -14,6 +14,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpuq.private_files import prepare_sqlite_file
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -43,6 +45,7 @@ def is_sqlite(url: str) -> bool:
 
 
 def sync_engine(url: str) -> Engine:
+    prepare_sqlite_file(url)
     engine = create_engine(_driver_url(url, asynchronous=False), pool_pre_ping=not is_sqlite(url))
     if is_sqlite(url):
         event.listen(engine, "connect", _tune_sqlite)
@@ -50,6 +53,7 @@ def sync_engine(url: str) -> Engine:
 
 
 def async_engine(url: str) -> AsyncEngine:
+    prepare_sqlite_file(url)
     engine = create_async_engine(_driver_url(url, asynchronous=True), pool_pre_ping=not is_sqlite(url))
     if is_sqlite(url):
         event.listen(engine.sync_engine, "connect", _tune_sqlite)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy.engine import make_url
 
 import migrations
+from gpuq.private_files import prepare_sqlite_file
 
 
 def alembic_config(database_url: str) -> Config:
@@ -20,9 +20,7 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
-    url = make_url(database_url)
-    if url.get_backend_name() == "sqlite" and url.database:
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    prepare_sqlite_file(database_url)  # created 0600, in a 0700 directory if it is new
     command.upgrade(alembic_config(database_url), revision)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,11 @@ from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.placement import can_ever_run, evaluate, explain_unplaceable, group_for
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.limits import admit
 from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
 from gpuq.jobs.queues import Priority, QueueEntry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +140,10 @@ def _tokenizer(model: Model) -> VocabTokenizer:
     try:
         return vocab_tokenizer(model.path)
     except ValueError as exc:  # llama.cpp could not read the file
+        # The path and llama.cpp's words go to the log: submitters see neither where files live nor why.
+        log.error("model %s: its file %s cannot be read: %s", model.name, model.path, exc)
         raise RequestError(
-            422, f"model {model.name!r} cannot be used: its file {model.path} cannot be read ({exc})"
+            422, f"model {model.name!r} cannot be used: its file cannot be read (an admin can see why in the log)"
         ) from None
 
 
@@ -149,7 +155,9 @@ IDEMPOTENT_INSERT_ATTEMPTS = 3
 async def submit_jobs(
     db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int, caller: Caller
 ) -> list[Accepted]:
-    """Validate and accept jobs, all or none, owned by the caller's tenant."""
+    """Validate and accept jobs, all or none, owned by the caller's tenant. The key's limits
+    (gpuq/jobs/limits.py) are applied once every check has passed, to the jobs that are new:
+    a refused request, or an idempotent replay, spends none of its submissions."""
     models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
     prompt_tokens = await to_thread.run_sync(
         lambda: [check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)]
@@ -157,6 +165,7 @@ async def submit_jobs(
     fleet = await db.run_sync(load_fleet)
     for i, spec in enumerate(specs):
         check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
+    admitted = False  # the key's limits are applied once: a retry after a race only has fewer jobs
     for _attempt in range(IDEMPOTENT_INSERT_ATTEMPTS):
         earlier = await _earlier_jobs(db, specs, caller.owner)
         new = [
@@ -175,6 +184,9 @@ async def submit_jobs(
             for s, n in zip(specs, prompt_tokens, strict=True)
             if s.idempotency_key is None or s.idempotency_key not in earlier
         ]
+        if new and not admitted:
+            await admit(db, redis, caller, queued_jobs=len(new), submissions=len(new))
+            admitted = True
         try:
             created = iter(await _insert_then_enqueue(db, redis, new, timeout_s=timeout_s) if new else [])
         except _RacedOnIdempotencyKey:

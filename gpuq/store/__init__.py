@@ -10,6 +10,7 @@ not timing, decides who wins.
 from __future__ import annotations
 
 from gpuq.store.api_keys import (
+    Revocation,
     create_api_key,
     find_active_key,
     get_api_key,
@@ -18,6 +19,7 @@ from gpuq.store.api_keys import (
     known_owners,
     list_api_keys,
     revoke_api_key,
+    revoke_key_keeping_an_admin,
 )
 from gpuq.store.batches import (
     batch_jobs,
@@ -115,6 +117,7 @@ __all__ = [
     "JobFilter",
     "NewJob",
     "Outcome",
+    "Revocation",
     "RunningJob",
     "batch_jobs",
     "batch_line_counts",
@@ -180,6 +183,7 @@ __all__ = [
     "retry_finished_jobs",
     "return_to_queue",
     "revoke_api_key",
+    "revoke_key_keeping_an_admin",
     "running_batch_jobs",
     "running_jobs",
     "save_file",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import secrets
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpuq.auth.access import hash_secret, new_secret
@@ -73,6 +74,44 @@ def revoke_api_key(session: Session, key_id: str) -> bool:
     """True if the key existed and was active; it stops working at once."""
     statement = update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
     return commit_changed(session, statement)
+
+
+class Revocation(enum.StrEnum):
+    REVOKED = "revoked"
+    NOT_FOUND = "not_found"  # no such key, or revoked already
+    LAST_ADMIN = "last_admin"
+
+
+def revoke_key_keeping_an_admin(session: Session, key_id: str) -> Revocation:
+    """Revoke a key unless it is the last active admin key: what the API allows.
+
+    The count and the revocation are one transaction that first holds every active admin
+    key, so two admins revoking each other at the same moment cannot both see two admins
+    and leave none: a write that changes nothing locks those rows on PostgreSQL (the second
+    transaction waits, then counts afresh) and takes SQLite's single write lock.
+    """
+    session.execute(
+        update(ApiKey)
+        .where(ApiKey.role == Role.ADMIN.value, ApiKey.revoked_at.is_(None))
+        .values(role=ApiKey.role)
+        .execution_options(synchronize_session=False)
+    )
+    key = session.scalars(
+        select(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).execution_options(populate_existing=True)
+    ).one_or_none()
+    if key is None:
+        session.rollback()
+        return Revocation.NOT_FOUND
+    if key.role == Role.ADMIN.value:
+        admins = session.scalar(
+            select(func.count()).select_from(ApiKey).where(ApiKey.role == Role.ADMIN.value, ApiKey.revoked_at.is_(None))
+        )
+        if (admins or 0) <= 1:
+            session.rollback()
+            return Revocation.LAST_ADMIN
+    key.revoked_at = utcnow()
+    session.commit()
+    return Revocation.REVOKED
 
 
 def has_admin_key(session: Session) -> bool:

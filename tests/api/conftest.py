@@ -8,6 +8,7 @@ from api.main import create_app
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job
 from gpuq.settings import Settings
+from tests.network_guard import PUBLIC_ADDRESS, StubResolver
 
 
 @pytest.fixture
@@ -27,9 +28,15 @@ def bearer(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def client(settings: Settings, admin_key: str) -> Iterator[TestClient]:
-    """The API in-process, every request sent with an admin key."""
-    with TestClient(create_app(settings), headers=bearer(admin_key)) as c:
+def resolver() -> StubResolver:
+    """DNS for the API's webhook checks: hooks.example is public; a test may add names or change answers."""
+    return StubResolver({"hooks.example": [PUBLIC_ADDRESS]})
+
+
+@pytest.fixture
+def client(settings: Settings, admin_key: str, resolver: StubResolver) -> Iterator[TestClient]:
+    """The API in-process, every request sent with an admin key; webhook hosts resolve through ``resolver``."""
+    with TestClient(create_app(settings, resolve=resolver), headers=bearer(admin_key)) as c:
         yield c
 
 

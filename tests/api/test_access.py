@@ -1,6 +1,7 @@
 """API keys, roles and tenants: who may call what, and what each tenant sees."""
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -199,6 +200,36 @@ def test_a_key_over_its_submission_rate_gets_a_429_with_retry_after(as_key, make
     assert len(job_rows()) == 3
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kind": "noop", "model": "no-such-model"},  # 404
+        {"kind": "generate", "model": MODEL, "prompt": "hi", "max_tokens": 4096},  # 422: over the context
+        {"kind": "noop", "model": MODEL, "webhook_url": "http://127.0.0.1:6379/"},  # 422: an internal destination
+    ],
+)
+def test_refused_submissions_spend_none_of_the_keys_rate(as_key, make_key, client, job_rows, bad):
+    limited = make_key("submitter", "acme", max_submissions_per_minute=2)
+    for _ in range(5):
+        assert as_key(limited, "POST", "/v1/jobs", json=bad).status_code in (404, 422)
+    assert as_key(limited, "POST", "/v1/jobs/bulk", json={"jobs": [NOOP, bad]}).status_code in (404, 422)
+    file = batch_file(client, limited).json()
+    bad_batch = {"input_file_id": file["id"], "endpoint": "/v1/embeddings", "completion_window": "999h"}
+    assert as_key(limited, "POST", "/v1/batches", json=bad_batch).status_code == 422
+    # The whole minute's allowance is still there for work that is accepted.
+    assert as_key(limited, "POST", "/v1/jobs/bulk", json={"jobs": [NOOP, NOOP]}).status_code == 202
+    assert as_key(limited, "POST", "/v1/jobs", json=NOOP).status_code == 429
+    assert len(job_rows()) == 2
+
+
+def test_an_idempotent_replay_spends_nothing(as_key, make_key, job_rows):
+    limited = make_key("submitter", "acme", max_submissions_per_minute=1)
+    first = as_key(limited, "POST", "/v1/jobs", json=NOOP | {"idempotency_key": "k1"})
+    again = as_key(limited, "POST", "/v1/jobs", json=NOOP | {"idempotency_key": "k1"})
+    assert (first.status_code, again.status_code) == (202, 200) and again.json()["id"] == first.json()["id"]
+    assert len(job_rows()) == 1
+
+
 def test_a_batch_counts_its_lines_against_the_queued_jobs_limit(as_key, make_key, client, session):
     limited = make_key("submitter", "acme", max_queued_jobs=1)
     file = batch_file(client, limited).json()
@@ -231,3 +262,77 @@ def test_a_tenant_reads_only_its_own_webhook_deliveries(as_key, make_key, client
     assert [d["job_id"] for d in as_key(acme, "GET", "/v1/webhooks/deliveries").json()["data"]] == ["job_a"]
     assert as_key(acme, "GET", "/v1/webhooks/deliveries", params={"job_id": "job_g"}).json()["data"] == []
     assert {d["job_id"] for d in client.get("/v1/webhooks/deliveries").json()["data"]} == {"job_a", "job_g"}
+
+
+ROUNDS = 8
+
+
+def revoke_at_once(pairs: list[tuple[TestClient, str, str]]) -> list[int]:
+    """Each (client, secret, key id) revokes at the same moment; the statuses, sorted."""
+    barrier = threading.Barrier(len(pairs))
+
+    def revoke(c: TestClient, secret: str, key_id: str) -> int:
+        barrier.wait()
+        return c.delete(f"/v1/keys/{key_id}", headers=bearer(secret)).status_code
+
+    with ThreadPoolExecutor(len(pairs)) as pool:
+        return sorted(pool.map(lambda pair: revoke(*pair), pairs))
+
+
+@both_databases
+def test_two_admins_revoking_each_other_at_once_leave_one_admin_key(settings, session, make_key):
+    """Each round starts with exactly two active admin keys, and each revokes the other at
+    the same moment, through its own API instance: one revocation wins, the other is refused
+    (409, or 401 once its own key is gone), and an admin key is always left."""
+    from api.main import create_app
+    from gpuq.db.tables import Role
+
+    def active_admins() -> dict[str, str]:
+        """key prefix -> id of every active admin key."""
+        session.expire_all()
+        rows = session.query(ApiKey).filter(ApiKey.role == Role.ADMIN.value, ApiKey.revoked_at.is_(None))
+        return {k.key_prefix: k.id for k in rows}
+
+    survivor = make_key("admin", "ops")
+    with TestClient(create_app(settings)) as first, TestClient(create_app(settings)) as second:
+        for _ in range(ROUNDS):
+            newcomer = make_key("admin", "ops")
+            ids = active_admins()
+            assert len(ids) == 2
+            a, b = ids[survivor[:12]], ids[newcomer[:12]]
+            codes = revoke_at_once([(first, survivor, b), (second, newcomer, a)])
+            left = active_admins()
+            assert len(left) == 1, f"no admin key is left after {codes}"
+            assert codes in ([204, 401], [204, 409]), codes
+            survivor = survivor if survivor[:12] in left else newcomer
+
+
+@both_databases
+def test_a_submitter_reads_its_own_batchs_output_and_error_files_with_the_openai_client(
+    client, make_key, session, redis, settings
+):
+    """OpenAI's flow, files.content(batch.output_file_id), works for the batch's tenant's keys
+    and answers 404 to another tenant's."""
+    import openai
+
+    from gpuq.batches.service import advance_batches
+    from tests.gpuq.batches.test_finalize import chat_line, finish_lines
+
+    def as_tenant(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=client, max_retries=0)
+
+    acme, globex = as_tenant(make_key("submitter", "acme")), as_tenant(make_key("submitter", "globex"))
+    lines = "\n".join(json.dumps(chat_line(c)) for c in ("a", "b")).encode()
+    uploaded = acme.files.create(file=("in.jsonl", lines), purpose="batch")
+    batch = acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    finish_lines(session, batch.id, succeeded=("a",), failed=("b",))
+    assert advance_batches(session, redis, settings.data_dir) == [batch.id]
+    done = acme.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.output_file_id and done.error_file_id
+    [ok] = acme.files.content(done.output_file_id).text.splitlines()
+    [err] = acme.files.content(done.error_file_id).text.splitlines()
+    assert json.loads(ok)["custom_id"] == "a" and json.loads(err)["custom_id"] == "b"
+    assert acme.files.retrieve(done.output_file_id).purpose == "batch_output"
+    for file_id in (done.output_file_id, done.error_file_id, uploaded.id):
+        with pytest.raises(openai.NotFoundError):
+            globex.files.content(file_id)

@@ -59,7 +59,7 @@ def test_an_upload_is_stored_and_served_back(client, session, settings):
 )
 def test_bad_uploads_are_refused_and_nothing_is_kept(client, session, settings, content, purpose, message):
     response = upload(client, content, purpose)
-    assert response.status_code == 400 and message in response.json()["detail"], response.text
+    assert response.status_code == 422 and message in response.json()["detail"], response.text
     assert table(session, File) == [] and stored_files(settings) == []
 
 
@@ -88,7 +88,7 @@ def test_a_batch_with_invalid_lines_is_refused_whole(client, session, redis):
     )
     file_id = upload(client, content).json()["id"]
     response = create(client, file_id)
-    assert response.status_code == 400
+    assert response.status_code == 422
     detail = response.json()["detail"]
     assert detail.startswith("3 invalid lines: line 2: model 'nope' is not registered")
     assert "line 3: body.max_tokens: Input should be greater than or equal to 1" in detail
@@ -100,8 +100,8 @@ def test_a_batch_with_invalid_lines_is_refused_whole(client, session, redis):
     ("extra", "status", "message"),
     [
         ({"input_file_id": "file-missing"}, 404, "file 'file-missing' does not exist"),
-        ({"endpoint": "/v1/audio"}, 400, "endpoint '/v1/audio' is not supported"),
-        ({"completion_window": "2d"}, 400, "completion_window '2d' is not supported"),
+        ({"endpoint": "/v1/audio"}, 422, "endpoint: Input should be '/v1/chat/completions', '/v1/completions'"),
+        ({"completion_window": "2d"}, 422, "completion_window '2d' is not supported"),
         ({"priority": "urgent"}, 422, "unknown priority 'urgent'"),
     ],
 )
@@ -121,7 +121,7 @@ def test_a_batch_is_queued_then_cancelled_then_cancelling_it_again_is_a_conflict
             {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}}
         )
     )
-    batch = create(client, upload(client, content).json()["id"], webhook_url="http://127.0.0.1:9/hook").json()
+    batch = create(client, upload(client, content).json()["id"], webhook_url="http://hooks.example/hook").json()
     assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 4, "completed": 0, "failed": 0}
     assert len(redis_job_keys(redis)) == 4
     assert [j["priority"] for j in client.get("/v1/jobs").json()["data"]] == ["low"] * 4  # below interactive work

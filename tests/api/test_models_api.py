@@ -78,3 +78,31 @@ def test_a_truncated_gguf_is_a_422_that_says_so_and_registers_nothing(client, se
     assert "cannot be read as GGUF: it is truncated or corrupt" in response.json()["detail"]
     assert response.json()["error"]["message"] == response.json()["detail"]
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smollm2-135m"]
+
+
+@both_databases
+def test_submitters_see_a_models_file_name_but_not_where_it_lives_on_the_server(client, make_key, model_path):
+    from tests.api.conftest import bearer
+
+    submitter = bearer(make_key("submitter", "acme"))
+    [listed] = client.get("/v1/models", headers=submitter).json()["data"]
+    one = client.get("/v1/models/smollm2-135m", headers=submitter).json()
+    assert listed["path"] == one["path"] == model_path.rsplit("/", 1)[1] and "/" not in listed["path"]
+    assert client.get("/v1/models/smollm2-135m").json()["path"] == model_path  # admins see the path
+
+
+def test_a_model_whose_file_went_bad_is_refused_without_showing_its_path(
+    client, settings, make_key, model_path, caplog
+):
+    from tests.api.conftest import bearer
+
+    link = settings.models_dir / "soon-broken.gguf"
+    link.symlink_to(model_path)
+    assert client.post("/v1/models", json={"name": "soon-broken", "path": "soon-broken.gguf"}).status_code == 201
+    link.unlink()
+    link.write_bytes(b"GGUF but not really")  # replaced on disk after registration
+    job = {"kind": "generate", "model": "soon-broken", "prompt": "hi", "max_tokens": 4}
+    response = client.post("/v1/jobs", json=job, headers=bearer(make_key("submitter", "acme")))
+    assert response.status_code == 422 and "its file cannot be read" in response.json()["detail"], response.text
+    assert str(settings.models_dir) not in response.text
+    assert str(link) in caplog.text  # the admin finds it in the log

@@ -1,5 +1,7 @@
 """Cron schedules over HTTP: checked at creation, paused, resumed, run by hand, previewed."""
 
+from datetime import UTC, datetime
+
 import pytest
 
 from gpuq.db.tables import File, Schedule
@@ -54,11 +56,14 @@ def test_a_schedule_is_created_previewed_paused_resumed_run_and_deleted(client, 
         ({"requests": None, "input_file_id": "file-x"}, 422, "input file 'file-x' does not exist"),
         (
             {"requests": [LINE | {"body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}]},
-            400,
+            422,
             "line 1: model 'nope' is not registered",
         ),
         ({"requests": [{"custom_id": "a"}]}, 422, "invalid requests: request 1: `method` must be POST"),
         ({"misfire": "sometimes"}, 422, "misfire: Input should be 'skip' or 'run_once'"),
+        ({"cron": "0 0 31 2 *"}, 422, "never fires: no date matches it"),
+        ({"cron": "* * * * * *"}, 422, "give five fields"),
+        ({"endpoint": "/v1/images/generations"}, 422, "endpoint: Input should be '/v1/chat/completions'"),
         ({"priority": "urgent"}, 422, "unknown priority 'urgent'"),
     ],
 )
@@ -76,3 +81,29 @@ def test_schedule_names_are_unique(client):
     assert client.post("/v1/schedules", json=NIGHTLY).status_code == 201
     again = client.post("/v1/schedules", json=NIGHTLY)
     assert again.status_code == 409 and "exists already" in again.json()["detail"]
+
+
+def test_a_schedule_cannot_run_another_batchs_output_file(client, session):
+    """An output file is not a batch input: the runs would fail every night."""
+    output = File(
+        id="file-output",
+        purpose="batch_output",
+        filename="out.jsonl",
+        bytes=1,
+        line_count=1,
+        path="/nonexistent",
+        created_at=datetime.now(UTC),
+    )
+    session.add(output)
+    session.commit()
+    response = client.post("/v1/schedules", json=NIGHTLY | {"requests": None, "input_file_id": "file-output"})
+    assert response.status_code == 422 and "has purpose 'batch_output'" in response.json()["detail"], response.text
+    assert rows(session, Schedule) == []
+
+
+@pytest.mark.parametrize("cron", ["0 0 31 2 *", "* * * * * *"])
+def test_a_schedule_cannot_be_changed_to_a_cron_that_never_or_too_often_fires(client, cron):
+    schedule = client.post("/v1/schedules", json=NIGHTLY).json()
+    response = client.patch(f"/v1/schedules/{schedule['id']}", json={"cron": cron})
+    assert response.status_code == 422, response.text
+    assert client.get(f"/v1/schedules/{schedule['id']}").json()["cron"] == "0 2 * * *"

@@ -327,6 +327,14 @@ def test_every_page_loads_with_its_data_fits_1280_px_and_logs_no_errors(system: 
     assert tab.errors == []
 
 
+def _mib(value: float) -> str:
+    """Memory as the dashboard writes it (js/dom.js mib()): "837 MiB", "1.5 GiB", "14 GiB"."""
+    if value < 1024:
+        return f"{round(value)} MiB"
+    gib = value / 1024
+    return (f"{gib:.1f}" if gib < 10 else f"{gib:.0f}").removesuffix(".0") + " GiB"
+
+
 def _history(card: Any, measure: str) -> Any:
     return card.locator(f'.history-row[data-measure="{measure}"]')
 
@@ -340,7 +348,7 @@ def test_each_gpu_shows_an_hour_of_utilisation_memory_and_power(system: Seeded, 
         # A simulated GPU records its memory (the models its workers hold) and nothing else.
         expect(_history(card, "memory").locator("svg polyline").first).to_be_attached()
         latest = [p["memory_used_mib"] for p in gpu["series"] if p["memory_used_mib"] is not None][-1]
-        expect(_history(card, "memory").locator(".history-value")).to_have_text(f"{round(latest)} MiB")
+        expect(_history(card, "memory").locator(".history-value")).to_have_text(_mib(latest))
         for measure in ("utilisation", "power"):
             expect(_history(card, measure)).to_contain_text("no readings")
             expect(_history(card, measure).locator("svg")).to_have_count(0)

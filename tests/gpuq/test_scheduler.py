@@ -138,7 +138,9 @@ def test_a_duty_failing_every_tick_does_not_stop_the_others(
     receiver = make_receiver()
     batch = start(session, redis, tmp_path / "inputs", webhook_url=receiver.url)
     finish_lines(session, batch.id)
-    settings = settings_for(database_url, "redis://127.0.0.1:1/0", tmp_path, reconcile_interval_s=0.1)
+    settings = settings_for(
+        database_url, "redis://127.0.0.1:1/0", tmp_path, reconcile_interval_s=0.1, webhook_allowed_hosts="127.0.0.1"
+    )
     with caplog.at_level(logging.INFO, logger="gpuq.scheduler"):
         scheduler = running(Scheduler(settings, tick_s=0.05))
         wait_for(lambda: [e["event"] for e in receiver.events] == ["batch.completed"])
@@ -163,7 +165,9 @@ def test_a_slow_webhook_receiver_does_not_delay_the_other_duties(
     receiver = make_receiver(delay_s=2.0)
     for _ in range(4):
         finish_job(session, receiver.url)
-    settings = settings_for(database_url, redis_url, tmp_path, webhook_delivery_threads=2)
+    settings = settings_for(
+        database_url, redis_url, tmp_path, webhook_delivery_threads=2, webhook_allowed_hosts="127.0.0.1"
+    )
     scheduler = Scheduler(settings, tick_s=0.05)
     ticks: list[float] = []
     scheduler.duties.append(Duty("probe", lambda: ticks.append(time.monotonic()), interval_s=0.05))

@@ -2,6 +2,7 @@
 written, or its scheduler died after the claim) is finalised by the next pass."""
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,7 @@ def assert_finalised_once(session: Session, batch_id: str, *, status="completed"
     assert sorted(f.id for f in outputs) == sorted([batch.output_file_id, batch.error_file_id])
     for file in outputs:
         assert file.owner == "acme" and file.line_count == 1 and file.bytes == Path(file.path).stat().st_size
+        assert stat.S_IMODE(Path(file.path).stat().st_mode) == 0o600  # the batch's results: gpuq's user only
     leftovers = [p.name for p in Path(outputs[0].path).parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # no temporary file is left behind
     return batch

@@ -39,6 +39,26 @@ def test_impossible_cron_expressions_say_why(bad):
     assert caught.value.status == 422 and f"invalid cron expression {bad!r}" in caught.value.message
 
 
+@pytest.mark.parametrize("extra_fields", ["* * * * * *", "0 0 2 * * * 2030", "*/1 * * * * *"])
+def test_seconds_and_years_fields_are_refused_so_a_schedule_cannot_fire_every_second(extra_fields):
+    with pytest.raises(RequestError) as caught:
+        check_cron(extra_fields)
+    assert caught.value.status == 422 and "give five fields" in caught.value.message
+    assert "no seconds or years field" in caught.value.message
+
+
+@pytest.mark.parametrize("never", ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4,6,9,11 *"])
+def test_an_expression_that_matches_no_date_is_refused(never):
+    with pytest.raises(RequestError) as caught:
+        check_cron(never)
+    assert caught.value.status == 422 and f"cron expression {never!r} never fires" in caught.value.message
+
+
+@pytest.mark.parametrize("good", ["@daily", "@hourly", "@weekly", "0 0 29 2 *", "0 0 L * *", "*/5 9-17 * * 1-5"])
+def test_five_field_expressions_and_aliases_give_their_first_fire_time(good):
+    assert check_cron(good, "Europe/Paris") > datetime.now(UTC)
+
+
 def test_unknown_time_zones_are_refused():
     with pytest.raises(RequestError, match="unknown time zone 'Mars/Olympus'"):
         zone("Mars/Olympus")
@@ -115,3 +135,13 @@ def test_a_run_whose_batch_cannot_start_records_why(session, redis, tmp_path):
     [run] = fire_due_schedules(session, redis, now=T0)
     assert run.batch_id is None and run.error == "file 'file-gone' does not exist"
     assert schedule.id == run.schedule_id
+
+
+@both_databases
+@pytest.mark.parametrize("cron", ["* * * * * *", "0 0 31 2 *"])
+def test_a_schedule_stored_with_a_cron_now_refused_is_paused_instead_of_fired(session, redis, tmp_path, cron, caplog):
+    schedule = make_schedule(session, tmp_path, cron=cron, next_fire_at=T0 - timedelta(seconds=1))
+    assert fire_due_schedules(session, redis, now=T0) == []
+    session.refresh(schedule)
+    assert schedule.enabled is False and session.query(ScheduleRun).count() == 0
+    assert f"schedule {schedule.name} is paused" in caplog.text

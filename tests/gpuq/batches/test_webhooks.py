@@ -10,12 +10,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpuq import store
+from gpuq.batches.destinations import DestinationPolicy
 from gpuq.batches.webhooks import MAX_ATTEMPTS, backoff_s, deliver_due, load_secret
 from gpuq.db.tables import JobStatus, WebhookDelivery, utcnow
 from tests.conftest import both_databases
 from tests.gpuq.store.test_store import make_job
 
 SECRET = b"test-secret"
+# These receivers listen on loopback, which gpuq refuses unless an admin allows it.
+LOOPBACK = DestinationPolicy.from_setting("127.0.0.0/8")
 
 
 @pytest.fixture
@@ -56,12 +59,12 @@ def test_a_finished_job_posts_a_signed_event_retried_after_a_failure(session, re
     job_id = finish_job(session, url)
     script.append(500)  # the receiver is down the first time
     now = utcnow()
-    assert deliver_due(session, SECRET, now=now) == []
+    assert deliver_due(session, SECRET, policy=LOOPBACK, now=now) == []
     [delivery] = store.list_deliveries(session, job_id=job_id, batch_id=None, limit=10)
     assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("pending", 1, 500)
     assert delivery.next_attempt_at == now + timedelta(seconds=backoff_s(1))
-    assert deliver_due(session, SECRET, now=now + timedelta(seconds=1)) == []  # not due yet
-    assert deliver_due(session, SECRET, now=now + timedelta(seconds=3)) == [delivery.id]
+    assert deliver_due(session, SECRET, policy=LOOPBACK, now=now + timedelta(seconds=1)) == []  # not due yet
+    assert deliver_due(session, SECRET, policy=LOOPBACK, now=now + timedelta(seconds=3)) == [delivery.id]
 
     headers, body = received[-1]
     event = json.loads(body)
@@ -78,7 +81,7 @@ def test_a_receiver_that_never_answers_is_given_up_on_after_the_last_attempt(ses
     now = utcnow()
     for attempt in range(MAX_ATTEMPTS):
         now += timedelta(seconds=backoff_s(attempt) + 1)
-        deliver_due(session, SECRET, now=now)
+        deliver_due(session, SECRET, policy=LOOPBACK, now=now)
     [delivery] = store.list_deliveries(session, job_id=job_id, batch_id=None, limit=10)
     assert (delivery.status, delivery.attempts) == ("failed", MAX_ATTEMPTS)
     assert delivery.last_error.startswith("ConnectError")

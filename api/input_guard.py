@@ -1,0 +1,61 @@
+"""One check every route runs before its own: text the database could not store.
+
+A NUL character (U+0000) in a path parameter, a query parameter or anywhere in a JSON
+body is refused with a 422 naming where it is, and so is a JSON body nested deeper than
+``MAX_DEPTH`` (see gpuq/json_checks.py). Without it a NUL in a job id or a model name
+reaches PostgreSQL, which cannot hold it, and the request fails with a 500; SQLite would
+store it, so the same request would mean different things on the two databases.
+
+It is an app-wide dependency (``FastAPI(dependencies=...)``): FastAPI has parsed a JSON
+body by the time dependencies run, and ``request.json()`` returns that parse again; and
+only a body whose bytes hold a ``\\u0000`` escape or many brackets is walked at all.
+Headers need no check: HTTP servers refuse NUL in them.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.dependencies.utils import get_flat_params
+
+from gpuq.errors import RequestError
+from gpuq.json_checks import NUL, NUL_ESCAPE, depth_message, may_be_too_deep, nul_location, nul_message, too_deep
+
+
+def _refuse_nul(where: str, param: str) -> None:
+    raise RequestError(422, nul_message(where), param=param, code="invalid_value")
+
+
+async def _check_json_body(request: Request) -> None:
+    if "json" not in request.headers.get("content-type", ""):
+        return  # not JSON: form uploads check their own fields (file names: gpuq/batches/files.py)
+    raw = await request.body()
+    if not (NUL_ESCAPE in raw or may_be_too_deep(raw)):
+        return
+    try:
+        body = await request.json()
+    except ValueError:
+        return  # a route without a body never parsed it, and does not read it
+    if too_deep(body):
+        raise RequestError(422, depth_message("the request body"), code="invalid_value")
+    where = nul_location(body)
+    if where is not None:
+        _refuse_nul(f"`{where}`" if where else "the request body", where or "body")
+
+
+def _declared_query_parameters(request: Request) -> set[str]:
+    """The query parameters the matched route reads (its own and its dependencies'); others
+    are never read, so whatever they hold reaches nothing."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    return {param.alias for param in get_flat_params(dependant)} if dependant is not None else set()
+
+
+async def refuse_unstorable_input(request: Request) -> None:
+    for name, value in request.path_params.items():
+        if NUL in str(value):
+            _refuse_nul(f"the path parameter `{name}`", name)
+    declared = _declared_query_parameters(request)
+    for name, value in request.query_params.multi_items():
+        if name in declared and NUL in value:
+            _refuse_nul(f"the query parameter `{name}`", name)
+    await _check_json_body(request)
