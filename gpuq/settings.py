@@ -72,7 +72,12 @@ class Settings(BaseSettings):
         300.0, ge=0, description="a job waiting this long moves up one priority; 0 turns aging off"
     )
 
-    worker_threads: int = Field(0, description="llama.cpp threads per worker; 0 means one per CPU core")
+    worker_threads: int = Field(
+        0,
+        ge=0,
+        description="llama.cpp threads per worker; 0: the host's cores shared out among the supervisor's "
+        "workers (all of them for a worker started alone)",
+    )
     worker_max_loaded_models: int = Field(2, ge=1)
     worker_offload_check: bool = Field(
         True,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +46,7 @@ from datetime import timedelta
 from typing import cast
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq.worker import Worker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -52,11 +54,12 @@ from gpuq import store
 from gpuq.children import spawn_child
 from gpuq.db.tables import Gpu, Model, utcnow
 from gpuq.fleet import health, telemetry
+from gpuq.fleet import workers as control
 from gpuq.fleet.gpus import GpuInfo, Inventory, UnreadableGpu, discover_gpus, is_mig_uuid, with_free_memory
 from gpuq.fleet.placement import group_for
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.redis_keys import GPUS_FIELD, LOADED_FIELD
-from gpuq.settings import Settings
+from gpuq.settings import ENV_PREFIX, Settings
 from worker.device import EXIT_DEVICE_UNUSABLE
 
 log = logging.getLogger(__name__)
@@ -114,11 +117,21 @@ def worker_command(slot: SlotPlan) -> list[str]:
     return command + (["--gpu-share", str(slot.share)] if slot.share > 1 else [])
 
 
-def worker_environment(slot: SlotPlan, base: dict[str, str]) -> dict[str, str]:
+def worker_environment(slot: SlotPlan, base: dict[str, str], *, threads: int) -> dict[str, str]:
     env = dict(base)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpu_uuids) if slot.gpu_uuids else ""
+    env[f"{ENV_PREFIX}WORKER_THREADS"] = str(threads)
     return env
+
+
+def threads_per_worker(settings: Settings, workers: int, cores: int | None = None) -> int:
+    """llama.cpp threads for each of a host's workers: GPUQ_WORKER_THREADS if set, else the
+    host's cores shared out among its workers (at least one each). Every worker taking every
+    core would oversubscribe the CPU, and llama.cpp's threads spin while they wait."""
+    if settings.worker_threads > 0:
+        return settings.worker_threads
+    return max(1, (cores or os.cpu_count() or 1) // max(1, workers))
 
 
 @dataclass
@@ -242,6 +255,7 @@ class Supervisor:
                     _exit_status(process.returncode),
                     child.backoff_s,
                 )
+                self._record_exit(child, process)
                 self._count_exit(child, process.returncode, now)
                 child.process = None
                 child.next_start_at = now + child.backoff_s
@@ -249,6 +263,13 @@ class Supervisor:
             elif now >= child.next_start_at:
                 child.restarts += 1
                 self._start(child)
+
+    def _record_exit(self, child: Child, process: subprocess.Popen[bytes]) -> None:
+        """Its death recorded in Redis now, not one worker TTL later (see ``record_exit``)."""
+        try:
+            control.record_exit(self.redis, hostname=socket.gethostname(), slot=child.slot.name, pid=process.pid)
+        except RedisError:
+            log.warning("could not record the exit of worker %s; its key expires instead", child.slot.name)
 
     def _count_exit(self, child: Child, returncode: int, now: float) -> None:
         if returncode == EXIT_DEVICE_UNUSABLE:
@@ -383,7 +404,8 @@ def run_supervisor(settings: Settings, *, cpu_workers: int = 1, slots_per_gpu: i
     base_env = {**os.environ}
 
     def spawn(slot: SlotPlan) -> subprocess.Popen[bytes]:
-        return spawn_child(worker_command(slot), env=worker_environment(slot, base_env))
+        threads = threads_per_worker(settings, max(len(supervisor.children), 1))
+        return spawn_child(worker_command(slot), env=worker_environment(slot, base_env, threads=threads))
 
     supervisor = Supervisor(
         settings=settings,

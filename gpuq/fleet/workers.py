@@ -161,6 +161,21 @@ def live_workers(redis: Redis) -> list[LiveWorker]:
     return workers
 
 
+def record_exit(redis: Redis, *, hostname: str, slot: str, pid: int) -> list[str]:
+    """A supervisor saw its worker process exit: record the death that RQ's own shutdown
+    would have. A worker killed outright (SIGKILL, a CUDA abort) writes none, and would
+    count as live, and busy, until its key's TTL ran out; this way it stops at once, and
+    the reconciler recovers its jobs at its next pass. Returns the workers marked (none
+    when the worker had already said goodbye)."""
+    prefix = RQ_WORKER_PREFIX + f"{hostname}.{slot}.{pid}."  # worker names: host.slot.pid.hex
+    marked = []
+    for key in Worker.all_keys(connection=redis):
+        if key.startswith(prefix) and (worker := Worker.find_by_key(key, connection=redis)) is not None:
+            worker.register_death()
+            marked.append(worker.name)
+    return marked
+
+
 def find_worker(redis: Redis, name: str) -> LiveWorker | None:
     return next((w for w in live_workers(redis) if w.name == name), None)
 

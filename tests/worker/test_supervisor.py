@@ -18,7 +18,14 @@ from gpuq.fleet.gpus import Inventory, discover_gpus, simulated_inventory
 from gpuq.settings import Settings
 from tests.nvml_standin import StandinMig, gpu_uuid, mig_uuid
 from worker.device import EXIT_DEVICE_UNUSABLE
-from worker.supervisor import SlotPlan, Supervisor, plan_slots, worker_command, worker_environment
+from worker.supervisor import (
+    SlotPlan,
+    Supervisor,
+    plan_slots,
+    threads_per_worker,
+    worker_command,
+    worker_environment,
+)
 
 
 def test_one_slot_per_gpu_pinned_by_uuid_or_cpu_slots_without_gpus():
@@ -31,10 +38,23 @@ def test_one_slot_per_gpu_pinned_by_uuid_or_cpu_slots_without_gpus():
 
 def test_a_worker_is_spawned_with_its_gpu_visible_and_nothing_else():
     slot = SlotPlan("gpu3", ("GPU-abc",))
-    env = worker_environment(slot, {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "PATH": "/bin"})
-    assert env == {"CUDA_VISIBLE_DEVICES": "GPU-abc", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PATH": "/bin"}
+    env = worker_environment(slot, {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "PATH": "/bin"}, threads=4)
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "GPU-abc",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "GPUQ_WORKER_THREADS": "4",
+        "PATH": "/bin",
+    }
     assert worker_command(slot)[-4:] == ["--slot", "gpu3", "--gpus", "GPU-abc"]
-    assert worker_environment(SlotPlan("cpu0", ()), {})["CUDA_VISIBLE_DEVICES"] == ""
+    assert worker_environment(SlotPlan("cpu0", ()), {}, threads=1)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_hosts_cores_are_shared_out_among_its_workers_unless_threads_are_set():
+    automatic = Settings(worker_threads=0)
+    assert threads_per_worker(automatic, 4, cores=2) == 1  # four simulated GPUs on two cores: one each
+    assert threads_per_worker(automatic, 4, cores=64) == 16
+    assert threads_per_worker(automatic, 3, cores=8) == 2
+    assert threads_per_worker(Settings(worker_threads=6), 4, cores=2) == 6  # as configured
 
 
 def test_mig_devices_get_a_slot_each_and_shared_gpus_say_so_to_their_workers(nvml):

@@ -1,0 +1,48 @@
+"""Workers under their supervisor: a worker killed outright stops counting as live at once,
+and a host's cores are shared out among its workers."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from redis import Redis
+from rq.worker import Worker
+
+from tests.e2e.conftest import reconcile, wait_until
+
+MODEL = "smollm2-135m"
+LONG = {"kind": "generate", "model": MODEL, "prompt": "Count from 1 to 1000: 1, 2, 3,", "temperature": 0}
+
+
+def _environment(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(pair.decode().split("=", 1) for pair in pairs if b"=" in pair)
+
+
+def test_a_killed_worker_is_dead_at_once_not_a_ttl_later_and_its_job_runs_again(processes):
+    processes.settings |= {
+        "GPUQ_SIMULATED_GPUS": "24,24",
+        "GPUQ_WORKER_TTL_S": "120",  # what a dead worker used to count as live and busy for
+        "GPUQ_WORKER_THREADS": "0",  # the supervisor shares out the cores
+    }
+    _api, url = processes.start_api()
+    _supervisor, started = processes.start_supervisor(expected_workers=2)
+    redis = Redis.from_url(processes.redis_url)
+    threads = {_environment(w.pid)["GPUQ_WORKER_THREADS"] for w in started}
+    with processes.client(url) as client:
+        job = client.submit(LONG | {"max_tokens": 300})
+        wait_until(lambda: client.job(job["id"])["status"] == "running", "the job never started")
+        victim = client.job(job["id"])["worker"]
+        pid = next(w.pid for w in Worker.all(connection=redis) if w.name == victim)
+        os.kill(pid, signal.SIGKILL)  # no goodbye, as a CUDA abort or the OOM killer
+        killed_at = time.monotonic()
+        wait_until(lambda: victim not in {w["name"] for w in client.workers()["data"]}, "still listed", 10)
+        gone_after_s = time.monotonic() - killed_at
+        report = reconcile(processes)  # one pass, long before the TTL
+        done = client.wait(job["id"], timeout_s=180)  # run again by the restarted worker or the other
+    redis.close()
+    assert threads == {str(max(1, (os.cpu_count() or 1) // 2))}  # two workers share the host's cores
+    assert gone_after_s < 10  # the supervisor recorded the death (the TTL is 120 s)
+    assert report.recovered == [job["id"]]
+    assert done["status"] == "succeeded" and done["attempts"] == 2 and done["worker"] != victim
