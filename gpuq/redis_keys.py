@@ -117,6 +117,12 @@ def outcome_spool_key(worker: str) -> str:
     return f"{PREFIX}:outcome-spool:{worker}"
 
 
+# When this Redis's data began (a float timestamp): set once by the reconciler, or by a worker
+# that finds its registration gone. Missing means Redis restarted empty (or is new): live
+# workers have not re-registered yet, so for a worker TTL nobody is judged dead.
+REDIS_EPOCH_KEY = f"{PREFIX}:redis-epoch"
+
+
 def gpu_telemetry_key(uuid: str) -> str:
     """Live readings a supervisor publishes for one GPU (a hash with a short TTL)."""
     return f"{PREFIX}:gpu:{uuid}"

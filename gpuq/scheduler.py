@@ -165,6 +165,7 @@ class Scheduler:
                 max_attempts=self.settings.job_max_attempts,
                 timeout_s=self.settings.job_timeout_s,
                 orphan_limit_s=self.settings.worker_ttl_s,
+                redis_settle_s=self.settings.worker_ttl_s,
             )
 
     def roll_up_stats(self) -> None:

@@ -35,7 +35,7 @@ from rq import Queue, SimpleWorker
 from rq.command import parse_payload
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout
-from rq.executions import Execution
+from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.worker import Worker, WorkerStatus
 from sqlalchemy.exc import SQLAlchemyError
@@ -43,6 +43,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
 from gpuq.jobs.queues import parse_queue_name, worker_queue_names
+from gpuq.jobs.reconciler import redis_age_s
 from gpuq.redis_keys import SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_intermediate_key, rq_queue_key
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
@@ -413,6 +414,27 @@ class GpuqWorker(SimpleWorker):
             self.heartbeat(self.worker_ttl, pipeline=pipe)
             for job, execution in running:
                 execution.heartbeat(job.started_job_registry, self.worker_ttl, pipeline=pipe)
+            if pipe.execute()[0]:  # HSET created last_heartbeat: the hash was gone
+                self._register_again()
+
+    def _register_again(self) -> None:
+        """Redis lost this worker's registration (it restarted empty, without persistence):
+        register again, with the executions of the jobs running here, so that neither the
+        reconciler nor ``GET /v1/workers`` takes a live worker for a dead one, nor its jobs
+        for orphans. The queues themselves are rebuilt from SQL by the reconciler."""
+        log.warning("Redis lost this worker's registration (restarted empty?); registering again")
+        redis_age_s(self.connection)  # marks when Redis's data began, if nobody has yet
+        self.connection.delete(self.key)
+        self.register_birth()
+        with self.connection.pipeline(transaction=False) as pipe:
+            for job, execution in list(self._running.values()):
+                execution.save(ttl=self.worker_ttl, pipeline=pipe)
+                ExecutionRegistry(job_id=job.id, connection=pipe).add(execution, ttl=self.worker_ttl, pipeline=pipe)
+                job.started_job_registry.add_execution(execution, pipeline=pipe, ttl=self.worker_ttl)
+                pipe.sadd(self.executions_key, execution.composite_key)
+                job.prepare_for_execution(self.name, pipeline=pipe)
+            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
+            self._publish_loaded(pipe)
             pipe.execute()
 
     def handle_payload(self, message: dict[str, Any]) -> None:
@@ -467,7 +489,10 @@ class GpuqWorker(SimpleWorker):
             super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
             return
         try:
-            super().heartbeat(timeout or self.worker_ttl)
+            with self.connection.pipeline(transaction=False) as pipe:
+                super().heartbeat(timeout or self.worker_ttl, pipeline=pipe)
+                if pipe.execute()[0]:  # HSET created last_heartbeat: the hash was gone
+                    self._register_again()
         except RedisError as exc:
             self.redis_health.failed("sending its heartbeat", exc)
 

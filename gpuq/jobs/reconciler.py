@@ -19,6 +19,11 @@ conditional claim makes a duplicate queue entry harmless):
 * a row SQL says is ``running`` on a live worker that runs no execution of it and has no
   outcome of it on the way (its claim committed but the worker never learned so) goes
   back to the queue, uncharged, once two passes ``orphan_limit_s`` apart saw it so.
+
+Both judgements about workers rest on their keys in Redis, so they wait while Redis is
+new to this system: for ``redis_settle_s`` after it restarted empty (``REDIS_EPOCH_KEY``
+missing), live workers re-register (their next heartbeat finds their hash gone), and
+until then a missing key proves nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from gpuq.jobs.queues import QueueEntry
 from gpuq.redis_keys import (
     LOST_SUSPECTS_KEY,
     ORPHAN_SUSPECTS_KEY,
+    REDIS_EPOCH_KEY,
     RUN_ALONE_KEY,
     RUN_ALONE_TTL_S,
     SUSPECTS_TTL_S,
@@ -79,14 +85,18 @@ def reconcile_once(
     timeout_s: int,
     in_flight_limit_s: float = IN_FLIGHT_LIMIT_S,
     orphan_limit_s: float = ORPHAN_LIMIT_S,
+    redis_settle_s: float = ORPHAN_LIMIT_S,
 ) -> ReconcileReport:
     report = ReconcileReport()
-    _write_spools_of_dead_workers(session, redis, report=report)
+    settled = redis_age_s(redis) >= redis_settle_s
+    if settled:
+        _write_spools_of_dead_workers(session, redis, report=report)
     _requeue_lost_entries(
         session, redis, grace_s=grace_s, timeout_s=timeout_s, in_flight_limit_s=in_flight_limit_s, report=report
     )
-    _recover_from_dead_workers(session, redis, max_attempts=max_attempts, timeout_s=timeout_s, report=report)
-    _requeue_orphans(session, redis, limit_s=orphan_limit_s, timeout_s=timeout_s, report=report)
+    if settled:
+        _recover_from_dead_workers(session, redis, max_attempts=max_attempts, timeout_s=timeout_s, report=report)
+        _requeue_orphans(session, redis, limit_s=orphan_limit_s, timeout_s=timeout_s, report=report)
     if report.requeued or report.recovered or report.failed or report.spooled or report.orphaned:
         log.warning(
             "reconciler: %d re-enqueued, %d recovered from dead workers, %d failed, "
@@ -98,6 +108,15 @@ def reconcile_once(
             len(report.orphaned),
         )
     return report
+
+
+def redis_age_s(redis: Redis) -> float:
+    """Seconds since this Redis's data began, as far as gpuq knows: 0 the first time it is
+    asked after Redis restarted empty (the marker is set then)."""
+    now = time.time()
+    redis.set(REDIS_EPOCH_KEY, now, nx=True)
+    began = redis.get(REDIS_EPOCH_KEY)
+    return now - float(began) if began is not None else 0.0
 
 
 def _write_spools_of_dead_workers(session: Session, redis: Redis, *, report: ReconcileReport) -> None:

@@ -73,10 +73,15 @@ def blocked_in_blpop(redis: Redis) -> int:
 
 
 def reconcile(
-    processes: GpuqProcesses, *, in_flight_limit_s: float = 0.0, orphan_limit_s: float = 60.0
+    processes: GpuqProcesses,
+    *,
+    in_flight_limit_s: float = 0.0,
+    orphan_limit_s: float = 60.0,
+    redis_settle_s: float = 0.0,
 ) -> ReconcileReport:
     """One pass of the reconciler over a running system, as `gpuq scheduler` would make
-    (re-enqueueing at once, by default, a job popped but not started)."""
+    (re-enqueueing at once, by default, a job popped but not started, and judging workers
+    however young the test's Redis is)."""
     engine = sync_engine(processes.database_url)
     redis = Redis.from_url(processes.redis_url)
     try:
@@ -89,6 +94,7 @@ def reconcile(
                 timeout_s=600,
                 in_flight_limit_s=in_flight_limit_s,
                 orphan_limit_s=orphan_limit_s,
+                redis_settle_s=redis_settle_s,
             )
     finally:
         redis.close()

@@ -1,6 +1,7 @@
 """A Redis outage under a running system: a private redis-server (append-only file on)
 stopped while a generation runs and started again on the same port."""
 
+import json
 import time
 
 import httpx
@@ -55,3 +56,66 @@ def test_a_redis_outage_shorter_than_the_worker_ttl_loses_nothing_and_runs_nothi
     assert done["status"] == "succeeded" and done["attempts"] == 1 and done["completion_tokens"] == 150
     assert [(j["status"], j["attempts"], j["worker"]) for j in others] == [("succeeded", 1, worker_name)] * 3
     assert after["status"] == "succeeded"
+
+
+def test_a_redis_that_restarts_empty_mid_batch_is_rebuilt_and_the_batch_completes_once(tmp_path, database_url):
+    from openai import OpenAI
+    from sqlalchemy import select
+
+    from gpuq.db.engine import sync_engine, sync_sessions
+    from gpuq.db.tables import Job
+
+    redis_server = PrivateRedis(tmp_path / "redis", persist=False)  # no append-only file: it comes back empty
+    redis_url = redis_server.start()
+    (tmp_path / "models").mkdir()
+    processes = GpuqProcesses(database_url, redis_url, tmp_path)
+    processes.settings |= {
+        "GPUQ_WORKER_TTL_S": "10",
+        "GPUQ_WORKER_HEARTBEAT_INTERVAL_S": "1",
+        "GPUQ_WORKER_SLOTS": "2",
+        "GPUQ_RECONCILE_INTERVAL_S": "1",
+        "GPUQ_RECONCILE_GRACE_S": "1",
+    }
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"line-{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": MODEL, "prompt": f"Count from {i}:", "max_tokens": 60, "temperature": 0},
+            }
+        )
+        for i in range(8)
+    ]
+    (tmp_path / "batch.jsonl").write_text("\n".join(lines) + "\n")
+    try:
+        _api, url = processes.start_api()
+        processes.start_scheduler()
+        _worker, worker_name = processes.start_worker()
+        client = OpenAI(base_url=f"{url}/v1", api_key=processes.admin_key, max_retries=0)
+        with (tmp_path / "batch.jsonl").open("rb") as f:
+            uploaded = client.files.create(file=f, purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+        wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2, "no line finished", 180)
+
+        redis_server.stop()  # mid-batch: lines done, running and queued
+        redis_server.start(port=redis_server.port)  # back at once, with nothing in it
+
+        deadline = time.monotonic() + 300
+        while (done := client.batches.retrieve(batch.id)).status not in {"completed", "failed", "cancelled"}:
+            assert time.monotonic() < deadline, f"batch still {done.status}: {done.request_counts}"
+            time.sleep(0.5)
+        output = [json.loads(row) for row in client.files.content(done.output_file_id).text.splitlines()]
+        client.close()
+        engine = sync_engine(database_url)
+        with sync_sessions(engine)() as session:
+            jobs = list(session.scalars(select(Job).where(Job.batch_id == batch.id)))
+        engine.dispose()
+    finally:
+        processes.stop_all()
+        redis_server.stop()
+
+    assert done.status == "completed" and done.request_counts.completed == 8 and done.request_counts.failed == 0
+    assert sorted(row["custom_id"] for row in output) == sorted(f"line-{i}" for i in range(8))  # each once
+    assert [(j.status, j.attempts) for j in jobs] == [("succeeded", 1)] * 8  # none run twice
+    assert {j.worker for j in jobs} == {worker_name}

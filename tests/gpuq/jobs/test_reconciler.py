@@ -1,5 +1,6 @@
 """The reconciler rebuilds Redis from SQL: lost queue entries and jobs of dead workers."""
 
+import time
 from datetime import timedelta
 
 from redis import Redis
@@ -14,7 +15,7 @@ from gpuq.jobs.reconciler import reconcile_once
 from tests.conftest import both_databases
 from tests.gpuq.store.test_store import make_job
 
-RECONCILE = {"grace_s": 0.0, "max_attempts": 2, "timeout_s": 60}
+RECONCILE = {"grace_s": 0.0, "max_attempts": 2, "timeout_s": 60, "redis_settle_s": 0.0}
 
 
 def queue_of(redis: Redis, name: str) -> list[str]:
@@ -81,3 +82,13 @@ def test_rows_created_before_the_cutoff_are_the_only_ones_considered(session):
     store.insert_jobs(session, [make_job()])
     assert store.queued_jobs_created_before(session, utcnow() - timedelta(minutes=1)) == []
     assert len(store.queued_jobs_created_before(session, utcnow() + timedelta(seconds=1))) == 1
+
+
+def test_a_redis_that_restarted_empty_gets_a_settling_time_before_any_worker_is_judged_dead(session, redis):
+    job = store.insert_jobs(session, [make_job()])[0]
+    assert store.claim_job(session, job.id, worker="w-alive", device="cpu") is not None
+    # Redis restarted empty: the worker's key is gone until its next heartbeat re-registers it.
+    settling = RECONCILE | {"redis_settle_s": 30.0}
+    assert reconcile_once(session, redis, **settling).recovered == []
+    redis.set("gpuq:redis-epoch", time.time() - 31)  # a worker TTL later, still no key: dead
+    assert reconcile_once(session, redis, **settling).recovered == [job.id]
