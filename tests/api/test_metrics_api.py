@@ -17,6 +17,7 @@ from gpuq.local.redis_server import PrivateRedis
 from gpuq.redis_keys import GPUS_FIELD, HOST_FIELD, SLOT_FIELD, SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_worker_key
 from gpuq.stats import metrics
 from tests.api.conftest import bearer
+from tests.inventory import record_gpus
 from tests.metrics_parsing import samples, total, value
 
 MODEL = "smollm2-135m"
@@ -162,20 +163,7 @@ def test_each_queue_shows_how_long_its_oldest_job_has_waited(client, session):
 
 def test_gpu_health_and_liveness_cover_the_whole_inventory(client, session, redis_url):
     quiet, sick = simulated_inventory("node1", [24, 24]).gpus
-    store.upsert_gpus(
-        session,
-        [
-            Gpu(
-                uuid=g.uuid,
-                host="node1",
-                index=g.index,
-                name=g.name,
-                memory_total_mib=g.memory_total_mib,
-                simulated=True,
-            )
-            for g in (quiet, sick)
-        ],
-    )
+    record_gpus(session, "node1", [quiet, sick])
     store.set_gpu_health(session, sick.uuid, healthy=False, reason="3 CUDA errors in a row")
     redis = Redis.from_url(redis_url)
     telemetry.publish(redis, [sick])  # only the sick GPU's supervisor is publishing
@@ -193,19 +181,7 @@ def test_with_redis_down_a_scrape_still_answers_and_says_so(settings, admin_key,
     private = PrivateRedis(tmp_path / "redis", persist=False)
     app = create_app(settings.model_copy(update={"redis_url": private.start()}))
     gpu = simulated_inventory("node1", [24]).gpus[0]
-    store.upsert_gpus(
-        session,
-        [
-            Gpu(
-                uuid=gpu.uuid,
-                host="node1",
-                index=0,
-                name=gpu.name,
-                memory_total_mib=gpu.memory_total_mib,
-                simulated=True,
-            )
-        ],
-    )
+    record_gpus(session, "node1", [gpu])
     with TestClient(app, headers=bearer(admin_key)) as client:
         assert client.post("/v1/jobs", json=GEN).status_code == 202
         up = samples(client.get("/metrics").text)

@@ -11,11 +11,10 @@ import time
 import httpx
 from redis import Redis
 
-from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.db.tables import Gpu
 from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import GpuInfo
+from tests.inventory import record_gpus
 from tests.metrics_parsing import samples
 from tests.monitoring.files import alert_rules, dashboard_queries
 
@@ -45,19 +44,7 @@ def test_every_metric_the_rules_and_the_dashboard_name_is_exported(processes):
     processes.start_supervisor(expected_workers=1)
     engine = sync_engine(processes.database_url)
     with sync_sessions(engine)() as session:
-        store.upsert_gpus(
-            session,
-            [
-                Gpu(
-                    uuid=NVML_GPU.uuid,
-                    host="gpu-host",
-                    index=0,
-                    name=NVML_GPU.name,
-                    memory_total_mib=81559,
-                    simulated=False,
-                )
-            ],
-        )
+        record_gpus(session, "gpu-host", [NVML_GPU])
     engine.dispose()
     redis = Redis.from_url(processes.redis_url)
     telemetry.publish(redis, [NVML_GPU])

@@ -10,11 +10,11 @@ from redis import Redis
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.db.tables import Gpu
 from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import simulated_inventory, with_free_memory
 from tests.conftest import REDIS_DB
 from tests.gpuq.cli.conftest import Api, run
+from tests.inventory import record_gpus
 
 
 @pytest.fixture
@@ -37,16 +37,8 @@ def test_every_hosts_gpus_with_their_state(api, env, tmp_path, redis_server_url)
     (b0,) = simulated_inventory("host-b", [80]).gpus
     engine = sync_engine(api.database_url)
     with sync_sessions(engine)() as session:
-        rows = [(a0, "host-a"), (a1, "host-a"), (b0, "host-b")]
-        store.upsert_gpus(
-            session,
-            [
-                Gpu(
-                    uuid=g.uuid, host=h, index=g.index, name=g.name, memory_total_mib=g.memory_total_mib, simulated=True
-                )
-                for g, h in rows
-            ],
-        )
+        record_gpus(session, "host-a", [a0, a1])
+        record_gpus(session, "host-b", [b0])
         store.set_gpu_health(session, a1.uuid, healthy=False, reason="3 CUDA errors in a row")
     engine.dispose()
     redis = Redis.from_url(f"{redis_server_url}/{REDIS_DB}")
