@@ -66,7 +66,7 @@ def _local_gpus() -> None:
 
     settings = get_settings()
     inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
-    if not inventory.gpus:
+    if not inventory.gpus and not inventory.unreadable:
         click.echo(f"{inventory.host}: no GPU found (NVML unavailable); workers run on the CPU")
         return
     click.echo(f"{inventory.host}: {len(inventory.gpus)} GPU(s) from {inventory.source}")
@@ -74,7 +74,7 @@ def _local_gpus() -> None:
         ("INDEX", "UUID", "NAME", "MEMORY", "FREE", "UTIL", "TEMP", "POWER", "CC"),
         [
             (
-                str(g.index),
+                g.slot_name.removeprefix("gpu"),  # 0, or 0-mig1 for a MIG device
                 g.uuid,
                 g.name,
                 f"{g.memory_total_mib} MiB",
@@ -87,6 +87,8 @@ def _local_gpus() -> None:
             for g in inventory.gpus
         ],
     )
+    for lost in inventory.unreadable:
+        click.echo(f"GPU {lost.index} ({lost.uuid or 'UUID unknown'}): unusable, {lost.error}; it gets no worker")
 
 
 def _maybe(value: float | int | None, unit: str) -> str:
