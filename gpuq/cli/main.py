@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from gpuq.cli import batches, db, jobs, models, processes
+from gpuq.cli import batches, db, fleet, jobs, models, processes
 from gpuq.cli.admin import admin
 from gpuq.cli.errors import GpuqGroup
 from gpuq.cli.keys import keys
@@ -29,6 +29,7 @@ def main(verbose: bool, url: str | None) -> None:
 
 for command in (
     *processes.COMMANDS,
+    *fleet.COMMANDS,
     db.db,
     *jobs.COMMANDS,
     models.models,
