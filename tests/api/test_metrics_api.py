@@ -1,18 +1,23 @@
 """GET /metrics in-process: admin only, valid exposition, gauges read from Redis now and
 counters rendered from Redis, so every API process (and a restarted one) shows the same."""
 
+from datetime import timedelta
+
 from fastapi.testclient import TestClient
 from redis import Redis
 from rq.worker import Worker
+from sqlalchemy import update
 
 from api.main import create_app
 from gpuq import store
-from gpuq.db.tables import Gpu
+from gpuq.db.tables import Gpu, Job, utcnow
 from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import GpuInfo, simulated_inventory, with_free_memory
+from gpuq.local.redis_server import PrivateRedis
 from gpuq.redis_keys import GPUS_FIELD, HOST_FIELD, SLOT_FIELD, SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_worker_key
 from gpuq.stats import metrics
 from tests.api.conftest import bearer
+from tests.inventory import record_gpus
 from tests.metrics_parsing import samples, total, value
 
 MODEL = "smollm2-135m"
@@ -139,3 +144,53 @@ def test_worker_slots_are_summed_per_host_and_slot_with_no_worker_names(client, 
     parsed = samples(client.get("/metrics").text)
     assert (value(parsed, "gpuq_worker_slots", **gpu0), value(parsed, "gpuq_worker_slots_busy", **gpu0)) == (4, 0)
     redis.close()
+
+
+def test_each_queue_shows_how_long_its_oldest_job_has_waited(client, session):
+    first = client.post("/v1/jobs", json=GEN).json()["id"]
+    assert client.post("/v1/jobs", json=GEN).status_code == 202
+    # The age comes from the front job's submission time in SQL: make it 20 minutes old.
+    session.execute(update(Job).where(Job.id == first).values(created_at=utcnow() - timedelta(minutes=20)))
+    session.commit()
+    parsed = samples(client.get("/metrics").text)
+    queue = {"model": MODEL, "kind": "generate"}
+    assert 1200 <= value(parsed, "gpuq_queue_oldest_job_age_seconds", **queue, priority="normal") < 1260
+    assert value(parsed, "gpuq_queue_oldest_job_age_seconds", **queue, priority="high") == 0  # empty
+    assert client.post(f"/v1/jobs/{first}/cancel").status_code == 200  # the next one is seconds old
+    parsed = samples(client.get("/metrics").text)
+    assert value(parsed, "gpuq_queue_oldest_job_age_seconds", **queue, priority="normal") < 60
+
+
+def test_gpu_health_and_liveness_cover_the_whole_inventory(client, session, redis_url):
+    quiet, sick = simulated_inventory("node1", [24, 24]).gpus
+    record_gpus(session, "node1", [quiet, sick])
+    store.set_gpu_health(session, sick.uuid, healthy=False, reason="3 CUDA errors in a row")
+    redis = Redis.from_url(redis_url)
+    telemetry.publish(redis, [sick])  # only the sick GPU's supervisor is publishing
+    redis.close()
+    parsed = samples(client.get("/metrics").text)
+    labels = {g.uuid: {"gpu": g.uuid, "host": "node1", "name": g.name} for g in (quiet, sick)}
+    assert value(parsed, "gpuq_gpu_healthy", **labels[quiet.uuid]) == 1
+    assert value(parsed, "gpuq_gpu_healthy", **labels[sick.uuid]) == 0
+    assert value(parsed, "gpuq_gpu_live", **labels[quiet.uuid]) == 0
+    assert value(parsed, "gpuq_gpu_live", **labels[sick.uuid]) == 1
+    assert value(parsed, "gpuq_redis_up") == 1
+
+
+def test_with_redis_down_a_scrape_still_answers_and_says_so(settings, admin_key, session, tmp_path):
+    private = PrivateRedis(tmp_path / "redis", persist=False)
+    app = create_app(settings.model_copy(update={"redis_url": private.start()}))
+    gpu = simulated_inventory("node1", [24]).gpus[0]
+    record_gpus(session, "node1", [gpu])
+    with TestClient(app, headers=bearer(admin_key)) as client:
+        assert client.post("/v1/jobs", json=GEN).status_code == 202
+        up = samples(client.get("/metrics").text)
+        private.stop()
+        down = client.get("/metrics")
+    assert value(up, "gpuq_redis_up") == 1 and total(up, "gpuq_queue_depth") == 1
+    assert down.status_code == 200
+    parsed = samples(down.text)
+    assert value(parsed, "gpuq_redis_up") == 0
+    assert value(parsed, "gpuq_gpu_healthy", gpu=gpu.uuid, host="node1", name=gpu.name) == 1  # from SQL
+    # What lives in Redis is unknown now, and not shown as zeros.
+    assert {name for name, _labels in parsed} == {"gpuq_redis_up", "gpuq_gpu_healthy"}

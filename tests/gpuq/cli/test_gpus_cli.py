@@ -1,4 +1,4 @@
-"""`gpuq gpus`: this host's GPUs as the supervisor sees them, through real pynvml (the NVML stand-in)."""
+"""`gpuq gpus --local`: this host's GPUs as the supervisor sees them, through real pynvml (the NVML stand-in)."""
 
 from click.testing import CliRunner
 
@@ -11,7 +11,7 @@ def test_gpus_lists_mig_devices_and_says_which_gpu_is_lost(nvml, tmp_path):
     nvml.gpus[0].migs = [StandinMig(mig_uuid(0, 1), slot=1)]
     nvml.gpus.append(type(nvml.gpus[1])(gpu_uuid(2), "NVIDIA L4", memory_mib=23034))
     nvml.lose(1)
-    result = CliRunner(env={"GPUQ_DATA_DIR": str(tmp_path)}).invoke(main, ["gpus"])
+    result = CliRunner(env={"GPUQ_DATA_DIR": str(tmp_path)}).invoke(main, ["gpus", "--local"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].endswith(": 2 GPU(s) from nvml")
