@@ -25,16 +25,16 @@ SCRIPT_CHUNK = 2000  # jobs per script call
 # Writes RQ's job hash (the fields of ``rq.job.Job.to_dict`` a worker reads) and pushes the
 # id, for many jobs of one queue in one call, inside Redis.
 _ENQUEUE = """
-local origin, now, timeout, failure_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local origin, now, timeout, failure_ttl, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 redis.call('SADD', KEYS[2], KEYS[1])
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV do
   local id = ARGV[i]
-  redis.call('HSET', KEYS[3] .. id, 'data', ARGV[i + 1], 'created_at', now, 'enqueued_at', now,
+  redis.call('HSET', KEYS[3] .. id, 'data', data, 'created_at', now, 'enqueued_at', now,
              'origin', origin, 'status', 'queued', 'description', 'gpuq ' .. id, 'timeout', timeout,
              'result_ttl', 0, 'failure_ttl', failure_ttl)
   redis.call('RPUSH', KEYS[1], id)
 end
-return (#ARGV - 4) / 2
+return #ARGV - 5
 """
 
 
@@ -45,20 +45,21 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
     so RQ's workers and tools read them as their own; but they are written by a
     server-side script, many jobs a call, which costs about a tenth of ``enqueue_many``
     per job: it matters for a 50,000-line batch. The pickled call is stored uncompressed
-    (RQ reads both): a 60-byte pickle does not shrink, and zlib took most of the Python
-    time per job."""
+    (RQ reads both) and carries no arguments (the job id is RQ's own): every field then
+    stays under Redis's ``hash-max-listpack-value`` (64 bytes), so the hash is a compact
+    listpack of about 300 bytes instead of a hash table of about 1 KB."""
     by_queue: dict[str, list[str]] = defaultdict(list)
     for entry in entries:
         by_queue[entry.queue].append(entry.job_id)
     now = utcformat(rq_now())
+    call = pickle.dumps((JOB_FUNC, None, (), {}), protocol=pickle.HIGHEST_PROTOCOL)  # the same for every job
     script = redis.register_script(_ENQUEUE)
     with redis.pipeline(transaction=True) as pipe:
         for name, ids in by_queue.items():
             keys = [rq_queue_key(name), RQ_QUEUES, RQ_JOB_PREFIX]
             for start in range(0, len(ids), SCRIPT_CHUNK):
-                args: list[str | int | bytes] = [name, now, timeout_s, FAILURE_TTL_S]
-                for job_id in ids[start : start + SCRIPT_CHUNK]:
-                    args += [job_id, pickle.dumps((JOB_FUNC, None, (job_id,), {}), protocol=pickle.HIGHEST_PROTOCOL)]
+                args: list[str | int | bytes] = [name, now, timeout_s, FAILURE_TTL_S, call]
+                args.extend(ids[start : start + SCRIPT_CHUNK])
                 script(keys=keys, args=args, client=pipe)
         pipe.execute()
 
