@@ -13,6 +13,7 @@ from bench import (
     dispatch,
     generation,
     model_swap,
+    soak,
     stats_bench,
     upload_line,
     worker_memory,
@@ -195,6 +196,23 @@ def bench_upload_line(args: argparse.Namespace) -> None:
     print(f"  per-MB cost, longest / shortest  {ratio:5.2f}x   (linear: about 1x)")
 
 
+def bench_soak(args: argparse.Namespace) -> None:
+    with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+        result = soak.run_soak(db, redis_url, workdir, args.soak_jobs)
+    print(f"\nsoak: {result.jobs} no-op jobs through the API and two workers")
+    print(f"  throughput                 {result.jobs_per_s:8.0f} jobs/s over {result.seconds:.0f} s")
+    print(f"  single submission          p50 {result.latency_ms(50):.1f} ms, p99 {result.latency_ms(99):.1f} ms")
+    print(f"  Redis per queued job       {result.redis_bytes_per_queued_job:8.0f} bytes   (target < 1,024)")
+    print(f"  Redis after, jobs all done {result.redis_bytes_after:8d} bytes over the empty db")
+    print(f"  API RSS                    {result.api_rss_mib[0]:.0f} -> {result.api_rss_mib[1]:.0f} MiB")
+    for i, (start, end) in enumerate(result.worker_rss_mib):
+        print(f"  worker {i} RSS               {start:.0f} -> {end:.0f} MiB")
+    print(
+        f"soak: {result.jobs_per_s:.0f} jobs/s, submit p99 {result.latency_ms(99):.0f} ms, "
+        f"{result.redis_bytes_per_queued_job:.0f} bytes/queued job"
+    )
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -206,6 +224,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "db-growth": bench_db_growth,
     "worker-memory": bench_worker_memory,
     "upload-line": bench_upload_line,
+    "soak": bench_soak,
 }
 
 
@@ -238,6 +257,7 @@ def main() -> None:
         help="upload-line: line lengths in MB, comma-separated",
     )
     parser.add_argument("--growth-jobs", type=int, default=20_000, help="db-growth: N, jobs per measurement step")
+    parser.add_argument("--soak-jobs", type=int, default=100_000, help="soak: no-op jobs submitted in bulk")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):
