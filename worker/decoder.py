@@ -16,6 +16,7 @@ seeded (or greedy) job gives the same text whether it ran alone or beside others
 
 from __future__ import annotations
 
+import codecs
 import logging
 import secrets
 import threading
@@ -37,6 +38,22 @@ class Generation:
     finish_reason: str  # "stop", "length" or "cancelled"
     prompt_tokens: int
     completion_tokens: int
+    # Timings (not part of what a generation is: the same text is the same generation).
+    prompt_ms: int | None = field(default=None, compare=False)  # admission to the first token
+    eval_ms: int | None = field(default=None, compare=False)  # first token to the end
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Text a streaming sequence produced in one step, covering ``tokens`` completion tokens.
+
+    The pieces of a sequence add up exactly to its final text: text that could still become
+    a stop string, or half a UTF-8 character, waits for the next token (as llama-cpp-python's
+    own streaming holds it back)."""
+
+    key: str
+    text: str
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +65,8 @@ class Sampling:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
 
     @classmethod
@@ -59,6 +78,8 @@ class Sampling:
             top_k=request.get("top_k") or defaults.top_k,
             min_p=request.get("min_p", defaults.min_p),
             repeat_penalty=request.get("repeat_penalty") or defaults.repeat_penalty,
+            frequency_penalty=request.get("frequency_penalty") or defaults.frequency_penalty,
+            presence_penalty=request.get("presence_penalty") or defaults.presence_penalty,
             seed=request.get("seed"),
         )
 
@@ -82,6 +103,13 @@ class _Sequence:
     completion: list[int] = field(default_factory=list)
     multibyte_fix: int = 0
     logits_at: int = -1  # index in this step's batch whose logits to sample, -1 if none
+    admitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    # Streaming: bytes of the text already sent as pieces, and tokens not yet covered by one.
+    stream: bool = False
+    sent: int = 0
+    unsent_tokens: int = 0
+    utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("ignore"))
 
     @property
     def generating(self) -> bool:
@@ -129,6 +157,7 @@ class BatchDecoder:
         self._admitted = 0
         self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last decode
         self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
+        self._pieces: list[Piece] = []  # streaming sequences' text since take_pieces
 
     def close(self) -> None:
         for seq in self._running.values():
@@ -160,8 +189,10 @@ class BatchDecoder:
         stop: Iterable[str] = (),
         cancel: threading.Event | None = None,
         deadline: float | None = None,
+        stream: bool = False,
     ) -> None:
-        """Add a sequence; it starts with its prompt at the next step. Needs a free slot."""
+        """Add a sequence; it starts with its prompt at the next step. Needs a free slot.
+        A ``stream`` sequence's text is also handed out piece by piece (``take_pieces``)."""
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
@@ -181,7 +212,13 @@ class BatchDecoder:
             cancel=cancel or threading.Event(),
             deadline=deadline,
             admitted=self._admitted,
+            stream=stream,
         )
+
+    def take_pieces(self) -> list[Piece]:
+        """The streaming sequences' text produced since the last call, in order."""
+        pieces, self._pieces = self._pieces, []
+        return pieces
 
     def step(self) -> list[Finished]:
         """One llama_decode for every running sequence; returns those that ended."""
@@ -218,7 +255,13 @@ class BatchDecoder:
 
         seed = sampling.seed if sampling.seed is not None else secrets.randbelow(2**32)
         sampler = LlamaSampler()
-        sampler.add_penalties(self._n_vocab, PENALTY_LAST_N, sampling.repeat_penalty, 0.0, 0.0)
+        sampler.add_penalties(
+            self._n_vocab,
+            PENALTY_LAST_N,
+            sampling.repeat_penalty,
+            sampling.frequency_penalty,
+            sampling.presence_penalty,
+        )
         if sampling.temperature < 0:
             sampler.add_dist(seed)
         elif sampling.temperature == 0:
@@ -287,9 +330,12 @@ class BatchDecoder:
         """create_completion's loop body for one token: EOS, stop strings, length."""
         token = self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, seq.logits_at)
         seq.logits_at = -1
+        if seq.first_token_at is None:
+            seq.first_token_at = time.perf_counter()
         if self._llama.llama_vocab_is_eog(self._model.vocab, token):
             return self._end(seq, "stop")
         seq.completion.append(token)
+        seq.unsent_tokens += 1
         text = self._model.detokenize(seq.completion)
         # As create_completion: hold the checks while the text ends inside a UTF-8 character.
         for k, char in enumerate(text[-3:]):
@@ -304,7 +350,9 @@ class BatchDecoder:
         if stops:
             return self._end(seq, "stop", text[: text.index(stops[0])])
         if len(seq.completion) >= seq.max_tokens:
-            return self._end(seq, "length")
+            return self._end(seq, "length", text)
+        if seq.stream:
+            self._piece(seq, text, len(text) - _stop_prefix(text, seq.stop))
         return None
 
     def _end(self, seq: _Sequence, reason: str, text: bytes | None = None) -> Finished:
@@ -314,15 +362,44 @@ class BatchDecoder:
     def _generation(self, seq: _Sequence, reason: str, text: bytes | None = None) -> Generation:
         if text is None:
             text = self._model.detokenize(seq.completion)
+        if seq.stream:
+            self._piece(seq, text, len(text), final=True)
+        now = time.perf_counter()
+        first = seq.first_token_at
         return Generation(
             text=text.decode("utf-8", errors="ignore"),
             finish_reason=reason,
             prompt_tokens=len(seq.prompt),
             completion_tokens=len(seq.completion),
+            prompt_ms=int((first - seq.admitted_at) * 1000) if first is not None else None,
+            eval_ms=int((now - first) * 1000) if first is not None else None,
         )
+
+    def _piece(self, seq: _Sequence, text: bytes, upto: int, *, final: bool = False) -> None:
+        """Hands out the text from what was sent up to ``upto`` (bytes), decoded incrementally:
+        the pieces' concatenation is the final text's own decoding."""
+        if upto < seq.sent:  # cannot happen: held-back text is the only text a stop string may cut
+            log.warning("sequence %s: %d bytes were streamed past its end", seq.key, seq.sent - upto)
+            upto = seq.sent
+        chunk = seq.utf8.decode(text[seq.sent : upto], final=final)
+        seq.sent = upto
+        if chunk or (final and seq.unsent_tokens):
+            self._pieces.append(Piece(seq.key, chunk, seq.unsent_tokens))
+            seq.unsent_tokens = 0
 
     def _remove(self, seq: _Sequence) -> None:
         """Frees the slot and its KV cells at once, so the next admission can use them."""
         self._llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         seq.sampler.close()
         del self._running[seq.slot]
+
+
+def _stop_prefix(text: bytes, stops: list[bytes]) -> int:
+    """How many bytes at the end of text could be the start of a stop string: held back."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest

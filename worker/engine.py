@@ -11,6 +11,7 @@ import threading
 from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
+from gpuq.streams.events import wants_tokens
 from worker.decoder import BatchDecoder, Generation, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
@@ -74,6 +75,7 @@ class LoadedModel:
             stop=request.get("stop") or [],
             cancel=cancel,
             deadline=deadline,
+            stream=wants_tokens(request),
         )
         return len(tokens)
 

@@ -14,6 +14,7 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.fleet.gpus import nvml_inventory
 from gpuq.settings import Settings
 from gpuq.stats import metrics
+from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelCatalog
 from worker.device import detect_device
 from worker.energy import energy_meter_for
@@ -70,7 +71,8 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         budget_mib=budget,
         on_load=lambda spec, seconds: metrics.record_model_load(redis, spec.name, seconds),
     )
-    writer = OutcomeWriter(sessions, redis=redis)
+    streams = StreamPublisher(redis)  # token streams of interactive calls (OpenAI's and Ollama's APIs)
+    writer = OutcomeWriter(sessions, redis=redis, streams=streams)
     name = worker_name(slot)
 
     def mark_unhealthy(reason: str) -> None:
@@ -94,11 +96,13 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
         ),
         health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
         energy=energy_meter_for(device, sample_interval_s=settings.energy_sample_interval_s),
+        streams=streams,
     )
     worker = GpuqWorker(
         runner=runner,
         list_servable=catalog.refresh,
         loaded_models=cache.loaded_names,
+        model_expiries=cache.expiries,
         on_idle=cache.unload_expired,
         unload_model=cache.unload,  # an admin's unload (POST /v1/models/{name}/unload)
         flush_outcomes=writer.flush,

@@ -139,3 +139,36 @@ def test_a_long_prompt_is_fed_in_chunks_while_the_others_keep_generating(four_sl
         cancel.set()
     assert {f.generation.finish_reason for f in four_slots.decoder.step()} <= {"cancelled", "length"}
     assert four_slots.decoder.active == 0
+
+
+def test_a_streaming_sequences_pieces_add_up_to_its_text_and_tokens_with_stop_strings_held_back(alone, four_slots):
+    """Pieces come per step, in order; text that might become a stop string waits, so the
+    pieces never show what the final text cuts off, and they cover every token once."""
+    requests, results = alone
+    key = f"greedy:{PROMPTS[1]}"
+    plain = results[key].text
+    # A stop string that occurs in the greedy text: the text ends just before it.
+    stop = plain[len(plain) // 2 : len(plain) // 2 + 3]
+    cases = {
+        "plain": requests[key] | {"events": "tokens"},
+        "stopped": requests[key] | {"events": "tokens", "stop": [stop]},
+        "quiet": requests[key],  # not streaming: no pieces
+    }
+    pieces: dict[str, list] = {k: [] for k in cases}
+    for k, request in cases.items():
+        four_slots.admit(k, request, threading.Event())
+    done = {}
+    while four_slots.decoder.active:
+        for finished in four_slots.decoder.step():
+            done[finished.key] = finished
+        for piece in four_slots.decoder.take_pieces():
+            pieces[piece.key].append(piece)
+            assert piece.key not in done or piece is not None  # text of a sequence comes before or with its end
+    for k in ("plain", "stopped"):
+        generation = done[k].generation
+        assert "".join(p.text for p in pieces[k]) == generation.text
+        assert sum(p.tokens for p in pieces[k]) == generation.completion_tokens
+        assert generation.prompt_ms is not None and generation.eval_ms is not None
+    assert done["plain"].generation.text == plain and len(pieces["plain"]) > 3
+    assert done["stopped"].generation.text == plain[: plain.index(stop)]
+    assert pieces["quiet"] == []
