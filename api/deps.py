@@ -9,6 +9,7 @@ from typing import Annotated, Protocol, TypeVar
 
 from fastapi import Depends, Request
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,6 +29,9 @@ class AppState:
     # Heavy synchronous work (starting a 50,000-line batch) runs in a worker thread with
     # its own session, off the event loop.
     sync_sessions: sessionmaker[Session]
+    # Interactive calls wait on their jobs' token streams here: a blocked XREAD holds one
+    # connection of this pool, and no thread (gpuq/streams/follow.py).
+    streams: AsyncRedis
 
 
 def get_state(request: Request) -> AppState:

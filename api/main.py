@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
@@ -23,6 +24,8 @@ from api.routers import (
     keys,
     metrics,
     models,
+    ollama,
+    openai,
     schedules,
     stats,
     webhooks,
@@ -40,10 +43,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = async_engine(settings.database_url)
         blocking_engine = sync_engine(settings.database_url)
         redis = Redis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)
-        app.state.gpuq = AppState(settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine))
+        streams = AsyncRedis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)
+        app.state.gpuq = AppState(
+            settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine), streams
+        )
         try:
             yield
         finally:
+            await streams.aclose()
             redis.close()
             await engine.dispose()
             blocking_engine.dispose()
@@ -59,6 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = (
         health.router,
         jobs.router,
+        openai.router,
+        ollama.router,
         stats.router,
         job_actions.router,
         workers.router,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Annotated
 
@@ -11,15 +11,26 @@ from fastapi import APIRouter, Header, Query, Response, status
 from api.deps import CallerDep, SessionDep, StateDep, visible_job
 from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from api.schemas.common import PriorityName
+from api.schemas.jobs import EmbedJobCreate, GenerateJobCreate, NoopJobCreate
 from gpuq import store
+from gpuq.auth.access import Caller
 from gpuq.db.tables import JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.limits import admit
 from gpuq.jobs.position import job_position_async
-from gpuq.jobs.submit import submit_jobs
+from gpuq.jobs.queues import Priority
+from gpuq.jobs.submit import JobSpec, submit_jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _spec(body: GenerateJobCreate | EmbedJobCreate | NoopJobCreate, caller: Caller) -> JobSpec:
+    """A job that names no priority gets its key's default priority, if the key has one."""
+    spec = body.to_spec()
+    if "priority" in body.model_fields_set:
+        return spec
+    return replace(spec, priority=Priority(caller.priority_or(spec.priority)))
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
@@ -37,7 +48,7 @@ async def create_job(
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     await admit(db, state.redis, caller, queued_jobs=1, submissions=1)
     [accepted] = await submit_jobs(
-        db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s, caller=caller
+        db, state.redis, [_spec(body, caller)], timeout_s=state.settings.job_timeout_s, caller=caller
     )
     if not accepted.created:
         response.status_code = status.HTTP_200_OK
@@ -52,7 +63,7 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
         raise RequestError(422, f"{len(body.jobs)} jobs in one request; at most {limit}")
     await admit(db, state.redis, caller, queued_jobs=len(body.jobs), submissions=len(body.jobs))
     accepted = await submit_jobs(
-        db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
+        db, state.redis, [_spec(j, caller) for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
     )
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
 

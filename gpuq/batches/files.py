@@ -3,7 +3,7 @@
 An upload is streamed to disk a chunk at a time and checked line by line as it goes (JSON,
 a unique ``custom_id``, ``POST`` to a known endpoint, a body naming a model), so a 200 MB
 file is never held in memory. A file with bad lines is refused whole, with the line
-numbers, and nothing is kept.
+numbers, and nothing is kept. Deleting a file removes its row, then its bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
+from gpuq import store
 from gpuq.batches.openai_format import ENDPOINTS
 from gpuq.db.tables import File, utcnow
 from gpuq.errors import RequestError
@@ -89,6 +92,19 @@ class LineScanner:
         problem = check_line(raw, self.seen)
         if problem is not None:
             self.errors.append(f"line {self.number}: {problem}")
+
+
+def delete_stored_file(session: Session, file: File) -> None:
+    """The file's row, then its bytes (a row without bytes would be worse than bytes without
+    a row). A file a schedule reads from stays: its next runs would fail."""
+    readers = store.schedules_reading_file(session, file.id)
+    if readers:
+        names = ", ".join(repr(s.name) for s in readers)
+        raise RequestError(
+            409, f"file {file.id} is the input of schedule {names}; delete the schedule or give it another file first"
+        )
+    if store.delete_file(session, file.id):
+        Path(file.path).unlink(missing_ok=True)
 
 
 async def store_upload(chunks: AsyncIterator[bytes], *, filename: str, purpose: str, directory: Path) -> File:
