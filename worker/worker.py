@@ -185,7 +185,7 @@ class GpuqWorker(SimpleWorker):
             self._on_idle()  # unload models whose keep_alive ran out
             self._apply_unloads()
             self._refresh_queues()
-            self._publish_expiries()
+            self._publish_models()
         self.heartbeat()
         if self.should_run_maintenance_tasks:
             self.run_maintenance_tasks()
@@ -341,15 +341,17 @@ class GpuqWorker(SimpleWorker):
                 self.key, mapping={control.LOADED_FIELD: loaded, control.GPUS_FIELD: ",".join(self.runner.gpu_uuids)}
             )
 
-    def _publish_expiries(self) -> None:
-        """When each loaded model will be unloaded if unused (Ollama's /api/ps shows it);
-        written only when it changed: after a run, or an unload."""
+    def _publish_models(self) -> None:
+        """Between jobs: the models loaded (a keep_alive may have unloaded one since the last
+        job's end) and when each will be unloaded if unused (Ollama's /api/ps shows it),
+        written only when they changed."""
         expiries = self._model_expiries()
         if expiries == self._published_expiries:
             return
         key = loaded_expiry_key(self.name)
         try:
             with self.connection.pipeline(transaction=False) as pipe:
+                self._publish_loaded(pipe)
                 pipe.delete(key)
                 if expiries:
                     pipe.hset(key, mapping={m: "" if at is None else f"{at:.3f}" for m, at in expiries.items()})
