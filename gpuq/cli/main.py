@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from gpuq.cli import batches, db, jobs, models, processes
+from gpuq.cli import batches, db, job, jobs, models, processes, run
 from gpuq.cli.admin import admin
 from gpuq.cli.keys import keys
 from gpuq.cli.rules import rules
@@ -27,6 +27,8 @@ for command in (
     *processes.COMMANDS,
     db.db,
     *jobs.COMMANDS,
+    *job.COMMANDS,
+    run.run,
     models.models,
     batches.batch,
     batches.run_batch_command,
