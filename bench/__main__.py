@@ -11,7 +11,7 @@ from statistics import median
 
 from redis import Redis
 
-from bench import batch_bench, batching, dispatch, generation, model_swap, stats_bench
+from bench import batch_bench, batching, dispatch, generation, model_swap, stats_bench, streaming
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.registry.models import register_bundled_model
@@ -81,6 +81,20 @@ def bench_generation(args: argparse.Namespace) -> None:
         f"{', '.join(f'{r.tokens_per_s:.1f}' for r in gpuq_runs)}"
     )
     print(f"  ratio gpuq / direct      {ours / direct:7.3f}x   (target >= 0.97x)")
+
+
+def bench_streaming(args: argparse.Namespace) -> None:
+    """Interleaved rounds, so a slower patch of the host hits both sides."""
+    direct: list[streaming.Run] = []
+    ours: list[streaming.Run] = []
+    for round_ in range(1, args.rounds + 1):
+        direct.append(streaming.run_direct(threads=args.threads, max_tokens=args.max_tokens))
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            ours.append(streaming.run_gpuq(db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens))
+        print(
+            f"round {round_}: direct {direct[-1].tokens_per_s:.1f}, gpuq {ours[-1].tokens_per_s:.1f} tok/s", flush=True
+        )
+    print(streaming.report(direct, ours, threads=args.threads, max_tokens=args.max_tokens))
 
 
 def bench_batching(args: argparse.Namespace) -> None:
@@ -194,7 +208,7 @@ def _fmt(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    choices = ["dispatch", "generation", "batching", "model-swap", "batch-accept", "embeddings", "stats"]
+    choices = ["dispatch", "generation", "streaming", "batching", "model-swap", "batch-accept", "embeddings", "stats"]
     parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
@@ -222,6 +236,8 @@ def main() -> None:
         bench_dispatch(args)
     if "generation" in args.which:
         bench_generation(args)
+    if "streaming" in args.which:
+        bench_streaming(args)
     if "batching" in args.which:
         bench_batching(args)
     if "model-swap" in args.which:

@@ -171,7 +171,8 @@ async def show_model(body: ShowRequest, db: SessionDep) -> dict[str, Any]:
     return await models.show(model)
 
 
-@router.api_route("/version", methods=["GET", "HEAD"], response_model=VersionResponse)
+@router.get("/version", response_model=VersionResponse)
+@router.head("/version", include_in_schema=False)
 async def version(request: Request) -> VersionResponse:
     """gpuq's version (no key needed, as Ollama clients probe it to find the server)."""
     return VersionResponse(version=request.app.version)

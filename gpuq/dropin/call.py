@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -98,13 +97,8 @@ async def submit_call(db: AsyncSession, redis: Redis, caller: Caller, spec: JobS
     except RequestError as exc:
         if exc.status != 422:
             raise
-        code = exc.code or ("context_length_exceeded" if "context" in exc.message else None)
-        raise RequestError(400, exc.message, param=exc.param, code=code, headers=exc.headers) from None
+        raise RequestError(400, exc.message, param=exc.param, code=exc.code, headers=exc.headers) from None
     return accepted.job
-
-
-def with_priority(spec: JobSpec, priority: Priority) -> JobSpec:
-    return replace(spec, priority=priority)
 
 
 async def abandon(sessions: async_sessionmaker[AsyncSession], redis: Redis, job_id: str) -> None:
