@@ -297,6 +297,8 @@ class JobRunner:
             self._settle(running)
         else:
             running.energy_stop()
+            if self._streams is not None:
+                self._streams.forget(running.claimed.id)  # its next attempt starts its stream afresh
 
     def _hand_back_or_fail(self, claimed: store.ClaimedJob, outcome: store.Outcome, exc: HandBack) -> None:
         log.warning("handing job %s back: %s", claimed.id, exc)

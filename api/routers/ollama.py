@@ -30,7 +30,7 @@ from api.schemas.ollama import (
 )
 from gpuq import store
 from gpuq.auth.access import Caller
-from gpuq.db.tables import Job, JobKind, Model
+from gpuq.db.tables import Job, JobKind
 from gpuq.dropin import models, ollama
 from gpuq.dropin.call import (
     JOB_ID_HEADER,
@@ -83,11 +83,7 @@ async def generate(
     priority: PriorityHeader = None,
 ) -> Response:
     """A completion of `prompt` (with `system`), rendered with the model's chat template unless `raw`."""
-    started = time.perf_counter()
-    model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
-    if not body.prompt:
-        return await _load_or_unload(body.name, body.keep_alive_s(), request, db, state, caller, chat=False)
-    return await _generate(body, body.to_request(), model, started, request, db, state, caller, priority, chat=False)
+    return await _generate(body, not body.prompt, request, db, state, caller, priority, chat=False)
 
 
 @router.post("/chat", response_model=None, responses=_STREAMED, dependencies=keyed)
@@ -100,11 +96,7 @@ async def chat(
     priority: PriorityHeader = None,
 ) -> Response:
     """The next assistant message of `messages`, rendered with the model's chat template."""
-    started = time.perf_counter()
-    model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
-    if not body.messages:
-        return await _load_or_unload(body.name, body.keep_alive_s(), request, db, state, caller, chat=True)
-    return await _generate(body, body.to_request(), model, started, request, db, state, caller, priority, chat=True)
+    return await _generate(body, not body.messages, request, db, state, caller, priority, chat=True)
 
 
 @router.post("/embed", response_model=None, responses=_ANSWERED, dependencies=keyed)
@@ -206,9 +198,7 @@ async def pull(body: PullRequest, db: SessionDep) -> ProgressResponse:
 
 async def _generate(
     body: GenerateRequest | ChatRequest,
-    job_request: dict[str, Any],
-    model: Model,
-    started: float,
+    empty: bool,
     request: Request,
     db: SessionDep,
     state: StateDep,
@@ -217,6 +207,12 @@ async def _generate(
     *,
     chat: bool,
 ) -> Response:
+    """A generation call; an empty prompt (or no messages) loads or unloads the model, as Ollama's."""
+    started = time.perf_counter()
+    model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
+    if empty:
+        return await _load_or_unload(body.name, body.keep_alive_s(), request, db, state, caller, chat=chat)
+    job_request = body.to_request()
     sampling, context = body.parsed_options().request(model)
     spec = call_spec(
         JobKind.GENERATE,

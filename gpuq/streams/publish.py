@@ -59,6 +59,10 @@ class StreamPublisher:
         except RedisError:
             log.warning("could not publish the text of %d jobs", len({j for j, _ in deltas}), exc_info=True)
 
+    def forget(self, job_id: str) -> None:
+        """A job that leaves this worker without an end (handed back to its queue)."""
+        self._bounds.pop(job_id, None)
+
     def ends(self, ends: Sequence[tuple[str, End]]) -> None:
         """Jobs whose outcome is now in SQL (the outcome writer calls this after its commit)."""
         if not ends:
