@@ -12,6 +12,7 @@ shape Ollama's clients read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -58,7 +59,7 @@ def error_response(
     *,
     param: str | None = None,
     code: str | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     content = error_content(request.url.path, status, message, param=param, code=code)
     return JSONResponse(content, status_code=status, headers=headers)

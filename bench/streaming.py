@@ -50,6 +50,7 @@ def run_direct(*, threads: int, max_tokens: int) -> Run:
         n_threads_batch=threads,
         verbose=False,
     )
+    llm.create_chat_completion(messages=_messages("Hi"), max_tokens=1)  # warm up, as gpuq's side does
     run = Run()
     started = time.perf_counter()
     for prompt in PROMPTS:

@@ -57,6 +57,7 @@ def workers(url: str) -> None:
             )
             for w in listing["data"]
         ],
+        empty="no workers running (`gpuq up` or `gpuq supervisor` starts them)",
     )
     if listing["drained_hosts"]:
         click.echo(f"drained hosts: {', '.join(listing['drained_hosts'])}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gpuq.cli.client import ApiError, GpuqClient
+from gpuq.cli.client import GpuqClient
 from gpuq.cli.support import connect, url_option
 from gpuq.settings import Settings, get_settings
 
@@ -53,11 +53,8 @@ def summary(batch: dict) -> str:
 
 def submit(url: str, path: str, *, wait: bool, priority: str) -> None:
     with connect(url) as client:
-        try:
-            file = client.upload(path)
-            batch = client.create_batch(file["id"], endpoint=first_endpoint(path), priority=priority)
-        except ApiError as exc:
-            raise click.ClickException(f"{exc.detail} (HTTP {exc.status})") from None
+        file = client.upload(path)
+        batch = client.create_batch(file["id"], endpoint=first_endpoint(path), priority=priority)
         click.echo(batch["id"])
         if wait:
             click.echo(summary(follow(client, batch["id"])), err=True)

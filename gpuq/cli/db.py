@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpuq.cli.errors import stop
 from gpuq.settings import get_settings
 
 
@@ -27,5 +28,10 @@ def db_upgrade(revision: str) -> None:
             click.echo(f"created the first admin API key (shown once; also in {key_file(settings.data_dir)}):")
             click.echo(f"    {new_key}")
     else:
-        migrate.upgrade(settings.database_url, revision)
+        from alembic.util import CommandError
+
+        try:
+            migrate.upgrade(settings.database_url, revision)
+        except CommandError as exc:  # an unknown revision, mostly
+            stop(f"{exc} (`gpuq db upgrade` alone goes to the latest)")
     click.echo(f"database at {revision}: {settings.database_url}")

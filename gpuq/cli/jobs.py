@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gpuq.cli.support import connect, table, url_option
+from gpuq.cli.support import connect, duration, table, url_option
 
 
 @click.command()
@@ -77,10 +77,16 @@ def _print_result(job: dict[str, Any]) -> None:
 
 @click.command()
 @url_option
-@click.option("--status", "statuses", multiple=True, help="filter by status (repeatable)")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]),
+    help="filter by status (repeatable)",
+)
 @click.option("--model", default=None)
-@click.option("--kind", default=None)
-@click.option("--limit", default=20, show_default=True)
+@click.option("--kind", type=click.Choice(["generate", "embed", "noop"]), default=None)
+@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
 def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | None, limit: int) -> None:
     """List recent jobs as a table."""
     with connect(url) as client:
@@ -92,18 +98,19 @@ def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | Non
             j["model"],
             j["priority"],
             j["status"],
-            _ms(j["queue_wait_ms"]),
-            _ms(j["run_ms"]),
+            duration(j["queue_wait_ms"]),
+            duration(j["run_ms"]),
             str(j["completion_tokens"] or ""),
             j["device"] or "",
         )
         for j in page["data"]
     ]
-    table(("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE"), rows)
-
-
-def _ms(value: int | None) -> str:
-    return "" if value is None else f"{value} ms"
+    filtered = bool(statuses or model or kind)
+    table(
+        ("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE"),
+        rows,
+        empty="no jobs match" if filtered else "no jobs yet",
+    )
 
 
 COMMANDS = (submit, jobs)

@@ -5,20 +5,40 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 from sqlalchemy.orm import Session
 
+from gpuq.cli.errors import stop
+from gpuq.cli.support import table
+
 
 @contextmanager
 def _session() -> Iterator[Session]:
+    """A session on gpuq's database, which must exist and be migrated: these commands never
+    create one (a stray empty SQLite file where the data directory was not would help nobody)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
     from gpuq.db.engine import sync_engine, sync_sessions
     from gpuq.settings import get_settings
 
-    engine = sync_engine(get_settings().database_url)
+    settings = get_settings()
+    url = make_url(settings.database_url)
+    shown = url.render_as_string(hide_password=True)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).is_file():
+        stop(
+            f"no gpuq database at {Path(url.database).resolve()}: run this where `gpuq up` ran "
+            "(its data directory, GPUQ_DATA_DIR, defaults to ./data), or set GPUQ_DATA_DIR or GPUQ_DATABASE_URL"
+        )
+    engine = sync_engine(settings.database_url)
     try:
         with sync_sessions(engine)() as session:
             yield session
+    except (OperationalError, ProgrammingError) as exc:
+        reason = str(exc.orig).strip().splitlines()[0]
+        stop(f"cannot use the database at {shown} ({reason}); `gpuq db upgrade` creates its tables")
     finally:
         engine.dispose()
 
@@ -70,13 +90,19 @@ def keys_create(
 @keys.command("list")
 @click.option("--all", "include_revoked", is_flag=True, help="include revoked keys")
 def keys_list(include_revoked: bool) -> None:
+    """The keys (their first characters, never the secret)."""
     from gpuq import store
 
     with _session() as session:
         rows = store.list_api_keys(session, include_revoked=include_revoked)
-    for k in rows:
-        state = "revoked" if k.revoked_at else "active"
-        click.echo(f"{k.id}  {k.key_prefix}…  {k.role:<9}  {k.owner:<16}  {state:<7}  {k.name}")
+    table(
+        ("ID", "PREFIX", "ROLE", "OWNER", "STATE", "NAME"),
+        [
+            (k.id, f"{k.key_prefix}…", str(k.role), k.owner, "revoked" if k.revoked_at else "active", k.name)
+            for k in rows
+        ],
+        empty="no API keys" + ("" if include_revoked else " (`--all` shows revoked ones too)"),
+    )
 
 
 @keys.command("revoke")
@@ -87,5 +113,5 @@ def keys_revoke(key_id: str) -> None:
 
     with _session() as session:
         if not store.revoke_api_key(session, key_id):
-            raise click.ClickException(f"key {key_id!r} does not exist or is already revoked")
+            stop(f"key {key_id!r} does not exist or is already revoked (`gpuq keys list --all` shows every key)")
     click.echo(f"revoked {key_id}")

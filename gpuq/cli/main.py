@@ -8,19 +8,23 @@ import click
 
 from gpuq.cli import batches, db, job, jobs, models, processes, run
 from gpuq.cli.admin import admin
+from gpuq.cli.errors import GpuqGroup
 from gpuq.cli.keys import keys
 from gpuq.cli.rules import rules
 from gpuq.cli.schedules import schedules
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True, help="debug logging")
-def main(verbose: bool) -> None:
+@click.group(cls=GpuqGroup)
+@click.option("-v", "--verbose", is_flag=True, help="debug logging, and the traceback of an unexpected error")
+@click.option("--url", default=None, help="gpuq API address for client commands (default GPUQ_API_URL)")
+def main(verbose: bool, url: str | None) -> None:
     """gpuq: durable priority queues for LLM generation and embedding jobs on GPUs."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    quiet = logging.DEBUG if verbose else logging.WARNING
+    logging.getLogger("httpx").setLevel(quiet)
+    logging.getLogger("alembic.runtime.plugins").setLevel(quiet)  # a line per plugin at each start
 
 
 for command in (

@@ -23,6 +23,7 @@ def models(ctx: click.Context, url: str) -> None:
             (m["id"], ",".join(m["kinds"]), str(m["context_length"]), f"{m['size_bytes'] / 2**20:.0f} MiB", m["path"])
             for m in data
         ],
+        empty="no models registered (`gpuq models register NAME PATH` adds one)",
     )
 
 

@@ -12,26 +12,37 @@ import threading
 
 import click
 
+from gpuq.cli.errors import stop
+from gpuq.cli.serving import listen, serve
 from gpuq.cli.support import table
-from gpuq.settings import get_settings
+from gpuq.settings import Settings, get_settings
+
+
+def _with_redis(settings: Settings) -> Settings:
+    """The settings of a process that needs a shared Redis; without GPUQ_REDIS_URL, one line that says so."""
+    try:
+        settings.require_redis_url()
+    except RuntimeError as exc:
+        stop(str(exc))
+    return settings
 
 
 @click.command()
 @click.option("--workers", default=1, show_default=True, help="CPU workers to start")
 @click.option("--host", default=None, help="API host (default GPUQ_API_HOST)")
 @click.option("--port", default=None, type=int, help="API port (default GPUQ_API_PORT)")
-def up(workers: int, host: str | None, port: int | None) -> None:
+@click.option("--access-log", is_flag=True, help="log every request (default: writes and errors, not the reads)")
+def up(workers: int, host: str | None, port: int | None, access_log: bool) -> None:
     """Run everything on this machine: private Redis (unless GPUQ_REDIS_URL), migrations,
     workers, the reconciler and the API. Ctrl-C stops it all."""
-    import uvicorn
+    settings = get_settings()
+    sock = listen(host or settings.api_host, port or settings.api_port)  # before anything else starts
 
     from api.main import create_app
     from gpuq.local.embedded import embedded_system
 
-    settings = get_settings()
-    with embedded_system(settings, workers=workers) as system:
-        app = create_app(system.settings)
-        uvicorn.run(app, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+    with sock, embedded_system(settings, workers=workers) as system:
+        serve(create_app(system.settings), sock, quiet_reads=not access_log)
 
 
 @click.command()
@@ -39,13 +50,12 @@ def up(workers: int, host: str | None, port: int | None) -> None:
 @click.option("--port", default=None, type=int)
 def api(host: str | None, port: int | None) -> None:
     """Serve the HTTP API (needs GPUQ_REDIS_URL and a migrated database)."""
-    import uvicorn
-
     from api.main import create_app
 
-    settings = get_settings()
-    settings.require_redis_url()
-    uvicorn.run(create_app(settings), host=host or settings.api_host, port=port or settings.api_port)
+    settings = _with_redis(get_settings())
+    sock = listen(host or settings.api_host, port or settings.api_port)
+    with sock:
+        serve(create_app(settings), sock, quiet_reads=False)
 
 
 @click.command()
@@ -57,11 +67,12 @@ def worker(slot: str, gpus: str | None, models: tuple[str, ...], burst: bool) ->
     """Run one worker: pulls jobs from Redis, runs them with llama.cpp, writes results to SQL."""
     from worker.device import pin_to_gpus
 
+    settings = _with_redis(get_settings())
     if gpus:
         pin_to_gpus([g.strip() for g in gpus.split(",") if g.strip()])
     from worker.main import run_worker  # imports llama.cpp, after pinning
 
-    run_worker(get_settings(), slot=slot, models=list(models) or None, burst=burst)
+    run_worker(settings, slot=slot, models=list(models) or None, burst=burst)
 
 
 @click.command()
@@ -71,7 +82,7 @@ def supervisor(cpu_workers: int, slots_per_gpu: int) -> None:
     """Run this host's workers: one pinned worker per GPU slot, restarted if they die."""
     from worker.supervisor import run_supervisor
 
-    run_supervisor(get_settings(), cpu_workers=cpu_workers, slots_per_gpu=slots_per_gpu)
+    run_supervisor(_with_redis(get_settings()), cpu_workers=cpu_workers, slots_per_gpu=slots_per_gpu)
 
 
 @click.command()
@@ -114,7 +125,7 @@ def scheduler() -> None:
     SQL-to-Redis reconciler and stats rollups. Safe to run more than one."""
     from gpuq.scheduler import run_scheduler
 
-    run_scheduler(get_settings(), threading.Event())
+    run_scheduler(_with_redis(get_settings()), threading.Event())
 
 
 @click.command()

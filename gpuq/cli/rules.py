@@ -17,6 +17,7 @@ def rules() -> None:
 @rules.command("list")
 @url_option
 def rules_list(url: str) -> None:
+    """The rules, in precedence order."""
     with connect(url) as client:
         data = client.rules()
     table(
@@ -25,6 +26,7 @@ def rules_list(url: str) -> None:
             (str(r["id"]), str(r["precedence"]), r["effect"], r["model_pattern"], r["kind"] or "*", _selector(r))
             for r in data
         ],
+        empty="no affinity rules: every model may run on every GPU it fits",
     )
 
 
@@ -37,12 +39,28 @@ def _selector(rule: dict[str, Any]) -> str:
     return " ".join(parts) or "all GPUs"
 
 
+def _gpu_indices(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[int] | None:
+    """``0,1``, ``0-3`` or ``0-1,4`` as a sorted list of GPU indices; anything else a usage error."""
+    if value is None:
+        return None
+    indices: set[int] = set()
+    for part in (p.strip() for p in value.split(",")):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise click.BadParameter(f"{part!r} is not a GPU index or a range of them (e.g. 0,1 or 0-3)")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise click.BadParameter(f"{part!r}: a range goes up, e.g. {high}-{low}")
+        indices.update(range(low, high + 1))
+    return sorted(indices)
+
+
 @rules.command("add")
 @url_option
 @click.option("--model", "model_pattern", required=True, help="glob over model names")
 @click.option("--kind", type=click.Choice(["generate", "embed"]), default=None)
 @click.option("--deny", is_flag=True, help="deny instead of allow")
-@click.option("--gpus", "gpu_indices", default=None, help="GPU indices, e.g. 0,1")
+@click.option("--gpus", "gpu_indices", default=None, callback=_gpu_indices, help="GPU indices, e.g. 0,1 or 0-3")
 @click.option("--uuids", "gpu_uuids", default=None, help="GPU UUIDs, comma-separated")
 @click.option("--name", "gpu_name_pattern", default=None, help="glob over GPU names, e.g. '*H100*'")
 @click.option("--host", "host_pattern", default=None, help="glob over host names")
@@ -53,14 +71,16 @@ def rules_add(
     model_pattern: str,
     kind: str | None,
     deny: bool,
-    gpu_indices: str | None,
+    gpu_indices: list[int] | None,
     gpu_uuids: str | None,
     gpu_name_pattern: str | None,
     host_pattern: str | None,
     min_memory_mib: int | None,
     precedence: int,
 ) -> None:
-    """Add a rule, e.g. `gpuq rules add --model 'llama-*' --gpus 0,1`."""
+    """Add a rule: the GPUs a model may run on (or, with --deny, may not).
+
+    For example `gpuq rules add --model 'llama-*' --gpus 0-1`."""
     body = {
         "model_pattern": model_pattern,
         "kind": kind,
@@ -69,7 +89,7 @@ def rules_add(
         "gpu_name_pattern": gpu_name_pattern,
         "host_pattern": host_pattern,
         "min_memory_mib": min_memory_mib,
-        "gpu_indices": [int(i) for i in gpu_indices.split(",")] if gpu_indices else None,
+        "gpu_indices": gpu_indices,
         "gpu_uuids": gpu_uuids.split(",") if gpu_uuids else None,
     }
     with connect(url) as client:
@@ -83,8 +103,16 @@ def rules_add(
 @url_option
 @click.argument("rule_id", type=int)
 def rules_delete(url: str, rule_id: int) -> None:
+    """Delete a rule; says which rule it was."""
     with connect(url) as client:
-        client.delete_rule(rule_id)
+        rule = next((r for r in client.rules() if r["id"] == rule_id), None)
+        client.delete_rule(rule_id)  # a rule missing from the list is the API's 404 to tell
+    click.echo(f"deleted rule {rule_id}" + (f": {_describe(rule)}" if rule else ""))
+
+
+def _describe(rule: dict[str, Any]) -> str:
+    kind = f" {rule['kind']}" if rule["kind"] else ""
+    return f"{rule['effect']} {rule['model_pattern']}{kind} on {_selector(rule)}"
 
 
 @rules.command("preview")
@@ -102,4 +130,5 @@ def rules_preview(url: str, model: str, kind: str) -> None:
             (g["host"], str(g["index"]), g["name"], "yes" if g["may_run"] else "no", "; ".join(g["reasons"]))
             for g in result["gpus"]
         ],
+        empty="no GPUs registered: jobs run on CPU workers",
     )

@@ -223,6 +223,10 @@ class AffinityRule(Base):
     min_memory_mib: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
+    # Ids are never reused on SQLite either (PostgreSQL's sequences never reuse them): a script
+    # holding a deleted rule's id must not hit a newer rule. Migration 0011.
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
 
 class File(Base):
     """An uploaded or produced JSONL file (OpenAI's file object); the bytes live on disk."""
@@ -309,6 +313,8 @@ class Schedule(Base):
     owner: Mapped[str | None] = mapped_column(String(128))  # its runs' batches belong to this tenant
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
+    __table_args__ = ({"sqlite_autoincrement": True},)  # as affinity rules: ids never reused
+
 
 class ScheduleRun(Base):
     """One firing of a schedule. Unique per (schedule, fire time): that is what makes a tick
@@ -324,7 +330,10 @@ class ScheduleRun(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (UniqueConstraint("schedule_id", "fire_time", name="uq_schedule_runs_tick"),)
+    __table_args__ = (
+        UniqueConstraint("schedule_id", "fire_time", name="uq_schedule_runs_tick"),
+        {"sqlite_autoincrement": True},
+    )
 
 
 class DeliveryStatus(enum.StrEnum):

@@ -102,3 +102,33 @@ def test_the_scripts_write_data_as_text_and_call_no_other_host() -> None:
 
 def test_the_pages_are_not_part_of_the_api_schema(client: TestClient) -> None:
     assert not [p for p in client.get("/openapi.json").json()["paths"] if p.startswith("/dashboard")]
+
+
+def test_the_pages_and_scripts_hold_nothing_a_strict_content_security_policy_refuses() -> None:
+    # No inline script, inline style or event-handler attribute, so `script-src 'self'` and
+    # `style-src 'self'` hold; the browser tests serve every page under such a policy.
+    for template in (DASHBOARD_DIR / "templates").glob("*.html"):
+        html = template.read_text(encoding="utf-8")
+        assert not re.search(r"<script(?![^>]*\bsrc=)", html), template.name
+        assert "<style" not in html and not re.search(r"\sstyle=", html), template.name
+        assert not re.search(r"\son[a-z]+=", html), template.name
+    for name in SCRIPTS:
+        script = _script(name)
+        # Widths go through the CSSOM (node.style.width), which CSP allows; a style attribute it refuses.
+        assert not re.search(r"""["']?style["']?\s*:""", script), name
+        assert 'setAttribute("style"' not in script and "cssText" not in script, name
+
+
+def test_the_sign_in_hint_names_a_command_that_makes_an_admin_key(database_url: str, client: TestClient) -> None:
+    from click.testing import CliRunner
+
+    from gpuq.cli.main import main
+
+    page = client.get("/dashboard").text
+    hint = re.search(r'<code id="key-command">([^<]+)</code>', page)
+    assert hint is not None and "data/admin.key" in page  # where `gpuq up` saved the first key
+    program, *args = hint.group(1).split()
+    assert program == "gpuq"
+    result = CliRunner(env={"GPUQ_DATABASE_URL": database_url}).invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "(admin for admin)" in result.stderr and result.stdout.startswith("gpuq_")

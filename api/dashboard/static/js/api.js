@@ -18,9 +18,9 @@ export class ApiError extends Error {
   }
 }
 
-// One JSON call; a body, if any, is sent as JSON. Resolves to the parsed response (null for
-// 204) or throws an ApiError carrying the API's own `detail` where it gave one.
-export async function api(path, { method = "GET", body } = {}) {
+// A call with the key that resolves to the Response when it succeeded (a file's content, say)
+// and throws an ApiError carrying the API's own `detail` when it did not.
+export async function fetchWithKey(path, { method = "GET", body } = {}) {
   const headers = { Authorization: `Bearer ${storedKey() || ""}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
@@ -28,12 +28,18 @@ export async function api(path, { method = "GET", body } = {}) {
     headers,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
-  if (response.status === 204) return null;
-  const data = await response.json().catch(() => null);
   if (!response.ok) {
+    const data = await response.json().catch(() => null);
     throw new ApiError(response.status, (data && data.detail) || `${method} ${path}: HTTP ${response.status}`);
   }
-  return data;
+  return response;
+}
+
+// One JSON call; a body, if any, is sent as JSON. Resolves to the parsed response (null for
+// 204), or throws as fetchWithKey does.
+export async function api(path, options = {}) {
+  const response = await fetchWithKey(path, options);
+  return response.status === 204 ? null : response.json();
 }
 
 // "?a=1&b=x&b=y" from {a: 1, b: ["x", "y"], c: ""}: empty values are left out, so an unset

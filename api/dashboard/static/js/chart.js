@@ -1,5 +1,7 @@
-// A line chart drawn by hand as inline SVG (no chart library, nothing from a CDN): one
-// polyline per series, a legend, and labels for the top value and the first and last times.
+// Charts drawn by hand as inline SVG (no chart library, nothing from a CDN): a line chart
+// (one polyline per series, a legend, labels for the top value and the first and last
+// times), and sparklines (one small series over a fixed window, with gaps where nothing
+// was read).
 
 import { when } from "./dom.js";
 
@@ -37,5 +39,29 @@ export function lineChart(series, { width = 480, height = 150 } = {}) {
   chart.append(svg("text", { x: 2, y: height - pad }, "0"));
   chart.append(svg("text", { x: pad, y: height - 4 }, when(t0 / 1000).slice(11, 16)));
   chart.append(svg("text", { x: width - pad - 30, y: height - 4 }, when(t1 / 1000).slice(11, 16)));
+  return chart;
+}
+
+// One series over the window [since, until] (milliseconds since the epoch), scaled to `top`
+// (or its own maximum): points [{t, v}], v null where nothing was read, drawn as gaps. The
+// time axis is the window, not the points, so a line that starts late says when it started.
+export function sparkline(points, { since, until, top, width = 240, height = 36 }) {
+  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "sparkline", preserveAspectRatio: "none" });
+  const read = points.filter((p) => p.v !== null && p.v !== undefined);
+  const highest = top || Math.max(1, ...read.map((p) => p.v));
+  const x = (t) => ((t - since) / (until - since || 1)) * width;
+  const y = (v) => height - 2 - (Math.min(v, highest) / highest) * (height - 4);
+  // Consecutive readings make one polyline; a missing one ends it.
+  let run = [];
+  const segments = [run];
+  for (const p of points) {
+    if (p.v === null || p.v === undefined) segments.push((run = []));
+    else run.push(`${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`);
+  }
+  for (const segment of segments) {
+    // A lone reading is drawn as a short dash, so it shows.
+    const coords = segment.length === 1 ? [segment[0], segment[0].replace(/^[\d.]+/, (n) => String(Number(n) + 2))] : segment;
+    if (coords.length) chart.append(svg("polyline", { points: coords.join(" ") }));
+  }
   return chart;
 }

@@ -1,7 +1,8 @@
-// Batches: progress of each, with rate and ETA for the running ones; cancel.
+// Batches: progress of each (rate and ETA for the running ones), how many lines failed, when
+// it finished; its output and error files to download; cancel.
 
-import { api } from "../api.js";
-import { $, bar, button, el, fillTable, link, number, row, status, when } from "../dom.js";
+import { api, fetchWithKey } from "../api.js";
+import { $, bar, button, duration, el, fillTable, link, number, numCell, showMessage, status, when } from "../dom.js";
 import { act } from "../refresh.js";
 
 const FINAL_BATCH_STATUSES = new Set(["completed", "failed", "expired", "cancelled"]);
@@ -9,9 +10,35 @@ const FINAL_BATCH_STATUSES = new Set(["completed", "failed", "expired", "cancell
 // Rate and ETA of a running batch, from gpuq's /progress.
 function pace(progress) {
   if (!progress || progress.lines_per_s === null) return "";
-  const eta =
-    progress.eta_s === null ? "" : progress.eta_s === 0 ? ", finishing" : `, about ${Math.ceil(progress.eta_s / 60)} min left`;
+  const eta = progress.eta_s === null ? "" : progress.eta_s === 0 ? ", finishing" : `, ${duration(progress.eta_s * 1000)} left`;
   return ` · ${number(progress.lines_per_s, 1)} lines/s${eta}`;
+}
+
+// When a final batch ended, whichever way it ended (OpenAI's batch object has one stamp per end).
+function finishedAt(b) {
+  return b.completed_at ?? b.failed_at ?? b.expired_at ?? b.cancelled_at ?? null;
+}
+
+// A file's content, fetched with the key (a plain link would not send it) and handed to the
+// browser as a download named after the batch.
+async function download(fileId, name) {
+  const response = await fetchWithKey(`/v1/files/${encodeURIComponent(fileId)}/content`);
+  const url = URL.createObjectURL(await response.blob());
+  const a = el("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000); // once the browser has taken it
+}
+
+function files(b) {
+  const offer = (fileId, label, suffix) =>
+    fileId
+      ? button(label, () => download(fileId, `${b.id}-${suffix}.jsonl`).catch((error) => showMessage(error.message)), {
+          "data-file": suffix,
+        })
+      : "";
+  return el("span", { class: "downloads" }, offer(b.output_file_id, "Output", "output"), offer(b.error_file_id, "Errors", "errors"));
 }
 
 export async function load() {
@@ -23,17 +50,22 @@ export async function load() {
   const rows = page.data.map((b) => {
     const c = b.request_counts;
     const done = c.completed + c.failed;
-    const label = `${done} / ${c.total}${c.failed ? ` (${c.failed} failed)` : ""}${pace(progress.get(b.id))}`;
+    const label = `${done} / ${c.total}${pace(progress.get(b.id))}`;
     const cancel = FINAL_BATCH_STATUSES.has(b.status)
       ? ""
       : button("Cancel", () => act(() => api(`/v1/batches/${encodeURIComponent(b.id)}/cancel`, { method: "POST" })));
-    return row(
-      link(`/dashboard/jobs?batch_id=${encodeURIComponent(b.id)}`, b.id),
-      status(b.status),
-      b.endpoint,
-      b.owner || "",
-      when(b.created_at),
-      el("td", {}, bar(c.total ? done / c.total : 0, label)),
+    return el(
+      "tr",
+      { "data-batch": b.id },
+      el("td", {}, el("a", { href: `/dashboard/jobs?batch_id=${encodeURIComponent(b.id)}`, class: "id" }, b.id)),
+      el("td", {}, status(b.status)),
+      el("td", {}, b.endpoint),
+      el("td", {}, b.owner || ""),
+      el("td", {}, when(b.created_at)),
+      el("td", { class: "finished" }, when(finishedAt(b))),
+      numCell(c.failed ? link(`/dashboard/jobs?batch_id=${encodeURIComponent(b.id)}&status=failed`, String(c.failed)) : "0"),
+      el("td", { class: "progress" }, bar(c.total ? done / c.total : 0, label)),
+      el("td", {}, files(b)),
       el("td", {}, cancel),
     );
   });

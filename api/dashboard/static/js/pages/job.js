@@ -2,7 +2,7 @@
 // deliveries; cancel, retry and requeue where this server has them.
 
 import { api, has } from "../api.js";
-import { $, el, fillTable, link, number, row, status, when } from "../dom.js";
+import { $, device, duration, el, energy, fillTable, gpusByUuid, link, number, row, status, textCell, when } from "../dom.js";
 import { act } from "../refresh.js";
 
 const FINAL_JOB_STATUSES = new Set(["succeeded", "failed", "cancelled"]);
@@ -36,11 +36,17 @@ function promptText(request) {
   return JSON.stringify(request, null, 2);
 }
 
+// Energy and GPU time are measured through NVML on real GPUs only; a job that ran on the CPU
+// or a simulated GPU has none, which is said rather than left blank.
+function unmeasured(j) {
+  return j.device && FINAL_JOB_STATUSES.has(j.status) ? "not measured (CPU or simulated GPU)" : "";
+}
+
 // Energy and GPU seconds are the job's part of its GPU's when other jobs were decoded beside
 // it (energy_share < 1): said so, or a reader would take them for the GPU's whole figure.
 function energyText(j) {
-  if (j.energy_j === null) return "";
-  const joules = `${number(j.energy_j, 1)} J`;
+  if (j.energy_j === null) return unmeasured(j);
+  const joules = energy(j.energy_j);
   if (j.energy_share === null || j.energy_share === undefined || j.energy_share >= 1) return joules;
   const pct = number(j.energy_share * 100, j.energy_share < 0.1 ? 1 : 0);
   return `${joules} (shared GPU: ${pct} % of its energy and GPU time while this job ran, by token share)`;
@@ -60,7 +66,11 @@ function resultText(result) {
 
 export async function load() {
   const id = encodeURIComponent(jobId());
-  const [j, deliveries] = await Promise.all([api(`/v1/jobs/${id}`), api(`/v1/webhooks/deliveries?job_id=${id}`)]);
+  const [j, deliveries, gpus] = await Promise.all([
+    api(`/v1/jobs/${id}`),
+    api(`/v1/webhooks/deliveries?job_id=${id}`),
+    api("/v1/gpus"),
+  ]);
   document.title = `gpuq · ${j.id}`;
   fields($("#job-fields"), [
     ["id", j.id],
@@ -71,7 +81,7 @@ export async function load() {
     ["owner", j.owner],
     ["batch", j.batch_id ? link(`/dashboard/jobs?batch_id=${encodeURIComponent(j.batch_id)}`, j.batch_id) : ""],
     ["worker", j.worker],
-    ["device", j.device],
+    ["device", device(j.device, gpusByUuid(gpus.data))],
     ["host", j.host],
     ["attempts", String(j.attempts)],
     ["error", j.error],
@@ -80,11 +90,11 @@ export async function load() {
     ["created", when(j.created_at)],
     ["started", when(j.started_at)],
     ["finished", when(j.finished_at)],
-    ["queue wait", j.queue_wait_ms === null ? "" : `${j.queue_wait_ms} ms`],
-    ["model load", j.load_ms === null ? "" : `${j.load_ms} ms`],
-    ["run", j.run_ms === null ? "" : `${j.run_ms} ms`],
+    ["queue wait", duration(j.queue_wait_ms)],
+    ["model load", duration(j.load_ms)],
+    ["run", duration(j.run_ms)],
     ["tokens", j.prompt_tokens === null ? "" : `${j.prompt_tokens} prompt + ${j.completion_tokens ?? 0} completion`],
-    ["GPU seconds", number(j.gpu_seconds, 2)],
+    ["GPU time", j.gpu_seconds === null ? unmeasured(j) : duration(j.gpu_seconds * 1000)],
     ["energy", energyText(j)],
   ]);
   $("#job-prompt").textContent = promptText(j.request);
@@ -97,7 +107,14 @@ export async function load() {
   fillTable(
     $("#job-webhooks"),
     deliveries.data.map((d) =>
-      row(d.event, d.url, status(d.status), String(d.attempts), d.last_error || String(d.last_status_code ?? ""), when(d.delivered_at)),
+      row(
+        d.event,
+        textCell(d.url),
+        status(d.status),
+        String(d.attempts),
+        textCell(d.last_error || String(d.last_status_code ?? "")),
+        when(d.delivered_at),
+      ),
     ),
     j.request.webhook_url ? "none yet" : "no webhook_url on this job",
   );

@@ -1,52 +1,101 @@
-// Jobs: a table filtered by the form above it. The form's fields are the API's query
-// parameters, and live in the address (/dashboard/jobs?status=failed) so a view can be shared.
+// Jobs: a table filtered by the form above it, a page at a time. The form's fields are the
+// API's query parameters, and live in the address (/dashboard/jobs?status=failed) with the
+// page's cursor (`after`), so a view can be shared.
 
 import { api, query } from "../api.js";
-import { $, el, fillTable, link, number, status, when } from "../dom.js";
+import { $, device, duration, el, fillTable, gpusByUuid, jobLink, numCell, status, textCell, when } from "../dom.js";
 import { refresh } from "../refresh.js";
+
+const PAGE_SIZE = 50;
+
+// The cursors of the pages seen, newest first: pages[i] is the `after` that gives page i
+// (null: the newest page). The API pages forward only, so "newer" walks back this list;
+// after a reload it holds just the newest page and the one in the address.
+let pages = [null];
+let current = 0;
+// Whether pages[i] is really the i-th page: not after a reload on a later page, until the
+// newest page has been shown again (which re-reads the cursors from there).
+let numbered = true;
 
 function jobFilters() {
   const form = $("#job-filter");
   return Object.fromEntries([...new FormData(form)].filter(([, v]) => v !== ""));
 }
 
+// The address says the filter and the page, so a reload or a shared link shows the same.
+function showInAddress() {
+  history.replaceState(null, "", `${location.pathname}${query({ ...jobFilters(), after: pages[current] })}`);
+}
+
+function goTo(index) {
+  current = index;
+  showInAddress();
+  refresh();
+}
+
 export function setup() {
   const form = $("#job-filter");
-  const current = new URLSearchParams(location.search);
-  for (const field of form.elements) if (field.name && current.has(field.name)) field.value = current.get(field.name);
+  const address = new URLSearchParams(location.search);
+  for (const field of form.elements) if (field.name && address.has(field.name)) field.value = address.get(field.name);
+  if (address.get("after")) {
+    pages = [null, address.get("after")];
+    current = 1;
+    numbered = false;
+  }
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    history.replaceState(null, "", `${location.pathname}${query(jobFilters())}`);
-    refresh();
+    pages = [null]; // a new filter starts at its newest page
+    goTo(0);
   });
   form.addEventListener("reset", () => {
+    pages = [null];
+    current = 0;
     history.replaceState(null, "", location.pathname);
     setTimeout(refresh); // after the browser has cleared the fields
   });
+  $("#jobs-newest").addEventListener("click", () => goTo(0));
+  $("#jobs-newer").addEventListener("click", () => goTo(Math.max(0, current - 1)));
+  $("#jobs-older").addEventListener("click", () => goTo(current + 1));
+}
+
+function jobRow(j, gpus) {
+  return el(
+    "tr",
+    { "data-job": j.id },
+    el("td", {}, jobLink(j.id)),
+    el("td", {}, status(j.status)),
+    el("td", {}, j.kind),
+    el("td", {}, j.model),
+    el("td", {}, j.priority),
+    el("td", {}, j.owner || ""),
+    el("td", { title: j.created_at }, when(j.created_at)),
+    numCell(duration(j.queue_wait_ms)),
+    numCell(duration(j.run_ms)),
+    numCell(j.prompt_tokens === null ? "" : `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`),
+    el("td", {}, device(j.device, gpus)),
+    textCell(j.error || ""),
+  );
 }
 
 export async function load() {
-  const page = await api(`/v1/jobs${query({ ...jobFilters(), limit: 100 })}`);
-  const rows = page.data.map((j) =>
-    el(
-      "tr",
-      { "data-job": j.id },
-      ...[
-        link(`/dashboard/jobs/${encodeURIComponent(j.id)}`, j.id),
-        status(j.status),
-        j.kind,
-        j.model,
-        j.priority,
-        j.owner || "",
-        when(j.created_at),
-        number(j.queue_wait_ms),
-        number(j.run_ms),
-        j.prompt_tokens === null ? "" : `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`,
-        j.device || "",
-        j.error || "",
-      ].map((c) => el("td", {}, c)),
-    ),
+  const [page, gpus] = await Promise.all([
+    api(`/v1/jobs${query({ ...jobFilters(), limit: PAGE_SIZE, after: pages[current] })}`),
+    api("/v1/gpus"),
+  ]);
+  if (page.has_more) pages[current + 1] = page.next_after;
+  if (current === 0) numbered = true;
+  const byUuid = gpusByUuid(gpus.data);
+  fillTable(
+    $("#jobs"),
+    page.data.map((j) => jobRow(j, byUuid)),
+    current ? "no older jobs match" : "no jobs match",
   );
-  fillTable($("#jobs"), rows, "no jobs match");
-  $("#jobs-more").textContent = page.has_more ? "Showing the newest 100; narrow the filter to see others." : "";
+  const first = current * PAGE_SIZE + 1;
+  const which = numbered ? `jobs ${first}–${first + page.data.length - 1}` : "older jobs";
+  $("#jobs-range").textContent = page.data.length
+    ? `${which}, newest first${page.has_more ? "" : "; no older ones"}`
+    : "";
+  $("#jobs-newest").disabled = current === 0;
+  $("#jobs-newer").disabled = current === 0;
+  $("#jobs-older").disabled = !page.has_more;
 }

@@ -1,16 +1,93 @@
-// Overview: GPUs (state and running jobs, memory, temperature, power, models loaded), the
-// last hour's summary, queue depths, the throughput chart, and the latest failures.
+// Overview: the last hour in figures; one card per GPU (its state, running jobs, memory,
+// live readings, models loaded, and an hour of utilisation, memory and power); queue
+// depths, the throughput chart, energy by model, and the latest failures.
 
 import { api, has, query } from "../api.js";
-import { lineChart } from "../chart.js";
-import { $, bar, button, el, fillTable, link, notAvailable, number, row, status, when } from "../dom.js";
+import { lineChart, sparkline } from "../chart.js";
+import {
+  $,
+  bar,
+  button,
+  duration,
+  el,
+  energy,
+  fillTable,
+  jobHref,
+  jobLink,
+  mib,
+  notAvailable,
+  number,
+  numCell,
+  row,
+  status,
+  textCell,
+  when,
+} from "../dom.js";
 import { act } from "../refresh.js";
 
+// GPU history and energy change only as fast as supervisors write samples (every 30 s by
+// default) and jobs finish, so they are read at most this often, not on every 5 s poll.
+const SLOW_MS = 30_000;
+let slow = { at: 0, history: null, energy: null };
+
+async function slowData() {
+  if (Date.now() - slow.at < SLOW_MS) return slow;
+  const [history, energyStats] = await Promise.all([
+    has("/v1/stats/gpus") ? api("/v1/stats/gpus") : null,
+    has("/v1/stats/energy") ? api("/v1/stats/energy") : null,
+  ]);
+  slow = { at: Date.now(), history, energy: energyStats };
+  return slow;
+}
+
 export async function load() {
-  const [gpus, workers] = await Promise.all([api("/v1/gpus"), has("/v1/workers") ? api("/v1/workers") : null]);
-  drawGpus(gpus.data, workers && workers.data);
+  const [gpus, workers, { history, energy: energyStats }] = await Promise.all([
+    api("/v1/gpus"),
+    has("/v1/workers") ? api("/v1/workers") : null,
+    slowData(),
+  ]);
+  drawGpus(gpus.data, workers && workers.data, history);
+  drawEnergy(energyStats);
   await Promise.all([drawSummary(), drawQueues(), drawThroughput(), drawFailures()]);
 }
+
+// ---------------------------------------------------------------- the figures at the top
+
+function tile(label, value, detail = "") {
+  return el(
+    "div",
+    { class: "tile", "data-tile": label },
+    el("div", { class: "tile-label" }, label),
+    el("div", { class: "tile-value" }, value),
+    el("div", { class: "tile-detail" }, detail),
+  );
+}
+
+const percentiles = (p) => (p.jobs ? `p50 ${duration(p.p50_ms)} · p95 ${duration(p.p95_ms)}` : "no jobs yet");
+
+async function drawSummary() {
+  const box = $("#summary");
+  if (!has("/v1/stats/summary")) return notAvailable(box, "/v1/stats/summary");
+  const s = await api("/v1/stats/summary");
+  const f = s.finished;
+  const u = s.usage;
+  box.replaceChildren(
+    tile("queued", String(s.in_flight.queued ?? 0), "waiting now"),
+    tile("running", String(s.in_flight.running ?? 0), "now"),
+    tile("succeeded", String(f.succeeded ?? 0), "last hour"),
+    tile("failed", String(f.failed ?? 0), `${f.cancelled ?? 0} cancelled, last hour`),
+    tile("queue wait", duration(s.queue_wait.p50_ms) || "–", percentiles(s.queue_wait)),
+    tile("run time", duration(s.run_time.p50_ms) || "–", percentiles(s.run_time)),
+    tile("tokens/s", u.tokens_per_s === null ? "–" : number(u.tokens_per_s, 1), `${u.completion_tokens} generated`),
+    tile(
+      "energy",
+      u.energy_jobs ? energy(u.energy_j) : "–",
+      u.energy_jobs ? `${u.energy_jobs} of ${u.jobs} jobs measured` : "not measured (CPU or simulated GPUs)",
+    ),
+  );
+}
+
+// ---------------------------------------------------------------- GPUs
 
 // The workers pinned to each GPU, by UUID (a worker of a GPU group is pinned to each of them).
 function workersByGpu(workers) {
@@ -21,13 +98,15 @@ function workersByGpu(workers) {
   return pinned;
 }
 
-// A job id is long ("job_" + its submission time + 16 random hex digits); its random tail
+// A job id is long ("job_" + its submission time + random hex digits); its random tail
 // tells the few jobs on one GPU apart. The full id is the link's title.
 function shortJobLink(id) {
-  const a = link(`/dashboard/jobs/${encodeURIComponent(id)}`, `…${id.slice(-6)}`);
+  const a = el("a", { href: jobHref(id), class: "id" }, `…${id.slice(-6)}`);
   a.title = id;
   return a;
 }
+
+const slotsText = (n) => `${n} slot${n === 1 ? "" : "s"}`;
 
 // What the GPU does now, from its health and the workers pinned to it: unhealthy, idle,
 // busy (K of N of their slots), draining (its workers finish their jobs and take no more)
@@ -37,12 +116,12 @@ function gpuState(gpu, pinned) {
   if (!pinned.length) return { state: "idle", detail: "no worker" };
   const slots = pinned.reduce((n, w) => n + w.slots, 0);
   const busy = pinned.reduce((n, w) => n + w.slots_busy, 0);
-  const ofSlots = `${busy} of ${slots} slot${slots === 1 ? "" : "s"}`;
+  const ofSlots = `${busy} of ${slotsText(slots)}`;
   if (pinned.every((w) => w.state === "draining" || w.state === "drained")) {
     return busy > 0 ? { state: "draining", detail: `${ofSlots} still busy` } : { state: "drained", detail: "" };
   }
   if (busy > 0) return { state: "busy", detail: `with ${ofSlots}` };
-  return { state: "idle", detail: `${slots} slot${slots === 1 ? "" : "s"} free` };
+  return { state: "idle", detail: `${slotsText(slots)} free` };
 }
 
 // The state line of a GPU card, with the jobs running on it; `pinned` is null where this
@@ -61,41 +140,73 @@ function gpuActivity(gpu, pinned) {
   );
 }
 
-// One card per GPU; `workers` is null where this server has no /v1/workers.
-function drawGpus(gpus, workers) {
+// Utilisation, temperature and power as read now; a simulated GPU has only memory.
+function readings(g) {
+  if (!g.live) return el("p", { class: "readings muted" }, "no telemetry: its supervisor has not reported lately");
+  const parts = [
+    g.utilisation_pct === null ? null : `${g.utilisation_pct} % busy`,
+    g.temperature_c === null ? null : `${g.temperature_c} °C`,
+    g.power_w === null ? null : `${number(g.power_w, 0)} W`,
+  ].filter(Boolean);
+  if (!parts.length) {
+    return el("p", { class: "readings muted" }, g.simulated ? "simulated: memory only" : "no utilisation reading");
+  }
+  return el("p", { class: "readings" }, parts.join(" · "));
+}
+
+// The hour's history of one GPU: a sparkline per measure, with its latest value, or "no
+// readings" where the GPU reports none (a simulated GPU has no utilisation or power).
+function historyRows(g, series, window) {
+  const since = new Date(window.since).getTime();
+  const until = new Date(window.until).getTime();
+  const measures = [
+    ["utilisation", "utilization_pct", 100, (v) => `${number(v, 0)} %`],
+    ["memory", "memory_used_mib", g.memory_total_mib, mib],
+    ["power", "power_w", null, (v) => `${number(v, 0)} W`],
+  ];
+  return measures.map(([name, field, top, format]) => {
+    const points = series.map((p) => ({ t: new Date(p.start).getTime(), v: p[field] }));
+    const read = points.filter((p) => p.v !== null);
+    const latest = read.length ? format(read[read.length - 1].v) : "no readings";
+    return el(
+      "div",
+      { class: "history-row", "data-measure": name },
+      el("span", { class: "history-name" }, name),
+      read.length ? sparkline(points, { since, until, top }) : el("span", { class: "history-none" }),
+      el("span", { class: `history-value${read.length ? "" : " muted"}` }, latest),
+    );
+  });
+}
+
+function memory(g) {
+  const used = g.memory_free_mib === null ? null : g.memory_total_mib - g.memory_free_mib;
+  if (used === null) return el("p", { class: "muted" }, `${mib(g.memory_total_mib)}, no live reading`);
+  return bar(used / g.memory_total_mib, `${mib(used)} of ${mib(g.memory_total_mib)} used`);
+}
+
+function clearButton(g) {
+  const clear = () => act(() => api(`/v1/gpus/${encodeURIComponent(g.uuid)}/clear`, { method: "POST" }));
+  return el("p", { class: "error" }, `unhealthy: ${g.unhealthy_reason || ""} `, button("Clear", clear));
+}
+
+// One card per GPU; `workers` is null where this server has no /v1/workers, `history` where
+// it has no /v1/stats/gpus.
+function drawGpus(gpus, workers, history) {
   const pinned = workersByGpu(workers);
+  const series = new Map((history ? history.data : []).map((h) => [h.uuid, h.series]));
   const cards = gpus.map((g) => {
     const mine = workers === null ? null : pinned.get(g.uuid) || [];
-    const used = g.memory_free_mib === null ? null : g.memory_total_mib - g.memory_free_mib;
-    const memory =
-      used === null
-        ? el("p", { class: "muted" }, `${g.memory_total_mib} MiB, no live reading`)
-        : bar(used / g.memory_total_mib, `${used} / ${g.memory_total_mib} MiB`);
     const models = [...new Set((mine || []).flatMap((w) => w.loaded_models))];
-    const loaded = mine === null ? "" : `models: ${models.join(", ") || "none loaded"}`;
     return el(
       "div",
       { class: `card${g.healthy ? "" : " unhealthy"}`, "data-uuid": g.uuid },
-      el("h3", {}, `${g.host} / ${g.index}: ${g.name}`),
+      el("h3", {}, `${g.host} / ${g.index}`, el("span", { class: "gpu-name" }, g.name)),
       gpuActivity(g, mine),
-      memory,
-      el(
-        "p",
-        {},
-        `${g.temperature_c ?? "–"} °C · ${g.power_w === null ? "–" : number(g.power_w, 0)} W · `,
-        `${g.utilisation_pct ?? "–"} % busy · ${g.live ? "live" : "no telemetry"}`,
-      ),
-      el("p", { class: "small models" }, loaded),
-      g.healthy
-        ? ""
-        : el(
-            "p",
-            { class: "error" },
-            `unhealthy: ${g.unhealthy_reason || ""} `,
-            button("Clear", () =>
-              act(() => api(`/v1/gpus/${encodeURIComponent(g.uuid)}/clear`, { method: "POST" })),
-            ),
-          ),
+      memory(g),
+      readings(g),
+      mine === null ? "" : el("p", { class: "small models" }, `models: ${models.join(", ") || "none loaded"}`),
+      history ? el("div", { class: "history" }, ...historyRows(g, series.get(g.uuid) || [], history.window)) : "",
+      g.healthy ? "" : clearButton(g),
     );
   });
   const box = $("#gpus");
@@ -103,21 +214,7 @@ function drawGpus(gpus, workers) {
   else box.replaceChildren(el("p", { class: "muted" }, "No GPUs registered: workers run on the CPU."));
 }
 
-async function drawSummary() {
-  const box = $("#summary");
-  if (!has("/v1/stats/summary")) return notAvailable(box, "/v1/stats/summary");
-  const s = await api("/v1/stats/summary");
-  const f = s.finished;
-  const parts = [
-    `Now: ${s.in_flight.queued ?? 0} queued, ${s.in_flight.running ?? 0} running.`,
-    `Last hour: ${f.succeeded ?? 0} succeeded, ${f.failed ?? 0} failed, ${f.cancelled ?? 0} cancelled;`,
-    `queue wait p50 ${number(s.queue_wait.p50_ms)} ms, p95 ${number(s.queue_wait.p95_ms)} ms;`,
-    `run p50 ${number(s.run_time.p50_ms)} ms;`,
-    s.usage.tokens_per_s === null ? "" : `${number(s.usage.tokens_per_s, 1)} tokens/s;`,
-    s.usage.energy_jobs ? `${number(s.usage.energy_j / 3600, 2)} Wh.` : "",
-  ];
-  box.textContent = parts.filter(Boolean).join(" ");
-}
+// ---------------------------------------------------------------- queues, throughput, energy, failures
 
 // One row per priority, summed over models and kinds, with the longest wait at a queue's front.
 async function drawQueues() {
@@ -130,12 +227,10 @@ async function drawQueues() {
     return el(
       "tr",
       { "data-priority": priority },
-      ...[
-        priority,
-        String(mine.reduce((sum, q) => sum + q.depth, 0)),
-        mine.length ? `${number(waited, 1)} s` : "",
-        mine.map((q) => `${q.model} ${q.kind}: ${q.depth}`).join(", "),
-      ].map((c) => el("td", {}, c)),
+      el("td", {}, priority),
+      numCell(String(mine.reduce((sum, q) => sum + q.depth, 0))),
+      numCell(mine.length ? duration(waited * 1000) : ""),
+      textCell(mine.map((q) => `${q.model} ${q.kind}: ${q.depth}`).join(", ")),
     );
   });
   fillTable(table, rows);
@@ -156,22 +251,46 @@ async function drawThroughput() {
   );
 }
 
+// Energy and GPU time per model, measured on real GPUs only: a CPU or simulated GPU job has
+// no figure, which is said rather than shown as zero.
+function drawEnergy(stats) {
+  const table = $("#energy");
+  if (stats === null) return notAvailable(table, "/v1/stats/energy");
+  const measured = (value, jobs, format) => (jobs ? format(value) : "not measured");
+  const rows = stats.by_model.map((m) =>
+    el(
+      "tr",
+      { "data-model": m.key },
+      el("td", {}, m.key),
+      numCell(String(m.jobs)),
+      numCell(String(m.prompt_tokens + m.completion_tokens)),
+      numCell(measured(m.gpu_seconds, m.gpu_seconds_jobs, (s) => duration(s * 1000))),
+      numCell(measured(m.energy_j, m.energy_jobs, energy)),
+    ),
+  );
+  fillTable(table, rows, "no jobs finished in the last hour");
+  const t = stats.total;
+  $("#energy-note").textContent =
+    t.jobs && t.energy_jobs < t.jobs
+      ? `Energy measured for ${t.energy_jobs} of ${t.jobs} jobs: jobs on the CPU or a simulated GPU have no figure.`
+      : "";
+}
+
 // The last failed jobs, and the most common failure reasons where the stats endpoint exists.
 async function drawFailures() {
   const [failed, reasons] = await Promise.all([
     api(`/v1/jobs${query({ status: "failed", limit: 10 })}`),
     has("/v1/stats/failures") ? api("/v1/stats/failures?top=10") : null,
   ]);
-  const jobLink = (id) => link(`/dashboard/jobs/${encodeURIComponent(id)}`, id);
   fillTable(
     $("#failures"),
-    failed.data.map((j) => row(when(j.finished_at), jobLink(j.id), j.model, j.error || "")),
+    failed.data.map((j) => row(when(j.finished_at), jobLink(j.id), j.model, textCell(j.error || ""))),
     "no failed jobs",
   );
   if (reasons === null) return notAvailable($("#failure-reasons"), "/v1/stats/failures");
   fillTable(
     $("#failure-reasons"),
-    reasons.data.map((r) => row(String(r.jobs), r.reason, jobLink(r.latest_job_id))),
+    reasons.data.map((r) => row(numCell(String(r.jobs)), textCell(r.reason), shortJobLink(r.latest_job_id))),
     "no failures in the last hour",
   );
 }

@@ -2,7 +2,7 @@
 // (which GPUs a model and kind may run on under the rules as they are now).
 
 import { api, query } from "../api.js";
-import { $, button, el, fillTable, row, showMessage } from "../dom.js";
+import { $, button, el, fillTable, mib, row, showMessage, textCell } from "../dom.js";
 import { act } from "../refresh.js";
 
 // The form's fields, by how they are sent: comma-separated lists, numbers, and text.
@@ -17,8 +17,20 @@ function ruleGpus(r) {
   if (r.gpu_uuids) parts.push(`UUIDs ${r.gpu_uuids.join(",")}`);
   if (r.gpu_name_pattern) parts.push(`name ${r.gpu_name_pattern}`);
   if (r.host_pattern) parts.push(`host ${r.host_pattern}`);
-  if (r.min_memory_mib) parts.push(`≥ ${r.min_memory_mib} MiB`);
+  if (r.min_memory_mib) parts.push(`≥ ${mib(r.min_memory_mib)}`);
   return parts.join("; ") || "all GPUs";
+}
+
+// "0,1", "0-3" or "0-1,4" as GPU indices (as `gpuq rules add --gpus` reads them); anything
+// else is refused here with what to type, before the API is asked.
+function gpuIndices(items) {
+  return items.flatMap((item) => {
+    const range = /^(\d+)(?:-(\d+))?$/.exec(item);
+    if (!range) throw new Error(`GPU indices: "${item}" is not an index or a range (e.g. 0,1 or 0-3)`);
+    const [low, high] = [Number(range[1]), Number(range[2] ?? range[1])];
+    if (high < low) throw new Error(`GPU indices: "${item}" goes down; write ${high}-${low}`);
+    return Array.from({ length: high - low + 1 }, (_, i) => low + i);
+  });
 }
 
 // The API's request body from the form; an empty field is null (no condition).
@@ -30,7 +42,7 @@ function ruleBody(form) {
   body.precedence = body.precedence ?? 0;
   for (const name of RULE_LISTS) {
     const items = value(name).split(",").map((s) => s.trim()).filter(Boolean);
-    body[name] = items.length ? (name === "gpu_indices" ? items.map(Number) : items) : null;
+    body[name] = items.length ? (name === "gpu_indices" ? [...new Set(gpuIndices(items))].sort((a, b) => a - b) : items) : null;
   }
   return body;
 }
@@ -83,7 +95,13 @@ async function drawPreview() {
   fillTable(
     $("#preview"),
     result.gpus.map((g) =>
-      row(`${g.host} / ${g.index}: ${g.name}`, g.may_run ? "yes" : "no", g.allowed ? "yes" : "no", g.fits ? "yes" : "no", g.reasons.join("; ")),
+      row(
+        `${g.host} / ${g.index}: ${g.name}`,
+        g.may_run ? "yes" : "no",
+        g.allowed ? "yes" : "no",
+        g.fits ? "yes" : "no",
+        textCell(g.reasons.join("; ")),
+      ),
     ),
     "no GPUs registered",
   );
@@ -101,7 +119,7 @@ export async function load() {
         r.kind || "any",
         r.effect,
         String(r.precedence),
-        ruleGpus(r),
+        el("span", { class: "list" }, ruleGpus(r)),
         el(
           "span",
           { class: "actions" },

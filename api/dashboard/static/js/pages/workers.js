@@ -1,7 +1,7 @@
 // Workers and hosts: drain and undrain a worker or a whole host, unload a model from a worker.
 
 import { api, has } from "../api.js";
-import { $, button, el, fillTable, link, notAvailable, status, when } from "../dom.js";
+import { $, ago, button, device, el, fillTable, gpusByUuid, jobLink, notAvailable, status, when } from "../dom.js";
 import { act } from "../refresh.js";
 
 // "2 of 4 slots busy": a worker decodes up to `slots` jobs of one model together.
@@ -11,7 +11,7 @@ function slotsText(w) {
 
 // Every job running on the worker, one link a line.
 function runningJobs(ids) {
-  const links = ids.map((id) => el("div", {}, link(`/dashboard/jobs/${encodeURIComponent(id)}`, id)));
+  const links = ids.map((id) => el("div", {}, jobLink(id)));
   return el("span", { class: "running" }, ...links);
 }
 
@@ -20,7 +20,8 @@ export async function load() {
     notAvailable($("#workers"), "/v1/workers");
     return notAvailable($("#hosts"), "/v1/workers");
   }
-  const { data: workers, drained_hosts: drainedHosts } = await api("/v1/workers");
+  const [{ data: workers, drained_hosts: drainedHosts }, gpus] = await Promise.all([api("/v1/workers"), api("/v1/gpus")]);
+  const byUuid = gpusByUuid(gpus.data);
   const post = (path, body) => () => act(() => api(path, { method: "POST", body }));
   const rows = workers.map((w) => {
     const name = encodeURIComponent(w.name);
@@ -34,11 +35,11 @@ export async function load() {
         w.name,
         w.host,
         el("span", { class: "worker-state" }, status(w.state), slotsText(w)),
-        w.device,
-        w.loaded_models.join(", "),
+        device(w.device, byUuid),
+        el("span", { class: "list" }, w.loaded_models.join(", ")),
         runningJobs(w.running_jobs),
         String(w.jobs_done),
-        when(w.last_heartbeat),
+        el("span", { title: when(w.last_heartbeat) }, ago(w.last_heartbeat)),
         el(
           "span",
           { class: "actions" },

@@ -1,0 +1,88 @@
+"""What the client commands say when they work: rules with ranges of GPUs and a delete that
+says what it deleted, schedules named by name with their times in their own zone and a run
+that names its batch, tables that say when they are empty, durations in human units."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuq.cli.support import duration
+from tests.gpuq.cli.conftest import MODEL, Api, run
+
+
+@pytest.fixture
+def env(api: Api) -> dict[str, str | None]:
+    return {"GPUQ_API_URL": api.url, "GPUQ_API_KEY": api.key, "GPUQ_DATA_DIR": str(api.data_dir)}
+
+
+def _admin(api: Api) -> httpx.Client:
+    return httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {api.key}"})
+
+
+def test_rules_take_ranges_of_gpus_and_a_delete_says_which_rule_it_was(
+    api: Api, env: dict[str, str | None], tmp_path: Path
+) -> None:
+    added = run(["rules", "add", "--model", "smollm2-*", "--kind", "embed", "--gpus", "2-3,0"], env, tmp_path)
+    assert added.exit_code == 0, added.output
+    rule_id = int(added.stdout.split()[1])  # "rule 7 saved"
+    with _admin(api) as admin:
+        [rule] = [r for r in admin.get("/v1/affinity-rules").json()["data"] if r["id"] == rule_id]
+    assert rule["gpu_indices"] == [0, 2, 3]
+
+    deleted = run(["rules", "delete", str(rule_id)], env, tmp_path)
+    assert deleted.exit_code == 0
+    assert deleted.stdout == f"deleted rule {rule_id}: allow smollm2-* embed on gpu_indices=0,2,3\n"
+    listed = run(["rules", "list"], env, tmp_path)
+    assert listed.exit_code == 0 and listed.stdout == ""  # no bare header
+    assert listed.stderr == "no affinity rules: every model may run on every GPU it fits\n"
+
+
+def test_a_schedule_is_named_by_name_shown_in_its_zone_and_its_run_names_the_batch(
+    api: Api, env: dict[str, str | None], tmp_path: Path
+) -> None:
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "hi"}}
+    path = tmp_path / "nightly.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    added = run(
+        ["schedules", "add", "paris-nightly", "0 2 * * *", str(path), "--timezone", "Europe/Paris"], env, tmp_path
+    )
+    assert added.exit_code == 0, added.output
+    assert added.stdout.endswith("02:00 CET\n")  # 02:00 Paris time, in December
+
+    listed = run(["schedules", "list"], env, tmp_path)
+    assert "paris-nightly" in listed.stdout and "02:00 CET" in listed.stdout
+
+    ran = run(["schedules", "run", "paris-nightly"], env, tmp_path)
+    assert ran.exit_code == 0, ran.output
+    batch_id = ran.stdout.strip()  # the id alone on stdout, for scripts
+    with _admin(api) as admin:
+        batch = admin.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] in {"validating", "in_progress"} and batch["request_counts"]["total"] == 1
+    assert f"started batch {batch_id}" in ran.stderr and "run done" not in ran.output
+
+    runs = run(["schedules", "runs", "paris-nightly"], env, tmp_path)
+    assert batch_id in runs.stdout and "manual" in runs.stdout
+    paused = run(["schedules", "pause", "paris-nightly"], env, tmp_path)
+    assert paused.stdout.startswith("paused schedule ") and "(paris-nightly)" in paused.stdout
+    deleted = run(["schedules", "delete", "paris-nightly"], env, tmp_path)
+    assert deleted.exit_code == 0 and "deleted schedule" in deleted.stdout
+    assert run(["schedules", "list"], env, tmp_path).stderr.startswith("no schedules")
+
+
+def test_jobs_show_durations_in_human_units_and_say_when_none_match(env: dict[str, str | None], tmp_path: Path) -> None:
+    none = run(["jobs", "--model", "no-such-model"], env, tmp_path)
+    assert none.exit_code == 0 and none.stdout == "" and none.stderr == "no jobs match\n"
+    assert [duration(ms) for ms in (None, 0, 850, 1234, 14_200, 210_000, 226_339, 7_200_000)] == [
+        "",
+        "0 ms",
+        "850 ms",
+        "1.2 s",
+        "14 s",
+        "3.5 min",
+        "3.8 min",
+        "2.0 h",
+    ]
