@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpuq.cli.support import connect, url_option
+from gpuq.cli.support import connect, duration, url_option
 
 _FIELDS = (
     ("status", "status"),
@@ -44,9 +44,9 @@ def job(url: str, job_id: str, as_json: bool) -> None:
         return
     click.echo(found["id"])
     for label, key in _FIELDS:
-        value = found.get(key)
+        value = duration(found[key]) if key.endswith("_ms") else found.get(key)
         if value is not None and value != "":
-            click.echo(f"  {label:<18} {value}{' ms' if key.endswith('_ms') else ''}")
+            click.echo(f"  {label:<18} {value}")
     if found.get("cancel_requested") and found["status"] == "running":
         click.echo("  cancel requested: it stops at its next token")
     _show_result(found.get("result"))

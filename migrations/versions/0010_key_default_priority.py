@@ -2,7 +2,7 @@
 request names none (null: gpuq's defaults, `normal` for jobs, `high` for interactive calls)
 
 Revision ID: 0010_key_default_priority
-Revises: 0009_energy_share
+Revises: 0011_sqlite_autoincrement
 Create Date: 2026-12-01
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010_key_default_priority"
-down_revision = "0009_energy_share"
+down_revision = "0011_sqlite_autoincrement"
 branch_labels = None
 depends_on = None
 
