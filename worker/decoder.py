@@ -99,7 +99,8 @@ class _Sequence:
     cancel: threading.Event
     deadline: float | None  # time.monotonic() past which the job is cut off
     admitted: int  # admission order: the newest sequence is the one sent back when KV runs out
-    fed: int = 0  # prompt tokens already decoded
+    fed: int = 0  # prompt tokens already decoded (or found in the slot's cache)
+    decoded: int = 0  # positions whose KV cells hold this sequence's tokens
     completion: list[int] = field(default_factory=list)
     multibyte_fix: int = 0
     logits_at: int = -1  # index in this step's batch whose logits to sample, -1 if none
@@ -133,7 +134,7 @@ class Finished:
 class BatchDecoder:
     """Up to ``slots`` sequences of one model, decoded together in one llama.cpp context."""
 
-    def __init__(self, model: Any, *, slots: int, n_ctx_per_seq: int, threads: int) -> None:
+    def __init__(self, model: Any, *, slots: int, n_ctx_per_seq: int, threads: int, prompt_cache: bool = False) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaContext
 
@@ -158,6 +159,13 @@ class BatchDecoder:
         self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last decode
         self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
         self._pieces: list[Piece] = []  # streaming sequences' text since take_pieces
+        # Prompt cache (GPUQ_WORKER_PROMPT_CACHE): per free slot, the tokens whose KV cells its
+        # last sequence left there. Off by default: a prompt's last tokens decoded apart from
+        # its cached start give logits that differ in the last bits, so a seeded job could give
+        # another text than it gives alone (greedy ones very rarely); with it off, it never does.
+        self.prompt_cache = prompt_cache
+        self._cached: dict[int, list[int]] = {}
+        self.reused_tokens = 0  # prompt tokens found in a slot's cache instead of decoded
 
     def close(self) -> None:
         for seq in self._running.values():
@@ -197,11 +205,12 @@ class BatchDecoder:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
             raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.n_ctx_per_seq}")
-        slot = next(s for s in range(self.slots) if s not in self._running)  # StopIteration: no free slot
+        slot, reused = self._slot_for(prompt)  # StopIteration: no free slot
         # create_completion's rule: the completion is cut where the context ends.
         if max_tokens <= 0 or max_tokens + len(prompt) >= self.n_ctx_per_seq:
             max_tokens = self.n_ctx_per_seq - len(prompt)
         self._admitted += 1
+        self.reused_tokens += reused
         self._running[slot] = _Sequence(
             key=key,
             slot=slot,
@@ -213,7 +222,27 @@ class BatchDecoder:
             deadline=deadline,
             admitted=self._admitted,
             stream=stream,
+            fed=reused,
+            decoded=reused,
         )
+
+    def _slot_for(self, prompt: list[int]) -> tuple[int, int]:
+        """A free slot, the one whose cached tokens share the longest start with the prompt (as
+        llama.cpp's server and llama-cpp-python's ``Llama`` reuse a prompt's cached prefix: a
+        chat template's system prompt, a conversation's earlier turns), and how many prompt
+        tokens it already holds. At least the last prompt token is decoded again, for its logits."""
+        free = [s for s in range(self.slots) if s not in self._running]
+        if not self.prompt_cache:
+            return free[0], 0
+        shared = {s: _common_prefix(self._cached.get(s, []), prompt) for s in free}
+        # Sharing nothing, an empty slot is taken first, so the caches of the others are kept.
+        slot = max(free, key=lambda s: (shared[s], s not in self._cached))
+        reused = min(shared[slot], len(prompt) - 1)
+        self._cached.pop(slot, None)
+        if not self._llama.llama_memory_seq_rm(self._memory, slot, reused, -1):
+            self._llama.llama_memory_seq_rm(self._memory, slot, -1, -1)  # a cache that cannot be cut: none
+            reused = 0
+        return slot, reused
 
     def take_pieces(self) -> list[Piece]:
         """The streaming sequences' text produced since the last call, in order."""
@@ -233,13 +262,15 @@ class BatchDecoder:
             # sequence goes back to its queue, the others redo this step's tokens next time.
             newest = max(self._running.values(), key=lambda s: s.admitted)
             log.warning("no KV cache room for %d sequences; sending %s back", len(self._running), newest.key)
-            self._remove(newest)
+            self._remove(newest, keep_cache=False)
             for seq in self._running.values():
                 seq.fed, seq.logits_at = fed_before[seq.slot], -1
             return [*finished, Finished(newest.key, evicted=True)]
         if code != 0:
             raise DecodeError(f"llama_decode returned {code}")
         self.tokens_decoded += batch.n_tokens
+        for seq in self._running.values():  # before sampling appends this step's tokens
+            seq.decoded = seq.fed + len(seq.completion)
         for seq in list(self._running.values()):
             if seq.logits_at >= 0:
                 done = self._sample(seq)
@@ -387,11 +418,25 @@ class BatchDecoder:
             self._pieces.append(Piece(seq.key, chunk, seq.unsent_tokens))
             seq.unsent_tokens = 0
 
-    def _remove(self, seq: _Sequence) -> None:
-        """Frees the slot and its KV cells at once, so the next admission can use them."""
-        self._llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+    def _remove(self, seq: _Sequence, *, keep_cache: bool = True) -> None:
+        """Frees the slot at once, and its KV cells; with the prompt cache they stay as the
+        slot's cache instead (each sequence has its own KV stream, so they take no room from
+        the others), and the next sequence there keeps what it shares with them."""
+        if keep_cache and self.prompt_cache:
+            self._cached[seq.slot] = (seq.prompt + seq.completion)[: seq.decoded]
+        else:
+            self._llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         seq.sampler.close()
         del self._running[seq.slot]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _stop_prefix(text: bytes, stops: list[bytes]) -> int:

@@ -42,6 +42,7 @@ class LoadedModel:
         gpu_layers: int,
         tensor_split: list[float] | None = None,
         slots: int = 1,
+        prompt_cache: bool = False,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -51,7 +52,9 @@ class LoadedModel:
             return
         self.model = _load_weights(path, gpu_layers, tensor_split)
         self.formatter = chat_formatter(self.model)
-        self.decoder = BatchDecoder(self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads)
+        self.decoder = BatchDecoder(
+            self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads, prompt_cache=prompt_cache
+        )
 
     def close(self) -> None:
         if self.decoder is not None:

@@ -46,6 +46,7 @@ def run_worker(settings: Settings, *, slot: str = "cpu", models: list[str] | Non
             gpu_layers=device.gpu_layers,
             tensor_split=tensor_split(),
             slots=settings.slots_for(on_gpu=device.on_gpu),
+            prompt_cache=settings.worker_prompt_cache,
         )
 
     def tensor_split() -> list[float] | None:

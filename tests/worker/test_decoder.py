@@ -172,3 +172,22 @@ def test_a_streaming_sequences_pieces_add_up_to_its_text_and_tokens_with_stop_st
     assert done["plain"].generation.text == plain and len(pieces["plain"]) > 3
     assert done["stopped"].generation.text == plain[: plain.index(stop)]
     assert pieces["quiet"] == []
+
+
+def test_with_the_prompt_cache_a_prompt_reuses_what_a_slot_holds_of_its_start(alone, model_path):
+    """GPUQ_WORKER_PROMPT_CACHE: the slot whose last sequence shares the longest start with a
+    new prompt serves it, and only the rest is decoded (the last token at least, for its
+    logits); greedy text stays what it is without the cache."""
+    requests, results = alone
+    model = LoadedModel(model_path, n_ctx=1024, embedding=False, threads=2, gpu_layers=0, slots=2, prompt_cache=True)
+    try:
+        first, other = f"greedy:{PROMPTS[0]}", f"greedy:{PROMPTS[2]}"
+        assert _run_together(model, {first: requests[first]})[first].generation == results[first]
+        assert model.decoder.reused_tokens == 0  # nothing cached yet
+        assert _run_together(model, {other: requests[other]})[other].generation == results[other]
+        prompt_tokens = results[first].prompt_tokens
+        again = _run_together(model, {"again": requests[first]})["again"].generation
+        assert model.decoder.reused_tokens >= prompt_tokens - 1  # all but the last prompt token, from its slot
+        assert again == results[first]
+    finally:
+        model.close()
