@@ -84,17 +84,23 @@ def bench_generation(args: argparse.Namespace) -> None:
 
 
 def bench_streaming(args: argparse.Namespace) -> None:
-    """Interleaved rounds, so a slower patch of the host hits both sides."""
-    direct: list[streaming.Run] = []
-    ours: list[streaming.Run] = []
+    """Interleaved rounds, so a slower patch of the host hits every side."""
+    names = {False: "each prompt evaluated whole (gpuq's default)", True: "prompt reuse on both sides"}
+    runs: dict[str, tuple[list[streaming.Run], list[streaming.Run]]] = {name: ([], []) for name in names.values()}
     for round_ in range(1, args.rounds + 1):
-        direct.append(streaming.run_direct(threads=args.threads, max_tokens=args.max_tokens))
-        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
-            ours.append(streaming.run_gpuq(db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens))
-        print(
-            f"round {round_}: direct {direct[-1].tokens_per_s:.1f}, gpuq {ours[-1].tokens_per_s:.1f} tok/s", flush=True
-        )
-    print(streaming.report(direct, ours, threads=args.threads, max_tokens=args.max_tokens))
+        for reuse, name in names.items():
+            direct, ours = runs[name]
+            direct.append(streaming.run_direct(threads=args.threads, max_tokens=args.max_tokens, reuse=reuse))
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                ours.append(
+                    streaming.run_gpuq(
+                        db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=reuse
+                    )
+                )
+            print(
+                f"round {round_}, {name}: direct {direct[-1].seconds:.1f} s, gpuq {ours[-1].seconds:.1f} s", flush=True
+            )
+    print(streaming.report(runs, threads=args.threads, max_tokens=args.max_tokens))
 
 
 def bench_batching(args: argparse.Namespace) -> None:

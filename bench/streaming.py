@@ -7,6 +7,11 @@ Two figures: total throughput (completion tokens over the wall time of all 20, s
 request's way in and out through HTTP, SQL, the queue and the token stream counts), and
 the time to first token that gpuq adds, per prompt (gpuq's minus direct's), as a median.
 Both sides load the model before the clock starts (gpuq with one warm-up request).
+
+Like for like, twice: each prompt evaluated whole on both sides (direct: `Llama.reset()`
+before each request; gpuq: its default), and with prompt reuse on both (direct:
+llama-cpp-python's own prefix reuse; gpuq: GPUQ_WORKER_PROMPT_CACHE=1), since the chat
+template's system prompt is a start every request shares.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ def _messages(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def run_direct(*, threads: int, max_tokens: int) -> Run:
+def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
     llm = llama_cpp.Llama(
         model_path=str(require_bundled_model_path()),
         n_ctx=BUNDLED_CONTEXT_LENGTH,
@@ -54,6 +59,8 @@ def run_direct(*, threads: int, max_tokens: int) -> Run:
     run = Run()
     started = time.perf_counter()
     for prompt in PROMPTS:
+        if not reuse:
+            llm.reset()  # nothing of the last prompt is reused: the whole prompt is evaluated
         asked = time.perf_counter()
         pieces: list[str] = []
         stream = llm.create_chat_completion(
@@ -71,9 +78,10 @@ def run_direct(*, threads: int, max_tokens: int) -> Run:
     return run
 
 
-def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int) -> Run:
+def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, reuse: bool) -> Run:
     # One slot, as the direct side decodes one sequence: this measures the path around it.
     settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": "1"}
+    settings["GPUQ_WORKER_PROMPT_CACHE"] = "true" if reuse else "false"
     processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
     try:
         _api, url = processes.start_api()
@@ -112,29 +120,45 @@ def _stream_all(client: openai.OpenAI, max_tokens: int) -> Run:
     return run
 
 
-def report(direct: list[Run], ours: list[Run], *, threads: int, max_tokens: int) -> str:
+def _pair(direct: list[Run], ours: list[Run]) -> tuple[float, list[float], float, float]:
+    """(throughput ratio, first-token ms added per request, direct's and gpuq's first-token p50)."""
     for d, g in zip(direct, ours, strict=True):
         assert d.texts == g.texts, "both sides must stream the same greedy text"
         d.tokens = g.tokens  # the same text is the same tokens; gpuq's usage counts them exactly
     ratio = median(g.tokens_per_s for g in ours) / median(d.tokens_per_s for d in direct)
-    added = [
+    added = sorted(
         (g_s - d_s) * 1000
         for d, g in zip(direct, ours, strict=True)
         for d_s, g_s in zip(d.first_token_s, g.first_token_s, strict=True)
-    ]
-    added.sort()
-    p95 = added[min(len(added) - 1, int(0.95 * len(added)))]
+    )
     direct_ttft = median(s * 1000 for d in direct for s in d.first_token_s)
     ours_ttft = median(s * 1000 for g in ours for s in g.first_token_s)
+    return ratio, added, direct_ttft, ours_ttft
+
+
+def _runs(runs: list[Run]) -> str:
+    return ", ".join(f"{r.tokens_per_s:.1f}" for r in runs)
+
+
+def report(runs: dict[str, tuple[list[Run], list[Run]]], *, threads: int, max_tokens: int) -> str:
+    """``runs``: per comparison, (direct runs, gpuq runs); the first one gives the last line."""
+    rounds = len(next(iter(runs.values()))[0])
     lines = [
         f"\nstreaming: {len(PROMPTS)} streamed chat requests one after another, max_tokens {max_tokens}, greedy, "
-        f"{threads} threads, {ours[0].tokens} tokens a round, median of {len(ours)} rounds",
-        f"  llama-cpp-python create_chat_completion(stream=True)  {median(d.tokens_per_s for d in direct):7.1f} tok/s"
-        f"   first token p50 {direct_ttft:6.1f} ms   runs: {', '.join(f'{d.tokens_per_s:.1f}' for d in direct)}",
-        f"  gpuq /v1/chat/completions, openai client, SSE         {median(g.tokens_per_s for g in ours):7.1f} tok/s"
-        f"   first token p50 {ours_ttft:6.1f} ms   runs: {', '.join(f'{g.tokens_per_s:.1f}' for g in ours)}",
-        f"  first token added by gpuq, per request: p50 {median(added):.1f} ms, p95 {p95:.1f} ms "
-        f"(target p50 < 50 ms); throughput ratio {ratio:.3f}x (target >= 0.95x)",
-        f"streaming: throughput {ratio:.2f}x, first-token overhead p50 {median(added):.0f} ms",
+        f"{threads} threads, median of {rounds} rounds"
     ]
-    return "\n".join(lines)
+    summary = ""
+    for name, (direct, ours) in runs.items():
+        ratio, added, direct_ttft, ours_ttft = _pair(direct, ours)
+        p95 = added[min(len(added) - 1, int(0.95 * len(added)))]
+        lines += [
+            f"  {name}: {ours[0].tokens} tokens a round",
+            f"    llama-cpp-python create_chat_completion(stream=True)  {median(d.tokens_per_s for d in direct):6.1f} "
+            f"tok/s   first token p50 {direct_ttft:6.1f} ms   runs: {_runs(direct)}",
+            f"    gpuq /v1/chat/completions, openai client, SSE         {median(g.tokens_per_s for g in ours):6.1f} "
+            f"tok/s   first token p50 {ours_ttft:6.1f} ms   runs: {_runs(ours)}",
+            f"    first token added by gpuq, per request: p50 {median(added):.1f} ms, p95 {p95:.1f} ms "
+            f"(target p50 < 50 ms); throughput {ratio:.3f}x (target >= 0.95x)",
+        ]
+        summary = summary or f"streaming: throughput {ratio:.2f}x, first-token overhead p50 {median(added):.0f} ms"
+    return "\n".join([*lines, summary])

@@ -175,10 +175,11 @@ class JobRunner:
         self._generating[claimed.id] = (running, loaded)
         return loaded
 
-    def publish_pieces(self, pieces: list[Piece]) -> None:
-        """Streaming sequences' text of one decoder step, in one round trip."""
-        if pieces and self._streams is not None:
-            self._streams.deltas([(piece.key, Delta(piece.text, piece.tokens)) for piece in pieces])
+    def publish_pieces(self, pieces: list[Piece], *, ended: bool) -> None:
+        """Streaming sequences' text of one decoder step (``ended``: some sequence ended in it,
+        so everything held is sent now, before any end)."""
+        if self._streams is not None and (pieces or ended):
+            self._streams.deltas([(piece.key, Delta(piece.text, piece.tokens)) for piece in pieces], now=ended)
 
     def finish_generation(self, finished: Finished) -> None:
         """A sequence left the decoder: record its outcome, or send its job back to its queue."""

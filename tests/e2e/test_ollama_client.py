@@ -30,7 +30,7 @@ def test_generate_streamed_and_not_give_the_same_text_with_ollamas_metrics(syste
     job = _latest_job(system)
     parts = list(client.generate(model=MODEL, prompt="Why is the sky blue?", options=SEEDED, stream=True))
     assert whole.response and "".join(p.response for p in parts) == whole.response
-    assert all(not p.done for p in parts[:-1]) and parts[-1].done and len(parts) > 5
+    assert all(not p.done for p in parts[:-1]) and parts[-1].done and len(parts) > 2
     assert parts[-1].done_reason == whole.done_reason == "length"  # num_predict reached
     # Ollama's figures: token counts as the job recorded them, durations in nanoseconds.
     assert whole.eval_count == job["completion_tokens"] == 16 and whole.prompt_eval_count == job["prompt_tokens"]

@@ -34,7 +34,8 @@ def test_chat_streamed_gives_the_same_text_as_unstreamed_in_order_and_whole(syst
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert whole.choices[0].message.content and text == whole.choices[0].message.content
     assert chunks[0].object == "chat.completion.chunk" and chunks[0].choices[0].delta.role == "assistant"
-    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 5  # token by token, not at the end
+    # As it is generated, not at the end: the first token at once, then what came every 50 ms.
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage  # include_usage: the last chunk
     assert all(c.usage is None for c in chunks[:-1])

@@ -49,8 +49,10 @@ async def test_a_follower_gets_every_piece_in_order_even_when_it_starts_after_th
     publisher = StreamPublisher(redis)
     publisher.start(job_id, Start(attempt=1, prompt_tokens=5), max_tokens=3000)
     pieces = [(job_id, Delta(f"<{i}>", 1)) for i in range(3000)]
-    for at in range(0, len(pieces), 7):  # steps of several pieces each, as the decoder's pipeline sends them
-        publisher.deltas(pieces[at : at + 7])
+    publisher.deltas(pieces[:1])
+    assert redis.xlen(job_stream_key(job_id)) == 2  # the first text goes out at once: the first token
+    for at in range(1, len(pieces), 7):  # steps of several pieces each, the last one the sequence's end
+        publisher.deltas(pieces[at : at + 7], now=at + 7 >= len(pieces))
     publisher.ends([(job_id, End(status="succeeded", finish_reason="length", completion_tokens=3000))])
 
     events = await _collect(redis_url, sessions, job_id)
@@ -58,6 +60,7 @@ async def test_a_follower_gets_every_piece_in_order_even_when_it_starts_after_th
     deltas = events[1:-1]
     assert "".join(d.text for d in deltas) == "".join(f"<{i}>" for i in range(3000))
     assert sum(d.tokens for d in deltas) == events[-1].completion_tokens == 3000
+    assert len(deltas) < 3000 / 7  # held text is joined: a reader wakes far less often than once a token
     assert 0 < redis.ttl(job_stream_key(job_id)) <= STREAM_DONE_TTL_S  # bounded in time once ended
 
 
@@ -67,7 +70,7 @@ async def test_a_new_attempt_starts_the_stream_afresh(redis, redis_url, session,
     publisher.start(job_id, Start(attempt=1), max_tokens=10)
     publisher.deltas([(job_id, Delta("first run", 2))])
     publisher.start(job_id, Start(attempt=2), max_tokens=10)  # a dead worker's job, run again
-    publisher.deltas([(job_id, Delta("second run", 2))])
+    publisher.deltas([(job_id, Delta("second run", 2))])  # its first text: at once again
     publisher.ends([(job_id, End(status="succeeded"))])
     events = await _collect(redis_url, sessions, job_id)
     assert events == [Start(attempt=2), Delta("second run", 2), End(status="succeeded")]
