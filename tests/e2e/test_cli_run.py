@@ -79,6 +79,15 @@ class Terminal:
             self.seen += os.read(self.master, 4096).decode(errors="replace")
         return self.seen
 
+    def read_more(self, timeout_s: float = 120.0) -> None:
+        """Until the terminal shows something new."""
+        before = len(self.seen)
+        deadline = time.monotonic() + timeout_s
+        while len(self.seen) == before:
+            ready, _, _ = select.select([self.master], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"nothing new on the terminal; it shows:\n{self.seen}"
+            self.seen += os.read(self.master, 4096).decode(errors="replace")
+
     def type(self, line: str) -> None:
         os.write(self.master, line.encode() + b"\n")
 
@@ -92,12 +101,10 @@ def test_a_conversation_on_a_terminal_where_ctrl_c_cancels_the_answers_job(syste
         first = _latest(system)
         assert first["status"] == "succeeded" and first["result"]["text"].strip() in terminal.seen.replace("\r", "")
 
-        terminal.type("Count from 1 to 1000, one number a line.")  # an answer of about 2,000 tokens
-        deadline = time.monotonic() + 120
-        while _latest(system)["id"] == first["id"] or _latest(system)["status"] != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        time.sleep(1.0)  # some of it on the screen
+        question = "Count from 1 to 1000, one number a line."
+        terminal.type(question)
+        terminal.read_until(question + "\r\n")  # the terminal's echo of what was typed
+        terminal.read_more()  # the answer's first text, while the job still runs
         terminal.proc.send_signal(signal.SIGINT)  # Ctrl-C
         terminal.read_until("cancelled job")
         terminal.read_until(">>> ", times=3)
