@@ -11,6 +11,7 @@ import threading
 from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
+from gpuq.streams.events import wants_tokens
 from worker.decoder import BatchDecoder, Generation, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
@@ -41,6 +42,7 @@ class LoadedModel:
         gpu_layers: int,
         tensor_split: list[float] | None = None,
         slots: int = 1,
+        prompt_cache: bool = False,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -50,7 +52,9 @@ class LoadedModel:
             return
         self.model = _load_weights(path, gpu_layers, tensor_split)
         self.formatter = chat_formatter(self.model)
-        self.decoder = BatchDecoder(self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads)
+        self.decoder = BatchDecoder(
+            self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads, prompt_cache=prompt_cache
+        )
 
     def close(self) -> None:
         if self.decoder is not None:
@@ -74,6 +78,7 @@ class LoadedModel:
             stop=request.get("stop") or [],
             cancel=cancel,
             deadline=deadline,
+            stream=wants_tokens(request),
         )
         return len(tokens)
 

@@ -27,6 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store
 from gpuq.stats import metrics
 from gpuq.stats.metrics import FinishedJob
+from gpuq.streams.events import End
+from gpuq.streams.publish import StreamPublisher
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +36,16 @@ MAX_BATCH = 500
 RETRY_DELAY_S = 1.0
 METRICS_SEND_INTERVAL_S = 0.5
 
-Pending = tuple[store.Outcome, FinishedJob | None]
+Pending = tuple[store.Outcome, FinishedJob | None, End | None]
 
 
 class OutcomeWriter:
-    def __init__(self, sessions: sessionmaker[Session], *, redis: Redis | None = None) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], *, redis: Redis | None = None, streams: StreamPublisher | None = None
+    ) -> None:
         self._sessions = sessions
         self._redis = redis  # where the metrics go; None: not counted
+        self._streams = streams  # where the ends of interactive calls' jobs go, after the commit
         self._pending: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
         self._progress = threading.Condition()
@@ -52,10 +57,12 @@ class OutcomeWriter:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, outcome: store.Outcome, finished: FinishedJob | None = None) -> None:
+    def submit(self, outcome: store.Outcome, finished: FinishedJob | None = None, end: End | None = None) -> None:
+        """``end``: published to the job's token stream once the outcome is committed, so a
+        caller that reads it finds the row final."""
         with self._progress:
             self._submitted += 1
-        self._pending.put((outcome, finished))
+        self._pending.put((outcome, finished, end))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is written, and counted in the metrics."""
@@ -111,11 +118,13 @@ class OutcomeWriter:
         while True:
             try:
                 with self._sessions() as session:
-                    written = store.record_outcomes_written(session, [outcome for outcome, _ in batch])
+                    written = store.record_outcomes_written(session, [outcome for outcome, _, _ in batch])
                 break
             except SQLAlchemyError:
                 log.exception("writing %d job outcomes failed; retrying", len(batch))
                 time.sleep(RETRY_DELAY_S)
-        self._counts.add(f for outcome, f in batch if f is not None and outcome.job_id in written)
+        if self._streams is not None:
+            self._streams.ends([(o.job_id, end) for o, _, end in batch if end is not None and o.job_id in written])
+        self._counts.add(f for outcome, f, _ in batch if f is not None and outcome.job_id in written)
         if time.monotonic() - self._counts_sent_at >= METRICS_SEND_INTERVAL_S:
             self._send_counts()
