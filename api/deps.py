@@ -11,6 +11,7 @@ from anyio import to_thread
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,6 +34,9 @@ class AppState:
     # its own session, off the event loop.
     sync_sessions: sessionmaker[Session]
     destinations: DestinationPolicy  # where webhook_url may point (gpuq/batches/destinations.py)
+    # Interactive calls wait on their jobs' token streams here: a blocked XREAD holds one
+    # connection of this pool, and no thread (gpuq/streams/follow.py).
+    streams: AsyncRedis
 
     async def check_webhook_url(self, url: object | None) -> None:
         """A 422 for a webhook URL that may not be sent to; the lookup runs off the event loop."""

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
 from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
@@ -25,6 +26,8 @@ from api.routers import (
     keys,
     metrics,
     models,
+    ollama,
+    openai,
     schedules,
     stats,
     webhooks,
@@ -47,12 +50,14 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
         engine = async_engine(settings.database_url)
         blocking_engine = sync_engine(settings.database_url)
         redis = Redis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)
+        streams = AsyncRedis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)
         app.state.gpuq = AppState(
-            settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine), destinations
+            settings, engine, async_sessions(engine), redis, sync_sessions(blocking_engine), destinations, streams
         )
         try:
             yield
         finally:
+            await streams.aclose()
             redis.close()
             await engine.dispose()
             blocking_engine.dispose()
@@ -68,6 +73,8 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
     routers = (
         health.router,
         jobs.router,
+        openai.router,
+        ollama.router,
         stats.router,
         job_actions.router,
         workers.router,

@@ -15,6 +15,7 @@ from bench import (
     model_swap,
     soak,
     stats_bench,
+    streaming,
     upload_line,
     worker_memory,
 )
@@ -64,6 +65,26 @@ def bench_generation(args: argparse.Namespace) -> None:
         f"{', '.join(f'{r.tokens_per_s:.1f}' for r in gpuq_runs)}"
     )
     print(f"  ratio gpuq / direct      {ours / direct:7.3f}x   (target >= 0.97x)")
+
+
+def bench_streaming(args: argparse.Namespace) -> None:
+    """Interleaved rounds, so a slower patch of the host hits every side."""
+    names = {False: "each prompt evaluated whole (gpuq's default)", True: "prompt reuse on both sides"}
+    runs: dict[str, tuple[list[streaming.Run], list[streaming.Run]]] = {name: ([], []) for name in names.values()}
+    for round_ in range(1, args.rounds + 1):
+        for reuse, name in names.items():
+            direct, ours = runs[name]
+            direct.append(streaming.run_direct(threads=args.threads, max_tokens=args.max_tokens, reuse=reuse))
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                ours.append(
+                    streaming.run_gpuq(
+                        db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=reuse
+                    )
+                )
+            print(
+                f"round {round_}, {name}: direct {direct[-1].seconds:.1f} s, gpuq {ours[-1].seconds:.1f} s", flush=True
+            )
+    print(streaming.report(runs, threads=args.threads, max_tokens=args.max_tokens))
 
 
 def bench_batching(args: argparse.Namespace) -> None:
@@ -216,6 +237,7 @@ def bench_soak(args: argparse.Namespace) -> None:
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
+    "streaming": bench_streaming,
     "batching": bench_batching,
     "model-swap": bench_model_swap,
     "batch-accept": bench_batch_accept,

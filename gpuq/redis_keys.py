@@ -123,6 +123,25 @@ def outcome_spool_key(worker: str) -> str:
 REDIS_EPOCH_KEY = f"{PREFIX}:redis-epoch"
 
 
+# A job's token stream (gpuq/streams/): the events its worker publishes while an interactive
+# call (OpenAI's or Ollama's API) follows it. Bounded by the job's own size (each event
+# carries at least one token; the stream is emptied when a new attempt starts) and expiring:
+# every write refreshes STREAM_TTL_S, the end event leaves it STREAM_DONE_TTL_S more.
+STREAM_TTL_S = 300
+STREAM_DONE_TTL_S = 60
+
+
+def job_stream_key(job_id: str) -> str:
+    """A Redis stream (XADD) of a job's events: start, text deltas, end."""
+    return f"{PREFIX}:stream:{job_id}"
+
+
+def loaded_expiry_key(worker: str) -> str:
+    """When each model a worker holds will be unloaded if unused (a hash: model -> unix time,
+    or "" for never), for Ollama's /api/ps; it expires with the worker's TTL."""
+    return f"{PREFIX}:loaded-expiry:{worker}"
+
+
 def gpu_telemetry_key(uuid: str) -> str:
     """Live readings a supervisor publishes for one GPU (a hash with a short TTL)."""
     return f"{PREFIX}:gpu:{uuid}"

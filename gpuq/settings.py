@@ -91,6 +91,11 @@ class Settings(BaseSettings):
         description="sequences a worker decodes together per generation model (continuous batching); "
         "0: 8 on a GPU, 4 on the CPU (docs/benchmarks.md)",
     )
+    worker_prompt_cache: bool = Field(
+        False,
+        description="keep a finished sequence's KV cells and reuse the start a new prompt shares with them "
+        "(chat templates' system prompts, conversations); seeded jobs may then not repeat their text exactly",
+    )
     worker_keep_alive_s: float = Field(
         300.0, description="idle time before a loaded model is unloaded (a job's keep_alive wins); < 0: never"
     )

@@ -67,6 +67,7 @@ class GenerationRun:
                 except DecodeError as exc:
                     self._fail_all(exc)
                     break
+                self._worker.runner.publish_pieces(self._loaded.decoder.take_pieces(), ended=bool(finished))
                 for done in finished:
                     self._settle(done)
         finally:

@@ -16,6 +16,7 @@ seeded (or greedy) job gives the same text whether it ran alone or beside others
 
 from __future__ import annotations
 
+import codecs
 import logging
 import secrets
 import threading
@@ -39,6 +40,22 @@ class Generation:
     finish_reason: str  # "stop", "length" or "cancelled"
     prompt_tokens: int
     completion_tokens: int
+    # Timings (not part of what a generation is: the same text is the same generation).
+    prompt_ms: int | None = field(default=None, compare=False)  # admission to the first token
+    eval_ms: int | None = field(default=None, compare=False)  # first token to the end
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Text a streaming sequence produced in one step, covering ``tokens`` completion tokens.
+
+    The pieces of a sequence add up exactly to its final text: text that could still become
+    a stop string, or half a UTF-8 character, waits for the next token (as llama-cpp-python's
+    own streaming holds it back)."""
+
+    key: str
+    text: str
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +67,8 @@ class Sampling:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
 
     @classmethod
@@ -61,6 +80,8 @@ class Sampling:
             top_k=request.get("top_k") or defaults.top_k,
             min_p=request.get("min_p", defaults.min_p),
             repeat_penalty=request.get("repeat_penalty") or defaults.repeat_penalty,
+            frequency_penalty=request.get("frequency_penalty") or defaults.frequency_penalty,
+            presence_penalty=request.get("presence_penalty") or defaults.presence_penalty,
             seed=request.get("seed"),
         )
 
@@ -88,10 +109,18 @@ class _Sequence:
     cancel: threading.Event
     deadline: float | None  # time.monotonic() past which the job is cut off
     admitted: int  # admission order: the newest sequence is the one sent back when KV runs out
-    fed: int = 0  # prompt tokens already decoded
+    fed: int = 0  # prompt tokens already decoded (or found in the slot's cache)
+    decoded: int = 0  # positions whose KV cells hold this sequence's tokens
     completion: list[int] = field(default_factory=list)
     multibyte_fix: int = 0
     logits_at: int = -1  # index in this step's batch whose logits to sample, -1 if none
+    admitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    # Streaming: bytes of the text already sent as pieces, and tokens not yet covered by one.
+    stream: bool = False
+    sent: int = 0
+    unsent_tokens: int = 0
+    utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("ignore"))
 
     @property
     def generating(self) -> bool:
@@ -115,7 +144,7 @@ class Finished:
 class BatchDecoder:
     """Up to ``slots`` sequences of one model, decoded together in one llama.cpp context."""
 
-    def __init__(self, model: Any, *, slots: int, n_ctx_per_seq: int, threads: int) -> None:
+    def __init__(self, model: Any, *, slots: int, n_ctx_per_seq: int, threads: int, prompt_cache: bool = False) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaContext
 
@@ -139,6 +168,14 @@ class BatchDecoder:
         self._admitted = 0
         self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last decode
         self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
+        self._pieces: list[Piece] = []  # streaming sequences' text since take_pieces
+        # Prompt cache (GPUQ_WORKER_PROMPT_CACHE): per free slot, the tokens whose KV cells its
+        # last sequence left there. Off by default: a prompt's last tokens decoded apart from
+        # its cached start give logits that differ in the last bits, so a seeded job could give
+        # another text than it gives alone (greedy ones very rarely); with it off, it never does.
+        self.prompt_cache = prompt_cache
+        self._cached: dict[int, list[int]] = {}
+        self.reused_tokens = 0  # prompt tokens found in a slot's cache instead of decoded
 
     def close(self) -> None:
         for seq in self._running.values():
@@ -170,17 +207,20 @@ class BatchDecoder:
         stop: Iterable[str] = (),
         cancel: threading.Event | None = None,
         deadline: float | None = None,
+        stream: bool = False,
     ) -> None:
-        """Add a sequence; it starts with its prompt at the next step. Needs a free slot."""
+        """Add a sequence; it starts with its prompt at the next step. Needs a free slot.
+        A ``stream`` sequence's text is also handed out piece by piece (``take_pieces``)."""
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
             raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.n_ctx_per_seq}")
-        slot = next(s for s in range(self.slots) if s not in self._running)  # StopIteration: no free slot
+        slot, reused = self._slot_for(prompt)  # StopIteration: no free slot
         # create_completion's rule: the completion is cut where the context ends.
         if max_tokens <= 0 or max_tokens + len(prompt) >= self.n_ctx_per_seq:
             max_tokens = self.n_ctx_per_seq - len(prompt)
         self._admitted += 1
+        self.reused_tokens += reused
         self._running[slot] = _Sequence(
             key=key,
             slot=slot,
@@ -191,7 +231,33 @@ class BatchDecoder:
             cancel=cancel or threading.Event(),
             deadline=deadline,
             admitted=self._admitted,
+            stream=stream,
+            fed=reused,
+            decoded=reused,
         )
+
+    def _slot_for(self, prompt: list[int]) -> tuple[int, int]:
+        """A free slot, the one whose cached tokens share the longest start with the prompt (as
+        llama.cpp's server and llama-cpp-python's ``Llama`` reuse a prompt's cached prefix: a
+        chat template's system prompt, a conversation's earlier turns), and how many prompt
+        tokens it already holds. At least the last prompt token is decoded again, for its logits."""
+        free = [s for s in range(self.slots) if s not in self._running]
+        if not self.prompt_cache:
+            return free[0], 0
+        shared = {s: _common_prefix(self._cached.get(s, []), prompt) for s in free}
+        # Sharing nothing, an empty slot is taken first, so the caches of the others are kept.
+        slot = max(free, key=lambda s: (shared[s], s not in self._cached))
+        reused = min(shared[slot], len(prompt) - 1)
+        self._cached.pop(slot, None)
+        if not self._llama.llama_memory_seq_rm(self._memory, slot, reused, -1):
+            self._llama.llama_memory_seq_rm(self._memory, slot, -1, -1)  # a cache that cannot be cut: none
+            reused = 0
+        return slot, reused
+
+    def take_pieces(self) -> list[Piece]:
+        """The streaming sequences' text produced since the last call, in order."""
+        pieces, self._pieces = self._pieces, []
+        return pieces
 
     def step(self) -> list[Finished]:
         """One llama_decode for every running sequence; returns those that ended."""
@@ -206,13 +272,15 @@ class BatchDecoder:
             # sequence goes back to its queue, the others redo this step's tokens next time.
             newest = max(self._running.values(), key=lambda s: s.admitted)
             log.warning("no KV cache room for %d sequences; sending %s back", len(self._running), newest.key)
-            self._remove(newest)
+            self._remove(newest, keep_cache=False)
             for seq in self._running.values():
                 seq.fed, seq.logits_at = fed_before[seq.slot], -1
             return [*finished, Finished(newest.key, evicted=True)]
         if code != 0:
             raise DecodeError(f"llama_decode returned {code}")
         self.tokens_decoded += batch.n_tokens
+        for seq in self._running.values():  # before sampling appends this step's tokens
+            seq.decoded = seq.fed + len(seq.completion)
         for seq in list(self._running.values()):
             if seq.logits_at >= 0:
                 done = self._sample(seq)
@@ -228,7 +296,13 @@ class BatchDecoder:
 
         seed = sampling.seed if sampling.seed is not None else secrets.randbelow(2**32)
         sampler = LlamaSampler()
-        sampler.add_penalties(self._n_vocab, PENALTY_LAST_N, sampling.repeat_penalty, 0.0, 0.0)
+        sampler.add_penalties(
+            self._n_vocab,
+            PENALTY_LAST_N,
+            sampling.repeat_penalty,
+            sampling.frequency_penalty,
+            sampling.presence_penalty,
+        )
         if sampling.temperature < 0:
             sampler.add_dist(seed)
         elif sampling.temperature == 0:
@@ -293,18 +367,24 @@ class BatchDecoder:
         batch.seq_id[i][0] = seq_id
         batch.logits[i] = logits
 
+    def _logits_finite(self, seq: _Sequence) -> bool:
+        """NaN logits would still sample some token (often end-of-text): an empty "success"."""
+        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, seq.logits_at)
+        return bool(np.isfinite(np.ctypeslib.as_array(logits, shape=(self._n_vocab,))).all())
+
     def _sample(self, seq: _Sequence) -> Finished | None:
         """create_completion's loop body for one token: EOS, stop strings, length."""
-        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, seq.logits_at)
-        if not np.isfinite(np.ctypeslib.as_array(logits, shape=(self._n_vocab,))).all():
-            # NaN logits would sample some token (often end-of-text): an empty "success".
+        if not self._logits_finite(seq):
             self._remove(seq)
             return Finished(seq.key, error=DAMAGED_LOGITS)
         token = self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, seq.logits_at)
         seq.logits_at = -1
+        if seq.first_token_at is None:
+            seq.first_token_at = time.perf_counter()
         if self._llama.llama_vocab_is_eog(self._model.vocab, token):
             return self._end(seq, "stop")
         seq.completion.append(token)
+        seq.unsent_tokens += 1
         text = self._model.detokenize(seq.completion)
         # As create_completion: hold the checks while the text ends inside a UTF-8 character.
         for k, char in enumerate(text[-3:]):
@@ -319,7 +399,9 @@ class BatchDecoder:
         if stops:
             return self._end(seq, "stop", text[: text.index(stops[0])])
         if len(seq.completion) >= seq.max_tokens:
-            return self._end(seq, "length")
+            return self._end(seq, "length", text)
+        if seq.stream:
+            self._piece(seq, text, len(text) - _stop_prefix(text, seq.stop))
         return None
 
     def _end(self, seq: _Sequence, reason: str, text: bytes | None = None) -> Finished:
@@ -329,15 +411,58 @@ class BatchDecoder:
     def _generation(self, seq: _Sequence, reason: str, text: bytes | None = None) -> Generation:
         if text is None:
             text = self._model.detokenize(seq.completion)
+        if seq.stream:
+            self._piece(seq, text, len(text), final=True)
+        now = time.perf_counter()
+        first = seq.first_token_at
         return Generation(
             text=text.decode("utf-8", errors="ignore"),
             finish_reason=reason,
             prompt_tokens=len(seq.prompt),
             completion_tokens=len(seq.completion),
+            prompt_ms=int((first - seq.admitted_at) * 1000) if first is not None else None,
+            eval_ms=int((now - first) * 1000) if first is not None else None,
         )
 
-    def _remove(self, seq: _Sequence) -> None:
-        """Frees the slot and its KV cells at once, so the next admission can use them."""
-        self._llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+    def _piece(self, seq: _Sequence, text: bytes, upto: int, *, final: bool = False) -> None:
+        """Hands out the text from what was sent up to ``upto`` (bytes), decoded incrementally:
+        the pieces' concatenation is the final text's own decoding."""
+        if upto < seq.sent:  # cannot happen: held-back text is the only text a stop string may cut
+            log.warning("sequence %s: %d bytes were streamed past its end", seq.key, seq.sent - upto)
+            upto = seq.sent
+        chunk = seq.utf8.decode(text[seq.sent : upto], final=final)
+        seq.sent = upto
+        if chunk or (final and seq.unsent_tokens):
+            self._pieces.append(Piece(seq.key, chunk, seq.unsent_tokens))
+            seq.unsent_tokens = 0
+
+    def _remove(self, seq: _Sequence, *, keep_cache: bool = True) -> None:
+        """Frees the slot at once, and its KV cells; with the prompt cache they stay as the
+        slot's cache instead (each sequence has its own KV stream, so they take no room from
+        the others), and the next sequence there keeps what it shares with them."""
+        if keep_cache and self.prompt_cache:
+            self._cached[seq.slot] = (seq.prompt + seq.completion)[: seq.decoded]
+        else:
+            self._llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         seq.sampler.close()
         del self._running[seq.slot]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _stop_prefix(text: bytes, stops: list[bytes]) -> int:
+    """How many bytes at the end of text could be the start of a stop string: held back."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest

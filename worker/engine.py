@@ -12,6 +12,7 @@ import threading
 from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
+from gpuq.streams.events import wants_tokens
 from worker.decoder import BatchDecoder, DamagedModel, Generation, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
@@ -42,6 +43,7 @@ class LoadedModel:
         gpu_layers: int,
         tensor_split: list[float] | None = None,
         slots: int = 1,
+        prompt_cache: bool = False,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -51,7 +53,9 @@ class LoadedModel:
             return
         self.model = _load_weights(path, gpu_layers, tensor_split)
         self.formatter = chat_formatter(self.model)
-        self.decoder = BatchDecoder(self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads)
+        self.decoder = BatchDecoder(
+            self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads, prompt_cache=prompt_cache
+        )
 
     def close(self) -> None:
         if self.decoder is not None:
@@ -75,6 +79,7 @@ class LoadedModel:
             stop=request.get("stop") or [],
             cancel=cancel,
             deadline=deadline,
+            stream=wants_tokens(request),
         )
         return len(tokens)
 

@@ -14,6 +14,7 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.fleet import health
 from gpuq.settings import Settings
 from gpuq.stats import metrics
+from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelCatalog
 from worker.device import EXIT_DEVICE_UNUSABLE, Device, DeviceUnusable, detect_device
 from worker.energy import energy_meter_for
@@ -69,6 +70,7 @@ def run_worker(
             gpu_layers=device.gpu_layers,
             tensor_split=memory.tensor_split(spec, totals) if group else None,
             slots=settings.slots_for(on_gpu=device.on_gpu),
+            prompt_cache=settings.worker_prompt_cache,
         )
         memory.cuda_started = device.on_gpu
         return loaded
@@ -90,8 +92,9 @@ def run_worker(
         on_load=lambda spec, seconds: metrics.record_model_load(redis, spec.name, seconds),
         fits_now=memory.fits_now if device.on_gpu else None,
     )
+    streams = StreamPublisher(redis)  # token streams of interactive calls (OpenAI's and Ollama's APIs)
     name = worker_name(slot)
-    writer = OutcomeWriter(sessions, redis=redis, worker=name)
+    writer = OutcomeWriter(sessions, redis=redis, worker=name, streams=streams)
 
     def mark_unhealthy(reason: str) -> None:
         health.mark_unhealthy(sessions, device.gpu_uuids, reason)
@@ -119,11 +122,13 @@ def run_worker(
         ),
         health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
         energy=energy_meter_for(device, sample_interval_s=settings.energy_sample_interval_s),
+        streams=streams,
     )
     worker = GpuqWorker(
         runner=runner,
         list_servable=catalog.refresh,
         loaded_models=cache.loaded_names,
+        model_expiries=cache.expiries,
         on_idle=cache.unload_expired,
         unload_model=cache.unload,  # an admin's unload (POST /v1/models/{name}/unload)
         flush_outcomes=writer.flush,

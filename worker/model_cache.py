@@ -122,6 +122,18 @@ class ModelCache:
     def loaded_names(self) -> list[str]:
         return sorted({name for name, _ in self._loaded})
 
+    def expiries(self) -> dict[str, float | None]:
+        """Per loaded model, the Unix time at which it is unloaded if unused; None while it is
+        kept forever, or has not finished its first job yet (either instance, when loaded twice)."""
+        offset = time.time() - time.monotonic()
+        out: dict[str, float | None] = {}
+        for key in self._loaded:
+            at = self._expires_at.get(key)
+            wall = None if at is None else at + offset
+            earlier = out.get(key[0], 0.0)
+            out[key[0]] = None if wall is None or (key[0] in out and earlier is None) else max(wall, earlier or 0.0)
+        return out
+
     def unload(self, name: str) -> bool:
         """Unload every instance (generate, embed) of ``name`` now, as an admin asked; True if any was loaded."""
         keys = [key for key in self._loaded if key[0] == name]

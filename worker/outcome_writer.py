@@ -34,6 +34,8 @@ from gpuq import store
 from gpuq.jobs import outcome_spool
 from gpuq.stats import metrics
 from gpuq.stats.metrics import FinishedJob
+from gpuq.streams.events import End
+from gpuq.streams.publish import StreamPublisher
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,22 @@ MAX_BATCH = 500
 RETRY_DELAY_S = 1.0
 METRICS_SEND_INTERVAL_S = 0.5
 
-Pending = tuple[store.Outcome, FinishedJob | None]
+Pending = tuple[store.Outcome, FinishedJob | None, End | None]
 
 
 class OutcomeWriter:
-    def __init__(self, sessions: sessionmaker[Session], *, redis: Redis | None = None, worker: str = "") -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        redis: Redis | None = None,
+        worker: str = "",
+        streams: StreamPublisher | None = None,
+    ) -> None:
         self._sessions = sessions
         self._redis = redis  # where the metrics and the spool go; None: not counted, not spooled
         self._worker = worker
+        self._streams = streams  # where the ends of interactive calls' jobs go, after the commit
         self._pending: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
         self._progress = threading.Condition()
@@ -60,10 +70,12 @@ class OutcomeWriter:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, outcome: store.Outcome, finished: FinishedJob | None = None) -> None:
+    def submit(self, outcome: store.Outcome, finished: FinishedJob | None = None, end: End | None = None) -> None:
+        """``end``: published to the job's token stream once the outcome is committed, so a
+        caller that reads it finds the row final."""
         with self._progress:
             self._submitted += 1
-        self._pending.put((outcome, finished))
+        self._pending.put((outcome, finished, end))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is written, and counted in the metrics."""
@@ -121,7 +133,7 @@ class OutcomeWriter:
         while True:
             try:
                 with self._sessions() as session:
-                    written = store.record_outcomes_written(session, [outcome for outcome, _ in batch])
+                    written = store.record_outcomes_written(session, [outcome for outcome, _, _ in batch])
                 break
             except SQLAlchemyError:
                 if failures == 0:
@@ -133,7 +145,9 @@ class OutcomeWriter:
             log.warning("wrote %d job outcomes after %d failed attempts", len(batch), failures)
         if spooled:
             self._unspool(batch)
-        self._counts.add(f for outcome, f in batch if f is not None and outcome.job_id in written)
+        if self._streams is not None:
+            self._streams.ends([(o.job_id, end) for o, _, end in batch if end is not None and o.job_id in written])
+        self._counts.add(f for outcome, f, _ in batch if f is not None and outcome.job_id in written)
         if time.monotonic() - self._counts_sent_at >= METRICS_SEND_INTERVAL_S:
             self._send_counts()
 
@@ -141,7 +155,7 @@ class OutcomeWriter:
         if self._redis is None or not self._worker:
             return False
         try:
-            outcome_spool.spool(self._redis, self._worker, batch)
+            outcome_spool.spool(self._redis, self._worker, [(outcome, finished) for outcome, finished, _ in batch])
         except RedisError:
             log.warning("could not spool %d outcomes to Redis either; they wait in memory", len(batch), exc_info=True)
             return False
@@ -150,6 +164,6 @@ class OutcomeWriter:
     def _unspool(self, batch: list[Pending]) -> None:
         assert self._redis is not None
         try:
-            outcome_spool.unspool(self._redis, self._worker, [outcome.job_id for outcome, _ in batch])
+            outcome_spool.unspool(self._redis, self._worker, [outcome.job_id for outcome, _, _ in batch])
         except RedisError:  # the reconciler drops the spool of this worker once it is gone
             log.warning("could not clear %d spooled outcomes", len(batch), exc_info=True)

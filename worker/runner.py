@@ -21,8 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus, utcnow
 from gpuq.stats.metrics import FinishedJob
+from gpuq.streams.events import Delta, End, Start, wants_end, wants_tokens
+from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelInfo
-from worker.decoder import Finished, Generation
+from worker.decoder import Finished, Generation, Piece
 from worker.energy import NOT_MEASURED, EnergyMeter, JobEnergy, Measurement
 from worker.engine import JobCancelled, LoadedModel
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
@@ -47,6 +49,7 @@ class _Running:
     # with it (continuous batching, grouped embeddings): energy and GPU time are scaled by it.
     share: float = 1.0
     tokens_at_start: int = 0  # the decoder's token count when it joined
+    generation: Generation | None = None
     _measured: Measurement | None = None
 
     def energy_stop(self) -> Measurement:
@@ -90,6 +93,7 @@ class JobRunner:
         hand_back: Callable[[store.ClaimedJob, str], None] | None = None,
         health: GpuHealth | None = None,
         energy: EnergyMeter | None = None,
+        streams: StreamPublisher | None = None,
     ) -> None:
         self._sessions = sessions
         self._models = models
@@ -104,6 +108,7 @@ class JobRunner:
         self._hand_back = hand_back
         self._health = health
         self._energy = energy  # None on the CPU or a simulated GPU: nothing to measure
+        self._streams = streams  # token streams of interactive calls (None: nothing published)
         # job id -> its bookkeeping and model, while its sequence runs
         self._generating: dict[str, tuple[_Running, LoadedModel]] = {}
         self._kept: list[tuple[ModelSpec, float | None]] = []  # models used since keep_models, with keep_alive
@@ -175,6 +180,9 @@ class JobRunner:
             running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
             running.outcome.prompt_tokens = loaded.admit(claimed.id, claimed.request, cancel, deadline)
             running.tokens_at_start = loaded.tokens_decoded()
+            if self._streams is not None and wants_tokens(claimed.request):
+                start = Start(claimed.attempts, running.outcome.prompt_tokens, running.outcome.load_ms)
+                self._streams.start(claimed.id, start, max_tokens=claimed.request["max_tokens"])
         except HandBack as exc:
             self._hand_back_or_settle(running, exc)
             return None
@@ -185,6 +193,12 @@ class JobRunner:
             return None
         self._generating[claimed.id] = (running, loaded)
         return loaded
+
+    def publish_pieces(self, pieces: list[Piece], *, ended: bool) -> None:
+        """Streaming sequences' text of one decoder step (``ended``: some sequence ended in it,
+        so everything held is sent now, before any end)."""
+        if self._streams is not None and (pieces or ended):
+            self._streams.deltas([(piece.key, Delta(piece.text, piece.tokens)) for piece in pieces], now=ended)
 
     def finish_generation(self, finished: Finished) -> None:
         """A sequence left the decoder: record its outcome, or send its job back to its queue."""
@@ -197,6 +211,7 @@ class JobRunner:
             outcome.status, outcome.error = JobStatus.FAILED, finished.error
         else:
             self._record_generation(finished.generation, outcome)
+            running.generation = finished.generation
             own = finished.generation.prompt_tokens + finished.generation.completion_tokens
             decoded = loaded.tokens_decoded() - running.tokens_at_start  # its own and its neighbours'
             running.share = min(1.0, own / decoded) if decoded > 0 else 1.0
@@ -295,7 +310,8 @@ class JobRunner:
         )
         if measured.energy_j is not None or measured.gpu_seconds is not None:
             outcome.energy_share = round(running.share, 4)
-        self._writer.submit(outcome, _finished(running.claimed, outcome))
+        end = _end(outcome, running.generation) if wants_end(running.claimed.request) else None
+        self._writer.submit(outcome, _finished(running.claimed, outcome), end)
 
     def _hand_back_or_settle(self, running: _Running, exc: HandBack) -> None:
         self._hand_back_or_fail(running.claimed, running.outcome, exc)
@@ -303,6 +319,8 @@ class JobRunner:
             self._settle(running)
         else:
             running.energy_stop()
+            if self._streams is not None:
+                self._streams.forget(running.claimed.id)  # its next attempt starts its stream afresh
 
     def _hand_back_or_fail(self, claimed: store.ClaimedJob, outcome: store.Outcome, exc: HandBack) -> None:
         log.warning("handing job %s back: %s", claimed.id, exc)
@@ -392,4 +410,19 @@ def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
         queue_wait_s=wait_s,
         run_s=outcome.run_ms / 1000 if outcome.run_ms is not None else None,
         completion_tokens=outcome.completion_tokens,
+    )
+
+
+def _end(outcome: store.Outcome, generation: Generation | None) -> End:
+    """The end event of an interactive call's job, published once its outcome is committed."""
+    return End(
+        status=outcome.status.value,
+        finish_reason=(outcome.result or {}).get("finish_reason"),
+        error=outcome.error,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        load_ms=outcome.load_ms,
+        run_ms=outcome.run_ms,
+        prompt_ms=generation.prompt_ms if generation is not None else None,
+        eval_ms=generation.eval_ms if generation is not None else None,
     )

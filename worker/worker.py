@@ -44,7 +44,14 @@ from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
 from gpuq.jobs.queues import parse_queue_name, worker_queue_names
 from gpuq.jobs.reconciler import redis_age_s
-from gpuq.redis_keys import SLOTS_BUSY_FIELD, SLOTS_FIELD, rq_intermediate_key, rq_queue_key
+from gpuq.redis_keys import (
+    CANCEL_FLAG_TTL_S,
+    SLOTS_BUSY_FIELD,
+    SLOTS_FIELD,
+    loaded_expiry_key,
+    rq_intermediate_key,
+    rq_queue_key,
+)
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.outages import Dependency
@@ -78,6 +85,7 @@ class GpuqWorker(SimpleWorker):
         runner: JobRunner,
         list_servable: Callable[[], list[tuple[str, str]]],
         loaded_models: Callable[[], list[str]],
+        model_expiries: Callable[[], dict[str, float | None]] = dict,
         on_idle: Callable[[], object] = lambda: None,
         unload_model: Callable[[str], object] = lambda _name: None,
         flush_outcomes: Callable[[], object] = lambda: None,
@@ -91,6 +99,8 @@ class GpuqWorker(SimpleWorker):
     ) -> None:
         self._list_servable = list_servable
         self._loaded_models = loaded_models
+        self._model_expiries = model_expiries
+        self._published_expiries: dict[str, float | None] | None = None
         self._on_idle = on_idle
         self._unload_model = unload_model
         self._flush_outcomes = flush_outcomes
@@ -195,6 +205,7 @@ class GpuqWorker(SimpleWorker):
             self._on_idle()  # unload models whose keep_alive ran out
             self._apply_unloads()
             self._refresh_queues()
+            self._publish_models()
         self.heartbeat()
         if self.should_run_maintenance_tasks:
             self.run_maintenance_tasks()
@@ -407,6 +418,27 @@ class GpuqWorker(SimpleWorker):
             pipe.hset(
                 self.key, mapping={control.LOADED_FIELD: loaded, control.GPUS_FIELD: ",".join(self.runner.gpu_uuids)}
             )
+
+    def _publish_models(self) -> None:
+        """Between jobs: the models loaded (a keep_alive may have unloaded one since the last
+        job's end) and when each will be unloaded if unused (Ollama's /api/ps shows it),
+        written only when they changed."""
+        expiries = self._model_expiries()
+        if expiries == self._published_expiries:
+            return
+        key = loaded_expiry_key(self.name)
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                self._publish_loaded(pipe)
+                pipe.delete(key)
+                if expiries:
+                    pipe.hset(key, mapping={m: "" if at is None else f"{at:.3f}" for m, at in expiries.items()})
+                    pipe.expire(key, CANCEL_FLAG_TTL_S)
+                pipe.execute()
+        except RedisError:
+            log.warning("could not publish model expiry times", exc_info=True)
+            return
+        self._published_expiries = expiries
 
     def _heartbeat_running_job(self) -> None:
         running = list(self._running.values())

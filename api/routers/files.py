@@ -1,17 +1,23 @@
-"""/v1/files: OpenAI-compatible batch files (upload, metadata, content)."""
+"""/v1/files: OpenAI-compatible batch files (upload, list, metadata, content, delete)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Form, UploadFile
+from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
 
 from api.deps import CallerDep, SessionDep, StateDep, visible_file
 from api.errors import errors
 from api.schemas import FileObject
-from gpuq.batches.files import files_dir, save_upload, store_upload
+from api.schemas.batches import FilesPublic
+from api.schemas.openai import FileDeleted
+from gpuq import store
+from gpuq.batches.files import delete_stored_file, files_dir, save_upload, store_upload
+from gpuq.db.tables import File
+from gpuq.errors import RequestError
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -37,6 +43,39 @@ async def upload_file(
     )
     stored.owner = caller.owner
     return FileObject.of(await db.run_sync(lambda s: save_upload(s, stored)))
+
+
+@router.get("", response_model=FilesPublic)
+async def list_files(
+    db: SessionDep,
+    caller: CallerDep,
+    purpose: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> FilesPublic:
+    """The caller's tenant's files (an admin's: all), newest first unless `order=asc`; page
+    with `after` = the last id, as the openai client does."""
+
+    def read(session: Session) -> tuple[list[File], bool]:
+        return store.list_files(
+            session, limit=limit, after=after, owner=caller.tenant_filter, purpose=purpose, newest_first=order == "desc"
+        )
+
+    try:
+        files, has_more = await db.run_sync(read)
+    except LookupError:
+        raise RequestError(422, f"`after` names file {after!r}, which does not exist", param="after") from None
+    return FilesPublic.of(files, has_more)
+
+
+@router.delete("/{file_id}", response_model=FileDeleted, responses=errors(404, 409))
+async def delete_file(file_id: str, db: SessionDep, caller: CallerDep) -> FileDeleted:
+    """The file and its bytes. Batches that read it keep their jobs; a schedule that reads it
+    must be deleted or given another file first (409)."""
+    found = await visible_file(db, caller, file_id)
+    await db.run_sync(lambda s: delete_stored_file(s, found))
+    return FileDeleted(id=file_id)
 
 
 @router.get("/{file_id}", response_model=FileObject, responses=errors(404))

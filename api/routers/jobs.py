@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Annotated
 
@@ -12,14 +12,25 @@ from api.deps import CallerDep, SessionDep, StateDep, visible_job
 from api.errors import errors
 from api.schemas import JobCreate, JobPosition, JobPublic, JobsAccepted, JobsCreate, JobsPublic, JobSummary
 from api.schemas.common import PriorityName
+from api.schemas.jobs import EmbedJobCreate, GenerateJobCreate, NoopJobCreate
 from gpuq import store
+from gpuq.auth.access import Caller
 from gpuq.db.tables import JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.position import job_position_async
-from gpuq.jobs.submit import submit_jobs
+from gpuq.jobs.queues import Priority
+from gpuq.jobs.submit import JobSpec, submit_jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _spec(body: GenerateJobCreate | EmbedJobCreate | NoopJobCreate, caller: Caller) -> JobSpec:
+    """A job that names no priority gets its key's default priority, if the key has one."""
+    spec = body.to_spec()
+    if "priority" in body.model_fields_set:
+        return spec
+    return replace(spec, priority=Priority(caller.priority_or(spec.priority)))
 
 
 @router.post(
@@ -48,7 +59,7 @@ async def create_job(
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     await state.check_webhook_url(body.webhook_url)
     [accepted] = await submit_jobs(
-        db, state.redis, [body.to_spec()], timeout_s=state.settings.job_timeout_s, caller=caller
+        db, state.redis, [_spec(body, caller)], timeout_s=state.settings.job_timeout_s, caller=caller
     )
     if not accepted.created:
         response.status_code = status.HTTP_200_OK
@@ -66,7 +77,7 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
     for url in {j.webhook_url for j in body.jobs}:
         await state.check_webhook_url(url)
     accepted = await submit_jobs(
-        db, state.redis, [j.to_spec() for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
+        db, state.redis, [_spec(j, caller) for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
     )
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
 

@@ -26,6 +26,7 @@ async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCr
             role=body.role,
             max_queued_jobs=body.max_queued_jobs,
             max_submissions_per_minute=body.max_submissions_per_minute,
+            default_priority=body.default_priority,
         )
     )
     return KeyCreated(**KeyPublic.of(key).model_dump(), key=secret)

@@ -33,6 +33,23 @@ class FileObject(BaseModel):
         )
 
 
+class FilesPublic(BaseModel):
+    """OpenAI's file list (a cursor page: the openai client pages with ``after`` = last id)."""
+
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+    @classmethod
+    def of(cls, files: list[File], has_more: bool) -> FilesPublic:
+        data = [FileObject.of(f) for f in files]
+        return cls(
+            data=data, has_more=has_more, first_id=data[0].id if data else None, last_id=data[-1].id if data else None
+        )
+
+
 # The endpoints a batch line may name (gpuq/batches/openai_format.py's ENDPOINTS; a test keeps them equal).
 BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 

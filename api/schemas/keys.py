@@ -6,8 +6,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import MAX_SQL_INT, Strict
+from api.schemas.common import MAX_SQL_INT, PriorityName, Strict
 from gpuq.db.tables import ApiKey, Role
+from gpuq.jobs.queues import Priority
 
 
 class KeyCreate(Strict):
@@ -20,6 +21,11 @@ class KeyCreate(Strict):
     max_submissions_per_minute: int | None = Field(
         None, ge=1, le=MAX_SQL_INT, description="jobs (or batches) it may submit a minute; null: no limit"
     )
+    default_priority: PriorityName | None = Field(
+        None,
+        description="priority of its jobs and interactive calls (OpenAI, Ollama) that name none; "
+        "null: normal for jobs, high for interactive calls",
+    )
 
 
 class KeyPublic(BaseModel):
@@ -30,6 +36,7 @@ class KeyPublic(BaseModel):
     prefix: str = Field(description="the secret's first characters, to recognise it")
     max_queued_jobs: int | None
     max_submissions_per_minute: int | None
+    default_priority: PriorityName | None
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
@@ -44,6 +51,7 @@ class KeyPublic(BaseModel):
             prefix=key.key_prefix,
             max_queued_jobs=key.max_queued_jobs,
             max_submissions_per_minute=key.max_submissions_per_minute,
+            default_priority=Priority(key.default_priority) if key.default_priority is not None else None,
             created_at=key.created_at,
             last_used_at=key.last_used_at,
             revoked_at=key.revoked_at,

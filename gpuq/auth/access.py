@@ -35,10 +35,17 @@ class Caller:
     role: Role
     max_queued_jobs: int | None = None
     max_submissions_per_minute: int | None = None
+    default_priority: int | None = None  # a Priority value, for requests that name none
 
     @classmethod
     def of(cls, key: ApiKey) -> Caller:
-        return cls(key.id, key.owner, Role(key.role), key.max_queued_jobs, key.max_submissions_per_minute)
+        return cls(
+            key.id, key.owner, Role(key.role), key.max_queued_jobs, key.max_submissions_per_minute, key.default_priority
+        )
+
+    def priority_or(self, default: int) -> int:
+        """The priority for a request that names none: the key's default, else ``default``."""
+        return self.default_priority if self.default_priority is not None else default
 
     @property
     def is_admin(self) -> bool:

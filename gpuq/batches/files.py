@@ -4,6 +4,7 @@ An upload is streamed to disk a chunk at a time and checked line by line as it g
 a unique ``custom_id``, ``POST`` to a known endpoint, a body naming a model), so a 200 MB
 file is never held in memory. A file with bad lines is refused whole, with the line
 numbers, and nothing is kept. Files are readable by gpuq's user only (gpuq/private_files.py).
+Deleting a file removes its row, then its bytes.
 """
 
 from __future__ import annotations
@@ -128,6 +129,19 @@ def check_filename(filename: str) -> str:
     if NUL in filename:
         raise RequestError(422, nul_message("the file name"), param="file")
     return filename
+
+
+def delete_stored_file(session: Session, file: File) -> None:
+    """The file's row, then its bytes (a row without bytes would be worse than bytes without
+    a row). A file a schedule reads from stays: its next runs would fail."""
+    readers = store.schedules_reading_file(session, file.id)
+    if readers:
+        names = ", ".join(repr(s.name) for s in readers)
+        raise RequestError(
+            409, f"file {file.id} is the input of schedule {names}; delete the schedule or give it another file first"
+        )
+    if store.delete_file(session, file.id):
+        Path(file.path).unlink(missing_ok=True)
 
 
 async def store_upload(chunks: AsyncIterator[bytes], *, filename: str, purpose: str, directory: Path) -> File:

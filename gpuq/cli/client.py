@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,27 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {detail}")
         self.status = status
         self.detail = detail
+
+
+class ChatStream:
+    """The pieces of text of one streamed chat completion, and its job."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.job_id = response.headers.get("x-gpuq-job-id", "")
+        self.finish_reason: str | None = None
+        self._response = response
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self._response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if "error" in chunk:
+                raise ApiError(500, chunk["error"]["message"])
+            for choice in chunk.get("choices", []):
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                if choice["delta"].get("content"):
+                    yield choice["delta"]["content"]
 
 
 class GpuqClient:
@@ -59,6 +82,24 @@ class GpuqClient:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    @contextmanager
+    def stream_chat(self, body: dict[str, Any], *, priority: str | None = None) -> Iterator[ChatStream]:
+        """A streamed chat completion (``/v1/chat/completions``, OpenAI's server-sent events):
+        its job id at once, then its text as the worker samples it. Leaving the block early
+        closes the connection, which cancels the job."""
+        headers = {"X-Gpuq-Priority": priority} if priority else {}
+        with self._http.stream(
+            "POST", "/v1/chat/completions", json=body | {"stream": True}, headers=headers, timeout=None
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                try:
+                    detail = response.json().get("detail", response.text)
+                except ValueError:
+                    detail = response.text
+                raise ApiError(response.status_code, str(detail))
+            yield ChatStream(response)
 
     # Admin actions (gpuq/job_actions.py, gpuq/workers.py); retry and the bulk forms are also for owners.
 

@@ -16,7 +16,8 @@ from gpuq.cli.support import connect, duration, table, url_option
 @click.argument("model")
 @click.argument("text", nargs=-1, required=True)
 @click.option("--kind", type=click.Choice(["generate", "embed"]), default="generate", show_default=True)
-@click.option("--chat", is_flag=True, help="send TEXT as a user chat message (uses the model's chat template)")
+@click.option("--raw", is_flag=True, help="send TEXT as a plain prompt, without the model's chat template")
+@click.option("--chat", is_flag=True, hidden=True, help="the default now: TEXT is a user chat message")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.8, show_default=True)
 @click.option("--seed", type=int, default=None)
@@ -27,6 +28,7 @@ def submit(
     model: str,
     text: tuple[str, ...],
     kind: str,
+    raw: bool,
     chat: bool,
     max_tokens: int,
     temperature: float,
@@ -34,20 +36,27 @@ def submit(
     priority: str,
     wait: bool,
 ) -> None:
-    """Submit one job. For `--kind embed`, each TEXT argument is one input."""
+    """Submit one job and print its id at once, then (unless --no-wait) its result. TEXT is a
+    user message rendered with the model's chat template (--raw: a plain prompt); for
+    `--kind embed`, each TEXT argument is one input. Ctrl-C stops waiting, not the job."""
     job: dict[str, Any] = {"kind": kind, "model": model, "priority": priority}
     if kind == "embed":
         job["input"] = list(text)
     else:
         prompt = " ".join(text)
         job |= {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
-        job |= {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+        job |= {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
     with connect(url) as client:
         created = client.submit(job)
         if not wait:
             click.echo(created["id"])
             return
-        done = client.wait(created["id"])
+        click.echo(f"{created['id']} {created['status']}", err=True)
+        try:
+            done = client.wait(created["id"])
+        except KeyboardInterrupt:
+            click.echo(f"\nstopped waiting; `gpuq job {created['id']}` shows it, `gpuq cancel` stops it", err=True)
+            sys.exit(130)
     _print_result(done)
 
 

@@ -54,10 +54,24 @@ def keys() -> None:
 @click.option("--role", type=click.Choice(["admin", "submitter"]), default="submitter", show_default=True)
 @click.option("--max-queued-jobs", type=click.IntRange(min=1), default=None, help="jobs it may have queued")
 @click.option("--max-per-minute", type=click.IntRange(min=1), default=None, help="submissions a minute")
-def keys_create(name: str, owner: str, role: str, max_queued_jobs: int | None, max_per_minute: int | None) -> None:
+@click.option(
+    "--default-priority",
+    type=click.Choice(["high", "normal", "low"]),
+    default=None,
+    help="priority of its jobs and interactive calls that name none [default: normal for jobs, high for calls]",
+)
+def keys_create(
+    name: str,
+    owner: str,
+    role: str,
+    max_queued_jobs: int | None,
+    max_per_minute: int | None,
+    default_priority: str | None,
+) -> None:
     """Create a key and print its secret (shown this once)."""
     from gpuq import store
     from gpuq.db.tables import Role
+    from gpuq.jobs.queues import Priority
 
     with _session() as session:
         key, secret = store.create_api_key(
@@ -67,6 +81,7 @@ def keys_create(name: str, owner: str, role: str, max_queued_jobs: int | None, m
             role=Role(role),
             max_queued_jobs=max_queued_jobs,
             max_submissions_per_minute=max_per_minute,
+            default_priority=Priority.parse(default_priority) if default_priority else None,
         )
     click.echo(f"created {key.id} ({role} for {owner}); the secret, shown this once:", err=True)
     click.echo(secret)

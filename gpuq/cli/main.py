@@ -7,7 +7,7 @@ import os
 
 import click
 
-from gpuq.cli import batches, db, fleet, jobs, models, processes
+from gpuq.cli import batches, db, fleet, job, jobs, models, processes, run
 from gpuq.cli.admin import admin
 from gpuq.cli.errors import GpuqGroup
 from gpuq.cli.keys import keys
@@ -35,6 +35,8 @@ for command in (
     *fleet.COMMANDS,
     db.db,
     *jobs.COMMANDS,
+    *job.COMMANDS,
+    run.run,
     models.models,
     batches.batch,
     batches.run_batch_command,

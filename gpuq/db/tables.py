@@ -227,7 +227,7 @@ class AffinityRule(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     # Ids are never reused on SQLite either (PostgreSQL's sequences never reuse them): a script
-    # holding a deleted rule's id must not hit a newer rule. Migration 0011.
+    # holding a deleted rule's id must not hit a newer rule. Migration 0010.
     __table_args__ = ({"sqlite_autoincrement": True},)
 
 
@@ -394,6 +394,9 @@ class ApiKey(Base):
     key_prefix: Mapped[str] = mapped_column(String(16))  # enough of the secret to recognise it in a list
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
     max_submissions_per_minute: Mapped[int | None] = mapped_column(Integer)
+    # The priority of its jobs and interactive calls when a request names none (a Priority
+    # value; null: gpuq's defaults).
+    default_priority: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]

@@ -68,6 +68,15 @@ class VocabTokenizer:
         self._skeletons: dict[tuple[str, ...], int] = {}
         self.formatter = chat_formatter(self._model)
 
+    def metadata(self) -> dict[str, str]:
+        """The file's GGUF key-value metadata, as llama.cpp reads it (values as text)."""
+        with self._lock:
+            return dict(self._model.metadata())
+
+    def n_params(self) -> int:
+        with self._lock:
+            return int(self._model.n_params())
+
     def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
         with self._lock:
             return self._model.tokenize(text, add_bos, special)

@@ -72,7 +72,12 @@ def check_against_model(
     lines) text that surely fits is not tokenised, and None is returned for its count."""
     where = _where(index)
     if model is None:
-        raise RequestError(404, f"{where}model {spec.model!r} is not registered (see GET /v1/models)")
+        raise RequestError(
+            404,
+            f"{where}model {spec.model!r} is not registered (see GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
     if not model.supports(spec.kind):
         raise RequestError(
             422, f"{where}model {model.name!r} cannot run {spec.kind.value} jobs; it is for: {', '.join(model.kinds)}"
@@ -87,7 +92,12 @@ def check_against_model(
 def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int | None:
     n_ctx, max_tokens = model.context_length, spec.request["max_tokens"]
     if max_tokens > n_ctx:
-        raise RequestError(422, f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens")
+        raise RequestError(
+            422,
+            f"{where}max_tokens is {max_tokens} but {model.name!r} has a context of {n_ctx} tokens",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
     tokenizer = _tokenizer(model)
     try:
         if not exact and tokenizer.prompt_bytes(spec.request) + 2 <= n_ctx - max_tokens:
@@ -101,6 +111,8 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int |
             f"{where}the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
             f"{prompt_tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
             "shorten the prompt or lower max_tokens",
+            param="max_tokens",
+            code="context_length_exceeded",
         )
     return prompt_tokens
 

@@ -26,6 +26,7 @@ def create_api_key(
     role: Role,
     max_queued_jobs: int | None = None,
     max_submissions_per_minute: int | None = None,
+    default_priority: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Store a new key and return it with its secret, which is not kept anywhere."""
     secret = new_secret()
@@ -38,6 +39,7 @@ def create_api_key(
         key_prefix=secret[:12],
         max_queued_jobs=max_queued_jobs,
         max_submissions_per_minute=max_submissions_per_minute,
+        default_priority=default_priority,
         created_at=utcnow(),
     )
     session.add(key)

@@ -33,6 +33,38 @@ def get_file(session: Session, file_id: str) -> File | None:
     return session.get(File, file_id)
 
 
+def list_files(
+    session: Session,
+    *,
+    limit: int,
+    after: str | None = None,
+    owner: str | None = None,
+    purpose: str | None = None,
+    newest_first: bool = True,
+) -> tuple[list[File], bool]:
+    """Keyset-paginated by creation (OpenAI's order ``desc`` or ``asc``); ``owner`` narrows to one tenant's."""
+    query = select(File)
+    if owner is not None:
+        query = query.where(File.owner == owner)
+    if purpose is not None:
+        query = query.where(File.purpose == purpose)
+    key = tuple_(File.created_at, File.id)
+    if after is not None:
+        anchor = session.get(File, after)
+        if anchor is None:
+            raise LookupError(after)
+        bound = tuple_(anchor.created_at, anchor.id)
+        query = query.where(key < bound if newest_first else key > bound)
+    order = (File.created_at.desc(), File.id.desc()) if newest_first else (File.created_at, File.id)
+    rows = list(session.scalars(query.order_by(*order).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def delete_file(session: Session, file_id: str) -> bool:
+    """The file's row; True if it existed. Its bytes on disk are the caller's to remove."""
+    return commit_changed(session, delete(File).where(File.id == file_id))
+
+
 def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None:
     """The batch row and all its jobs in one transaction."""
     session.add(batch)

@@ -24,6 +24,11 @@ def list_schedules(session: Session) -> Sequence[Schedule]:
     return session.scalars(select(Schedule).order_by(Schedule.name)).all()
 
 
+def schedules_reading_file(session: Session, file_id: str) -> list[Schedule]:
+    """The schedules whose runs start batches from this stored file."""
+    return list(session.scalars(select(Schedule).where(Schedule.input_file_id == file_id).order_by(Schedule.id)))
+
+
 def get_schedule(session: Session, schedule_id: int) -> Schedule | None:
     return session.get(Schedule, schedule_id)
 

@@ -139,3 +139,55 @@ def test_a_long_prompt_is_fed_in_chunks_while_the_others_keep_generating(four_sl
         cancel.set()
     assert {f.generation.finish_reason for f in four_slots.decoder.step()} <= {"cancelled", "length"}
     assert four_slots.decoder.active == 0
+
+
+def test_a_streaming_sequences_pieces_add_up_to_its_text_and_tokens_with_stop_strings_held_back(alone, four_slots):
+    """Pieces come per step, in order; text that might become a stop string waits, so the
+    pieces never show what the final text cuts off, and they cover every token once."""
+    requests, results = alone
+    key = f"greedy:{PROMPTS[1]}"
+    plain = results[key].text
+    # A stop string that occurs in the greedy text: the text ends just before it.
+    stop = plain[len(plain) // 2 : len(plain) // 2 + 3]
+    cases = {
+        "plain": requests[key] | {"events": "tokens"},
+        "stopped": requests[key] | {"events": "tokens", "stop": [stop]},
+        "quiet": requests[key],  # not streaming: no pieces
+    }
+    pieces: dict[str, list] = {k: [] for k in cases}
+    for k, request in cases.items():
+        four_slots.admit(k, request, threading.Event())
+    done = {}
+    while four_slots.decoder.active:
+        for finished in four_slots.decoder.step():
+            done[finished.key] = finished
+        for piece in four_slots.decoder.take_pieces():
+            pieces[piece.key].append(piece)
+            assert piece.key not in done or piece is not None  # text of a sequence comes before or with its end
+    for k in ("plain", "stopped"):
+        generation = done[k].generation
+        assert "".join(p.text for p in pieces[k]) == generation.text
+        assert sum(p.tokens for p in pieces[k]) == generation.completion_tokens
+        assert generation.prompt_ms is not None and generation.eval_ms is not None
+    assert done["plain"].generation.text == plain and len(pieces["plain"]) > 3
+    assert done["stopped"].generation.text == plain[: plain.index(stop)]
+    assert pieces["quiet"] == []
+
+
+def test_with_the_prompt_cache_a_prompt_reuses_what_a_slot_holds_of_its_start(alone, model_path):
+    """GPUQ_WORKER_PROMPT_CACHE: the slot whose last sequence shares the longest start with a
+    new prompt serves it, and only the rest is decoded (the last token at least, for its
+    logits); greedy text stays what it is without the cache."""
+    requests, results = alone
+    model = LoadedModel(model_path, n_ctx=1024, embedding=False, threads=2, gpu_layers=0, slots=2, prompt_cache=True)
+    try:
+        first, other = f"greedy:{PROMPTS[0]}", f"greedy:{PROMPTS[2]}"
+        assert _run_together(model, {first: requests[first]})[first].generation == results[first]
+        assert model.decoder.reused_tokens == 0  # nothing cached yet
+        assert _run_together(model, {other: requests[other]})[other].generation == results[other]
+        prompt_tokens = results[first].prompt_tokens
+        again = _run_together(model, {"again": requests[first]})["again"].generation
+        assert model.decoder.reused_tokens >= prompt_tokens - 1  # all but the last prompt token, from its slot
+        assert again == results[first]
+    finally:
+        model.close()

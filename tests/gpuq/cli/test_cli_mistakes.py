@@ -63,6 +63,11 @@ API_MISTAKES = [
     (["admin", "retry-failed", "--since", "yesterday"], "HTTP 422"),
     (["admin", "clear-gpu", "GPU-nope"], "HTTP 404"),
     (["admin", "drain"], "Missing argument 'WORKER'"),
+    (["run", "no-such-model", "hello"], "HTTP 404"),
+    (["run", MODEL, "hi", "--max-tokens", "99999"], "context"),
+    (["run", MODEL, "hi", "--priority", "urgent"], "Invalid value for '--priority'"),
+    (["job", "job_nope"], "HTTP 404"),
+    (["cancel", "job_nope"], "HTTP 404"),
     (["nosuch"], "No such command 'nosuch'"),
     (["jobs", "--colour"], "No such option '--colour'"),
 ]
@@ -88,7 +93,12 @@ def test_no_key_names_where_the_admin_key_would_be(api: Api, tmp_path: Path) -> 
 
 def test_an_api_that_does_not_answer_is_one_line_with_the_address(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
-    for args in (["jobs", "--url", url], ["--url", url, "rules", "list"], ["--url", url, "schedules", "run", "x"]):
+    for args in (
+        ["jobs", "--url", url],
+        ["--url", url, "rules", "list"],
+        ["--url", url, "schedules", "run", "x"],
+        ["--url", url, "run", MODEL, "hi"],
+    ):
         assert_one_line_error(
             run(args, {"GPUQ_API_KEY": "gpuq_unused"}, tmp_path), f"cannot reach the gpuq API at {url}", 2
         )

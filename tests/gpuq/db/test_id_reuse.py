@@ -1,5 +1,5 @@
 """Integer ids are never handed out twice, on either database: a script that holds a deleted
-row's id must not reach a newer row through it (migration 0011 makes SQLite's AUTOINCREMENT)."""
+row's id must not reach a newer row through it (migration 0010 makes SQLite's AUTOINCREMENT)."""
 
 from __future__ import annotations
 

@@ -34,12 +34,12 @@ def test_downgrade_to_base_removes_the_tables_and_upgrade_restores_them(empty_da
 
 
 @both_databases
-def test_0014_carries_existing_estimates_to_the_457_mib_cuda_overhead(empty_database_url):
+def test_0011_carries_existing_estimates_to_the_457_mib_cuda_overhead(empty_database_url):
     import importlib
 
     from sqlalchemy import text
 
-    before = importlib.import_module("migrations.versions.0014_vram_per_gpu").down_revision
+    before = importlib.import_module("migrations.versions.0011_vram_per_gpu").down_revision
     migrate.upgrade(empty_database_url, before)
     engine = sync_engine(empty_database_url)
     with engine.begin() as conn:
@@ -50,7 +50,7 @@ def test_0014_carries_existing_estimates_to_the_457_mib_cuda_overhead(empty_data
                 " VALUES ('old', '/m.gguf', true, false, 2048, 8192, 1, 'llama', 837, CURRENT_TIMESTAMP)"
             )
         )
-    migrate.upgrade(empty_database_url, "0014_vram_per_gpu")
+    migrate.upgrade(empty_database_url, "0011_vram_per_gpu")
     with engine.connect() as conn:
         row = conn.execute(text("SELECT vram_estimate_mib, vram_per_gpu_mib FROM models")).one()
     assert tuple(row) == (837 + 201, None)

@@ -7,7 +7,7 @@ which would skip its first runs). PostgreSQL's sequences never reuse ids: nothin
 
 gpu_samples keeps plain rowids: no one names a sample by id, and it is the one large table.
 
-Revision ID: 0011_sqlite_autoincrement
+Revision ID: 0010_sqlite_autoincrement
 Revises: 0009_energy_share
 Create Date: 2026-12-01
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0011_sqlite_autoincrement"
+revision = "0010_sqlite_autoincrement"
 down_revision = "0009_energy_share"
 branch_labels = None
 depends_on = None

@@ -5,8 +5,8 @@ Rows registered before have no per-GPU figure (a group then adds the CUDA overhe
 further GPU) until they are registered again; their estimate gains the 201 MiB of overhead
 the old formula missed, so placement does not keep planning with the smaller figure.
 
-Revision ID: 0014_vram_per_gpu
-Revises: 0011_sqlite_autoincrement
+Revision ID: 0011_vram_per_gpu
+Revises: 0010_sqlite_autoincrement
 Create Date: 2026-12-01
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014_vram_per_gpu"
-down_revision = "0011_sqlite_autoincrement"
+revision = "0011_vram_per_gpu"
+down_revision = "0010_sqlite_autoincrement"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,83 @@
+"""What the drop-in routers (OpenAI's and Ollama's APIs) share: answering a call from its
+job's events, as a stream or once the job ended, while watching for a client that goes
+away, which cancels the job.
+
+Starlette notices a vanished client only when a write fails, and a call may write nothing
+for minutes (its job is queued). So both answers also listen on the ASGI channel, which
+says ``http.disconnect`` the moment the client closes its connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from api.deps import AppState
+from gpuq import store
+from gpuq.db.tables import Job
+from gpuq.dropin.call import JOB_ID_HEADER, abandon, wait_for_end
+from gpuq.streams.events import End, Event
+from gpuq.streams.follow import follow_job
+
+CLIENT_GONE = 499  # nginx's "client closed request": the status of an answer nobody reads
+
+
+class CallStream(StreamingResponse):
+    """A streamed answer that cancels its job when the client goes away before its end."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], *, on_gone: Callable[[], Awaitable[None]], media_type: str, job_id: str
+    ) -> None:
+        headers = {JOB_ID_HEADER: job_id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._on_gone = on_gone
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        finished = False
+        async with anyio.create_task_group() as group:
+
+            async def answer() -> None:
+                nonlocal finished
+                try:
+                    await self.stream_response(send)
+                    finished = True
+                except OSError:  # the client went away mid-write
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(answer)
+            await self.listen_for_disconnect(receive)
+            group.cancel_scope.cancel()
+        if not finished:
+            await self._on_gone()
+
+
+def events(state: AppState, job_id: str) -> AsyncIterator[Event]:
+    return follow_job(state.streams, state.sessions, job_id)
+
+
+def stream(state: AppState, job: Job, content: AsyncIterator[bytes], media_type: str) -> CallStream:
+    return CallStream(
+        content, on_gone=lambda: abandon(state.sessions, state.redis, job.id), media_type=media_type, job_id=job.id
+    )
+
+
+async def until_end(request: Request, state: AppState, job: Job) -> tuple[End, Job] | None:
+    """The job's end and its final row; None when the client went away first (the job is
+    then cancelled)."""
+
+    async def client_gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    end = await wait_for_end(events(state, job.id), client_gone)
+    if end is None:
+        await abandon(state.sessions, state.redis, job.id)
+        return None
+    async with state.sessions() as db:
+        final = await db.run_sync(store.get_job, job.id)
+    return end, final or job

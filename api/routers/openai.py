@@ -1,0 +1,157 @@
+"""/v1/chat/completions, /v1/completions, /v1/embeddings: OpenAI's API, each call a gpuq job.
+
+The openai client works with ``base_url`` set to gpuq's ``/v1`` and a gpuq key as its
+``api_key``. Streamed answers are server-sent events in OpenAI's chunk format; the answer
+names its job in ``X-Gpuq-Job-Id``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
+
+from api import calls
+from api.deps import CallerDep, SessionDep, StateDep
+from api.schemas import ErrorBody
+from api.schemas.openai import ChatCompletionCreate, CompletionCreate, EmbeddingCreate
+from gpuq.auth.access import Caller
+from gpuq.batches.openai_format import CHAT, COMPLETIONS, EMBEDDINGS
+from gpuq.db.tables import Job, JobKind, JobStatus
+from gpuq.dropin import openai
+from gpuq.dropin.call import (
+    JOB_ID_HEADER,
+    PRIORITY_HEADER,
+    call_priority,
+    call_spec,
+    find_model,
+    submit_call,
+    with_max_tokens,
+)
+from gpuq.errors import RequestError
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+PriorityHeader = Annotated[
+    str | None,
+    Header(alias=PRIORITY_HEADER, description="high, normal or low; default: the key's default priority, else high"),
+]
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "a parameter gpuq cannot honour, or a prompt that does not fit"},
+    401: {"model": ErrorBody, "description": "no valid API key"},
+    404: {"model": ErrorBody, "description": "the model is not registered"},
+    409: {"model": ErrorBody, "description": "the job was cancelled (by someone else) before it answered"},
+    422: {"model": ErrorBody, "description": "the body does not have the request's shape"},
+    429: {"model": ErrorBody, "description": "the key is over one of its limits (Retry-After)"},
+    500: {"model": ErrorBody, "description": "the job failed (its error is the message)"},
+    503: {"model": ErrorBody, "description": "the job queue (Redis) is unavailable"},
+}
+
+
+def _answers(stream_description: str | None) -> dict[int | str, dict[str, Any]]:
+    content: dict[str, Any] = {"application/json": {}}
+    if stream_description:
+        content["text/event-stream"] = {"schema": {"type": "string", "description": stream_description}}
+    return {200: {"description": "the answer (header X-Gpuq-Job-Id: its job)", "content": content}, **_ERRORS}
+
+
+_STREAMED = "with stream: true, OpenAI's chunks as server-sent events, ending with `data: [DONE]`"
+
+
+@router.post("/chat/completions", response_model=None, responses=_answers(_STREAMED))
+async def chat_completions(
+    body: ChatCompletionCreate,
+    request: Request,
+    db: SessionDep,
+    state: StateDep,
+    caller: CallerDep,
+    priority: PriorityHeader = None,
+) -> Response:
+    """OpenAI's chat completion, rendered with the model's own chat template."""
+    return await _generate(CHAT, body, body.to_request(), request, db, state, caller, priority)
+
+
+@router.post("/completions", response_model=None, responses=_answers(_STREAMED))
+async def completions(
+    body: CompletionCreate,
+    request: Request,
+    db: SessionDep,
+    state: StateDep,
+    caller: CallerDep,
+    priority: PriorityHeader = None,
+) -> Response:
+    """OpenAI's (legacy) text completion: the prompt as given, no chat template."""
+    return await _generate(COMPLETIONS, body, body.to_request(), request, db, state, caller, priority)
+
+
+@router.post("/embeddings", response_model=None, responses=_answers(None))
+async def embeddings(
+    body: EmbeddingCreate,
+    request: Request,
+    db: SessionDep,
+    state: StateDep,
+    caller: CallerDep,
+    priority: PriorityHeader = None,
+) -> Response:
+    """Mean-pooled, L2-normalised vectors; `encoding_format` float or base64, `dimensions` to shorten them."""
+    job_request = body.to_request()
+    await find_model(db, body.model, not_found=openai.not_found(body.model))
+    spec = call_spec(
+        JobKind.EMBED,
+        body.model,
+        job_request,
+        priority=call_priority(priority, caller),
+        stream=False,
+        keep_alive=body.keep_alive,
+    )
+    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
+    await db.close()  # the wait holds no database connection
+    final = await _final(request, state, job)
+    if final is None:
+        return Response(status_code=calls.CLIENT_GONE)
+    answer = openai.answer(EMBEDDINGS, final, encoding_format=body.encoding_format, dimensions=body.dimensions)
+    return JSONResponse(answer, headers={JOB_ID_HEADER: job.id})
+
+
+async def _generate(
+    endpoint: str,
+    body: ChatCompletionCreate | CompletionCreate,
+    job_request: dict[str, Any],
+    request: Request,
+    db: SessionDep,
+    state: StateDep,
+    caller: Caller,
+    priority: str | None,
+) -> Response:
+    model = await find_model(db, body.model, not_found=openai.not_found(body.model))
+    spec = call_spec(
+        JobKind.GENERATE,
+        body.model,
+        await with_max_tokens(model, job_request),
+        priority=call_priority(priority, caller),
+        stream=body.stream,
+        keep_alive=body.keep_alive,
+    )
+    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
+    await db.close()  # the wait holds no database connection
+    if body.stream:
+        events = calls.events(state, job.id)
+        content = openai.stream(events, endpoint, job, include_usage=body.include_usage)
+        return calls.stream(state, job, content, "text/event-stream")
+    final = await _final(request, state, job)
+    if final is None:
+        return Response(status_code=calls.CLIENT_GONE)
+    return JSONResponse(openai.answer(endpoint, final), headers={JOB_ID_HEADER: job.id})
+
+
+async def _final(request: Request, state: StateDep, job: Job) -> Job | None:
+    """The job's final row once it succeeded; a 500 (failed) or 409 (cancelled) otherwise."""
+    ended = await calls.until_end(request, state, job)
+    if ended is None:
+        return None
+    end, final = ended
+    problem = openai.ended_badly(job.id, end)
+    if problem is not None:
+        raise RequestError(409 if end.status == JobStatus.CANCELLED else 500, problem, code=f"job_{end.status}")
+    return final

@@ -1,0 +1,220 @@
+"""OpenAI's request bodies for chat completions, completions and embeddings, as gpuq takes them.
+
+Fields gpuq honours are declared. Fields that change nothing when left at their defaults
+(``user``, ``store``, ``logprobs: false``, ...) are accepted and ignored, as OpenAI-compatible
+servers do; a field that asks for something gpuq cannot do (``n > 1``, ``tools``, JSON mode,
+log probabilities) is a 400 naming it, never silently dropped. llama.cpp's own sampling knobs
+(``top_k``, ``min_p``, ``repeat_penalty``) are accepted as extensions, as llama.cpp's server does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.schemas.common import MAX_EMBED_INPUTS
+from gpuq.errors import RequestError
+
+MAX_STOP = 4
+# Accepted and ignored: they change nothing gpuq does (identifiers, storage, service tiers).
+IGNORED = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
+
+
+class _Lenient(BaseModel):
+    # Unknown fields are kept to be named in the 400 (OpenAI answers "unrecognized request argument").
+    model_config = ConfigDict(extra="allow")
+
+    def _refuse_unknown(self) -> None:
+        unknown = sorted(set(self.model_extra or {}) - IGNORED)
+        if unknown:
+            raise RequestError(
+                400, f"unrecognized request argument supplied: {unknown[0]}", param=unknown[0], code="unknown_parameter"
+            )
+
+
+def unsupported(param: str, why: str) -> RequestError:
+    return RequestError(400, f"{param} is not supported by gpuq: {why}", param=param, code="unsupported_parameter")
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's padding of chunks; nothing to pad here
+
+
+class _Sampling(_Lenient):
+    model: str = Field(min_length=1, max_length=128)
+    max_tokens: int | None = Field(None, ge=1, description="default: what the context leaves after the prompt")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    logit_bias: dict[str, float] | None = None
+    top_k: int | None = Field(None, ge=0, description="gpuq extension (llama.cpp's sampler)")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="gpuq extension (llama.cpp's sampler)")
+    repeat_penalty: float | None = Field(None, gt=0.0, description="gpuq extension (llama.cpp's sampler)")
+    keep_alive: float | None = Field(
+        None, ge=-1, le=7 * 24 * 3600, description="gpuq extension: seconds the model stays loaded afterwards"
+    )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _check_sampling(self) -> None:
+        self._refuse_unknown()
+        if self.n != 1:
+            raise unsupported("n", "one choice per request (send n requests; each is its own job)")
+        if self.logprobs:
+            raise unsupported("logprobs", "log probabilities are not returned")
+        if self.logit_bias:
+            raise unsupported("logit_bias", "the sampler takes no token biases")
+        if self.stream_options is not None and not self.stream:
+            raise RequestError(400, "stream_options is only allowed with stream: true", param="stream_options")
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > MAX_STOP:
+            raise RequestError(400, f"stop has {len(stops)} sequences; at most {MAX_STOP}", param="stop")
+
+    def sampling(self) -> dict[str, Any]:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        request: dict[str, Any] = {
+            "max_tokens": self.max_completion_tokens or self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": stops,
+        }
+        extras = {
+            "frequency_penalty": self.frequency_penalty or None,
+            "presence_penalty": self.presence_penalty or None,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty,
+        }
+        return request | {k: v for k, v in extras.items() if v is not None}
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id ...: checked below
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self, index: int) -> str:
+        """The message's text; image, audio or file parts are refused, naming the message."""
+        if self.role in ("tool", "function") or (self.model_extra or {}).get("tool_calls"):
+            raise unsupported(f"messages[{index}]", "tool calls and tool results need tools, which gpuq does not run")
+        if isinstance(self.content, str) or self.content is None:
+            return self.content or ""
+        texts = []
+        for j, part in enumerate(self.content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise unsupported(
+                    f"messages[{index}].content[{j}]", f"content parts of type {part.get('type')!r} (only text)"
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+class ChatCompletionCreate(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    modalities: list[str] | None = None
+    reasoning_effort: str | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    def to_request(self) -> dict[str, Any]:
+        """gpuq's generation request; a 400 naming the first parameter gpuq cannot honour."""
+        self._check_sampling()
+        for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
+            if getattr(self, name):
+                raise unsupported(name, "gpuq generates text only (no tool calls, audio or predicted outputs)")
+        if self.tool_choice not in (None, "none") or self.function_call not in (None, "none"):
+            raise unsupported("tool_choice" if self.tool_choice not in (None, "none") else "function_call", "no tools")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise unsupported("response_format", f"{self.response_format.get('type')!r} (only text)")
+        if self.top_logprobs:
+            raise unsupported("top_logprobs", "log probabilities are not returned")
+        if self.modalities and self.modalities != ["text"]:
+            raise unsupported("modalities", "text only")
+        if self.reasoning_effort is not None:
+            raise unsupported("reasoning_effort", "no reasoning models")
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            for i, m in enumerate(self.messages)
+        ]
+        if not any(m["content"] for m in messages):
+            raise RequestError(400, "messages are all empty: at least one needs content", param="messages")
+        return {"messages": messages} | self.sampling()
+
+
+class CompletionCreate(_Sampling):
+    """``POST /v1/completions`` (the legacy completions API)."""
+
+    prompt: str | list[str] = Field(description="one prompt (a list of one is taken too)")
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def to_request(self) -> dict[str, Any]:
+        self._check_sampling()
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise unsupported("prompt", "one prompt per request (send one request per prompt)")
+        if self.echo:
+            raise unsupported("echo", "the prompt is not repeated in the answer")
+        if self.suffix:
+            raise unsupported("suffix", "no fill-in-the-middle")
+        if self.best_of not in (None, 1):
+            raise unsupported("best_of", "one candidate per request")
+        prompt = self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+        if not prompt:
+            raise RequestError(400, "prompt is empty", param="prompt")
+        return {"prompt": prompt} | self.sampling()
+
+
+class EmbeddingCreate(_Lenient):
+    """``POST /v1/embeddings``."""
+
+    model: str = Field(min_length=1, max_length=128)
+    input: str | list[str] = Field(description="one text or a list of texts (token arrays are not taken)")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="the vectors' first N dimensions, normalised again")
+    keep_alive: float | None = Field(None, ge=-1, le=7 * 24 * 3600, description="gpuq extension")
+
+    def to_request(self) -> dict[str, Any]:
+        self._refuse_unknown()
+        texts = [self.input] if isinstance(self.input, str) else self.input
+        if not texts:
+            raise RequestError(400, "input is an empty list: give at least one text", param="input")
+        if len(texts) > MAX_EMBED_INPUTS:
+            raise RequestError(400, f"input has {len(texts)} texts; at most {MAX_EMBED_INPUTS}", param="input")
+        for i, text in enumerate(texts):
+            if not text:
+                raise RequestError(400, f"input[{i}] is empty", param="input")
+        return {"input": texts}
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool = True

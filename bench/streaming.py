@@ -1,0 +1,164 @@
+"""Streaming overhead: 20 streamed chat requests through gpuq's OpenAI-compatible API (the
+official `openai` client, one request after another, as a chat user sends them) against
+the same requests streamed directly from llama-cpp-python's `create_chat_completion` in one
+process: same model, chat template, threads and greedy tokens.
+
+Two figures: total throughput (completion tokens over the wall time of all 20, so each
+request's way in and out through HTTP, SQL, the queue and the token stream counts), and
+the time to first token that gpuq adds, per prompt (gpuq's minus direct's), as a median.
+Both sides load the model before the clock starts (gpuq with one warm-up request).
+
+Like for like, twice: each prompt evaluated whole on both sides (direct: `Llama.reset()`
+before each request; gpuq: its default), and with prompt reuse on both (direct:
+llama-cpp-python's own prefix reuse; gpuq: GPUQ_WORKER_PROMPT_CACHE=1), since the chat
+template's system prompt is a start every request shares.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+
+import llama_cpp
+import openai
+
+from bench.generation import PROMPTS
+from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
+from gpuq.testing import GpuqProcesses
+
+SEED = 7
+
+
+@dataclass
+class Run:
+    texts: list[str] = field(default_factory=list)
+    first_token_s: list[float] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def _messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
+    llm = llama_cpp.Llama(
+        model_path=str(require_bundled_model_path()),
+        n_ctx=BUNDLED_CONTEXT_LENGTH,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    llm.create_chat_completion(messages=_messages("Hi"), max_tokens=1)  # warm up, as gpuq's side does
+    run = Run()
+    started = time.perf_counter()
+    for prompt in PROMPTS:
+        if not reuse:
+            llm.reset()  # nothing of the last prompt is reused: the whole prompt is evaluated
+        asked = time.perf_counter()
+        pieces: list[str] = []
+        stream = llm.create_chat_completion(
+            messages=_messages(prompt), max_tokens=max_tokens, temperature=0.0, seed=SEED, stream=True
+        )
+        for chunk in stream:
+            content = chunk["choices"][0]["delta"].get("content")  # type: ignore[index]
+            if content:
+                if not pieces:
+                    run.first_token_s.append(time.perf_counter() - asked)
+                pieces.append(content)
+        run.texts.append("".join(pieces))
+    run.seconds = time.perf_counter() - started
+    llm.close()
+    return run
+
+
+def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, reuse: bool) -> Run:
+    # One slot, as the direct side decodes one sequence: this measures the path around it.
+    settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": "1"}
+    settings["GPUQ_WORKER_PROMPT_CACHE"] = "true" if reuse else "false"
+    processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
+    try:
+        _api, url = processes.start_api()
+        processes.start_worker()
+        with openai.OpenAI(base_url=f"{url}/v1", api_key=processes.admin_key, max_retries=0) as client:
+            client.chat.completions.create(model=BUNDLED_MODEL_NAME, messages=_messages("Hi"), max_tokens=1)  # loads it
+            return _stream_all(client, max_tokens)
+    finally:
+        processes.stop_all()
+
+
+def _stream_all(client: openai.OpenAI, max_tokens: int) -> Run:
+    run = Run()
+    started = time.perf_counter()
+    for prompt in PROMPTS:
+        asked = time.perf_counter()
+        pieces: list[str] = []
+        stream = client.chat.completions.create(
+            model=BUNDLED_MODEL_NAME,
+            messages=_messages(prompt),  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=0.0,
+            seed=SEED,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in stream:
+            if chunk.usage is not None:
+                run.tokens += chunk.usage.completion_tokens
+            if chunk.choices and chunk.choices[0].delta.content:
+                if not pieces:
+                    run.first_token_s.append(time.perf_counter() - asked)
+                pieces.append(chunk.choices[0].delta.content)
+        run.texts.append("".join(pieces))
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def _pair(direct: list[Run], ours: list[Run]) -> tuple[float, list[float], float, float]:
+    """(throughput ratio, first-token ms added per request, direct's and gpuq's first-token p50)."""
+    for d, g in zip(direct, ours, strict=True):
+        assert d.texts == g.texts, "both sides must stream the same greedy text"
+        d.tokens = g.tokens  # the same text is the same tokens; gpuq's usage counts them exactly
+    ratio = median(g.tokens_per_s for g in ours) / median(d.tokens_per_s for d in direct)
+    added = sorted(
+        (g_s - d_s) * 1000
+        for d, g in zip(direct, ours, strict=True)
+        for d_s, g_s in zip(d.first_token_s, g.first_token_s, strict=True)
+    )
+    direct_ttft = median(s * 1000 for d in direct for s in d.first_token_s)
+    ours_ttft = median(s * 1000 for g in ours for s in g.first_token_s)
+    return ratio, added, direct_ttft, ours_ttft
+
+
+def _runs(runs: list[Run]) -> str:
+    return ", ".join(f"{r.tokens_per_s:.1f}" for r in runs)
+
+
+def report(runs: dict[str, tuple[list[Run], list[Run]]], *, threads: int, max_tokens: int) -> str:
+    """``runs``: per comparison, (direct runs, gpuq runs); the first one gives the last line."""
+    rounds = len(next(iter(runs.values()))[0])
+    lines = [
+        f"\nstreaming: {len(PROMPTS)} streamed chat requests one after another, max_tokens {max_tokens}, greedy, "
+        f"{threads} threads, median of {rounds} rounds"
+    ]
+    summary = ""
+    for name, (direct, ours) in runs.items():
+        ratio, added, direct_ttft, ours_ttft = _pair(direct, ours)
+        p95 = added[min(len(added) - 1, int(0.95 * len(added)))]
+        lines += [
+            f"  {name}: {ours[0].tokens} tokens a round",
+            f"    llama-cpp-python create_chat_completion(stream=True)  {median(d.tokens_per_s for d in direct):6.1f} "
+            f"tok/s   first token p50 {direct_ttft:6.1f} ms   runs: {_runs(direct)}",
+            f"    gpuq /v1/chat/completions, openai client, SSE         {median(g.tokens_per_s for g in ours):6.1f} "
+            f"tok/s   first token p50 {ours_ttft:6.1f} ms   runs: {_runs(ours)}",
+            f"    first token added by gpuq, per request: p50 {median(added):.1f} ms, p95 {p95:.1f} ms "
+            f"(target p50 < 50 ms); throughput {ratio:.3f}x (target >= 0.95x)",
+        ]
+        summary = summary or f"streaming: throughput {ratio:.2f}x, first-token overhead p50 {median(added):.0f} ms"
+    return "\n".join([*lines, summary])

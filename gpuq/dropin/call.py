@@ -1,0 +1,132 @@
+"""One interactive call of the drop-in APIs (OpenAI's, Ollama's): an ordinary gpuq job.
+
+The call's job goes through the same limits, placement, queues, slots and history as any
+other; only three things differ. Its priority comes from the ``X-Gpuq-Priority`` header,
+else its key's default, else ``high`` (someone is waiting). Its request asks its worker for
+events (``gpuq.streams``), which the call follows to answer: token by token when streaming,
+at the end otherwise. And a caller that goes away before the end cancels the job, through
+the same path as ``POST /v1/jobs/{id}/cancel``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio import to_thread
+from redis import Redis
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gpuq import store
+from gpuq.auth.access import Caller
+from gpuq.db.tables import Job, JobKind, Model
+from gpuq.errors import RequestError
+from gpuq.jobs.cancel import cancel_job
+from gpuq.jobs.limits import admit
+from gpuq.jobs.prompt import vocab_tokenizer
+from gpuq.jobs.queues import Priority
+from gpuq.jobs.submit import JobSpec, submit_jobs
+from gpuq.streams.events import END_ONLY, REQUEST_FIELD, TOKENS, End, Event
+
+log = logging.getLogger(__name__)
+
+PRIORITY_HEADER = "X-Gpuq-Priority"
+JOB_ID_HEADER = "X-Gpuq-Job-Id"  # on every drop-in answer: the job behind it, for GET /v1/jobs/{id}
+
+
+def call_priority(header: str | None, caller: Caller) -> Priority:
+    if header:
+        try:
+            return Priority.parse(header.strip())
+        except ValueError as exc:
+            raise RequestError(400, f"{PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
+    return Priority(caller.priority_or(Priority.HIGH))
+
+
+def call_spec(
+    kind: JobKind, model: str, request: dict[str, Any], *, priority: Priority, stream: bool, keep_alive: float | None
+) -> JobSpec:
+    """The job of a call: its request asks for every token (streaming) or only the end."""
+    request = request | {REQUEST_FIELD: TOKENS if stream else END_ONLY}
+    if keep_alive is not None:
+        request["keep_alive"] = keep_alive
+    return JobSpec(kind=kind, model=model, priority=priority, request=request)
+
+
+async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
+    model = await db.run_sync(store.get_model, name)
+    if model is None:
+        raise RequestError(404, not_found, param="model", code="model_not_found")
+    return model
+
+
+async def with_max_tokens(model: Model, request: dict[str, Any], *, context: int | None = None) -> dict[str, Any]:
+    """A generation request without ``max_tokens`` may fill what its context leaves after the
+    prompt, as OpenAI and Ollama allow; ``context`` narrows the model's (Ollama's num_ctx),
+    and then an explicit ``max_tokens`` must fit it too."""
+    limit = model.context_length if context is None else context
+    if request.get("max_tokens") is not None and limit == model.context_length:
+        return request
+    if not model.can_generate:
+        return request | {"max_tokens": request.get("max_tokens") or 1}  # submit refuses the kind
+    try:
+        tokenizer = await to_thread.run_sync(vocab_tokenizer, model.path)
+        prompt_tokens = await to_thread.run_sync(tokenizer.count_request_tokens, request)
+    except ValueError as exc:
+        raise RequestError(400, str(exc)) from None
+    wanted = request.get("max_tokens")
+    if wanted is not None and prompt_tokens + wanted > limit:
+        raise RequestError(
+            400,
+            f"the prompt is {prompt_tokens} tokens and num_predict is {wanted}, {prompt_tokens + wanted} in all, "
+            f"but num_ctx is {limit}: shorten the prompt, lower num_predict or raise num_ctx",
+            param="options.num_ctx",
+            code="context_length_exceeded",
+        )
+    return request | {"max_tokens": wanted if wanted is not None else max(1, limit - prompt_tokens)}
+
+
+async def submit_call(db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int) -> Job:
+    """Queue the call's job as ``POST /v1/jobs`` would. Refusals are 400s, as OpenAI and Ollama
+    answer a request they cannot run (gpuq's own API says 422)."""
+    try:
+        await admit(db, redis, caller, queued_jobs=1, submissions=1)
+        [accepted] = await submit_jobs(db, redis, [spec], timeout_s=timeout_s, caller=caller)
+    except RequestError as exc:
+        if exc.status != 422:
+            raise
+        raise RequestError(400, exc.message, param=exc.param, code=exc.code, headers=exc.headers) from None
+    return accepted.job
+
+
+async def abandon(sessions: async_sessionmaker[AsyncSession], redis: Redis, job_id: str) -> None:
+    """The caller went away before the end: its job is cancelled (queued: at once; running: at
+    its next token). Shielded, since it runs while the call itself is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        try:
+            async with sessions() as db:
+                job = await cancel_job(db, redis, job_id)
+            log.info("caller of job %s went away; job %s", job_id, job.status)
+        except RequestError:
+            pass  # it ended meanwhile
+        except Exception:
+            log.exception("could not cancel job %s, whose caller went away", job_id)
+
+
+async def wait_for_end(events: AsyncIterator[Event], client_gone: Callable[[], Awaitable[None]]) -> End | None:
+    """The job's end, or None if the client went away first."""
+    end: End | None = None
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            await client_gone()
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        async for event in events:
+            if isinstance(event, End):
+                end = event
+        group.cancel_scope.cancel()
+    return end

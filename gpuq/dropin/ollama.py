@@ -1,0 +1,296 @@
+"""Ollama's wire format (its api/types.go): options in, NDJSON chunks and model lists out.
+
+Durations are nanoseconds, as Ollama reports them: ``total_duration`` from the request's
+arrival to its end (queueing included: it is a queue), ``load_duration`` the model load the
+job waited for, ``prompt_eval_duration`` from the sequence's admission to its first token,
+``eval_duration`` the rest. Like Ollama, figures that are zero or unknown are left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuq.db.tables import Model, ModelKind
+from gpuq.errors import RequestError
+from gpuq.streams.events import Delta, End, Event, Start
+
+NS_PER_MS = 1_000_000
+KEEP_FOREVER = -1.0
+MAX_KEEP_ALIVE_S = 7 * 24 * 3600.0
+# Ollama's defaults where they differ from gpuq's own (api/types.go DefaultOptions).
+DEFAULTS = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "repeat_penalty": 1.1, "min_p": 0.0}
+# Options fixed when a model loads; gpuq's workers load models for the whole fleet by its own settings.
+LOAD_OPTIONS = frozenset(
+    {"num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "num_thread", "numa", "low_vram", "f16_kv"}
+    | {"vocab_only", "embedding_only", "logits_all", "num_keep", "draft_num_predict"}
+)
+# GGUF general.file_type -> Ollama's quantization_level names (llama.cpp's LLAMA_FTYPE_*).
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
+}  # fmt: skip
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def not_found(model: str) -> str:
+    return f"model '{model}' not found"
+
+
+def strip_tag(name: str) -> str:
+    """gpuq's models have no tags: ``name:latest`` (what Ollama's tools write) is ``name``."""
+    return name.removesuffix(":latest")
+
+
+def refuse(param: str, why: str) -> RequestError:
+    return RequestError(400, f"{param} is not supported by gpuq: {why}", param=param)
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's keep_alive (seconds, or a Go duration such as "5m" or "1h30m"; negative keeps
+    the model loaded until evicted) as gpuq's seconds (-1: forever)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text)  # "300", "-1": seconds, as a number would be
+        except ValueError:
+            body = text.lstrip("+-")
+            parts = _DURATION.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise RequestError(400, f'keep_alive {text!r} is not a duration (say "5m", "1h" or 300)') from None
+            value = (-1.0 if text.startswith("-") else 1.0) * sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if value < 0:
+        return KEEP_FOREVER
+    return min(float(value), MAX_KEEP_ALIVE_S)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Ollama's runtime options mapped onto gpuq's generation request."""
+
+    sampling: dict[str, Any]
+    num_predict: int | None  # None: until the context is full (Ollama's -1)
+    num_ctx: int | None
+
+    @classmethod
+    def parse(cls, options: dict[str, Any]) -> Options:
+        sampling = dict(DEFAULTS)
+        for name, value in options.items():
+            if name not in LOAD_OPTIONS and name not in ("num_predict", "num_ctx") and value is not None:
+                _set_option(sampling, name, value)
+        _check_ranges(sampling)
+        num_predict = _number("num_predict", options["num_predict"], int) if "num_predict" in options else None
+        num_ctx = _number("num_ctx", options["num_ctx"], int) if options.get("num_ctx") else None
+        if num_ctx is not None and num_ctx < 1:
+            raise RequestError(400, "options.num_ctx must be at least 1", param="options.num_ctx")
+        return cls(sampling, num_predict if num_predict is not None and num_predict > 0 else None, num_ctx)
+
+    def request(self, model: Model) -> tuple[dict[str, Any], int | None]:
+        """The sampling part of the request, and the context to fit in (None: the model's)."""
+        if self.num_ctx is not None and self.num_ctx > model.context_length:
+            raise RequestError(
+                400,
+                f"options.num_ctx is {self.num_ctx} but {model.name!r} is registered with a context of "
+                f"{model.context_length} tokens (an admin registers it again with a larger context_length)",
+                param="options.num_ctx",
+            )
+        return self.sampling | {"max_tokens": self.num_predict}, self.num_ctx
+
+
+def _set_option(sampling: dict[str, Any], name: str, value: Any) -> None:
+    if name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+        sampling[name] = _number(name, value, float)
+    elif name in ("top_k", "seed"):
+        sampling[name] = _number(name, value, int)
+    elif name == "stop":
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+            raise RequestError(400, "options.stop: give up to 4 non-empty strings", param="options.stop")
+        sampling["stop"] = stops
+    elif name in ("repeat_last_n", "typical_p", "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta"):
+        if not _is_neutral(name, value):
+            raise refuse(f"options.{name}", "the sampler is llama-cpp-python's create_completion chain")
+    elif name != "penalize_newline":
+        raise refuse(f"options.{name}", "unknown option")
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError(400, f"options.{name} must be a number", param=f"options.{name}")
+    return kind(value)
+
+
+def _is_neutral(name: str, value: Any) -> bool:
+    neutral = {"repeat_last_n": 64, "typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0}
+    return name not in neutral or value == neutral[name]
+
+
+def _check_ranges(sampling: dict[str, Any]) -> None:
+    bounds = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "seed": (0, 2**32 - 1)}
+    for name, (low, high) in bounds.items():
+        value = sampling.get(name)
+        if value is not None and not low <= value <= high:
+            raise RequestError(400, f"options.{name} must be within {low} and {high}", param=f"options.{name}")
+    if sampling.get("seed") is not None and sampling["seed"] < 0:
+        sampling["seed"] = None  # Ollama's -1: a random seed
+
+
+def timestamp() -> str:
+    """RFC 3339 in UTC, as Ollama's created_at."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def metrics(end: End, started: float) -> dict[str, int]:
+    """Ollama's Metrics, in nanoseconds; ``started`` is the request's time.perf_counter()."""
+    figures = {
+        "total_duration": int((time.perf_counter() - started) * 1e9),
+        "load_duration": (end.load_ms or 0) * NS_PER_MS,
+        "prompt_eval_count": end.prompt_tokens or 0,
+        "prompt_eval_duration": (end.prompt_ms or 0) * NS_PER_MS,
+        "eval_count": end.completion_tokens or 0,
+        "eval_duration": (end.eval_ms or 0) * NS_PER_MS,
+    }
+    return {k: v for k, v in figures.items() if v}
+
+
+def ended_badly(job_id: str, end: End) -> str | None:
+    if end.status == "succeeded":
+        return None
+    if end.status == "cancelled":
+        return f"job {job_id} was cancelled"
+    return f"job {job_id} failed: {end.error or 'no reason recorded'}"
+
+
+def final(model: str, end: End, started: float, *, chat: bool, text: str = "") -> dict[str, Any]:
+    """The last chunk (or, with its text, the whole non-streamed answer)."""
+    body = {"model": model, "created_at": timestamp(), **content(text, chat)}
+    return body | {"done": True, "done_reason": end.finish_reason or "stop"} | metrics(end, started)
+
+
+def content(text: str, chat: bool) -> dict[str, Any]:
+    return {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+
+
+def _line(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+async def stream(
+    events: AsyncIterator[Event], job_id: str, model: str, started: float, *, chat: bool
+) -> AsyncIterator[bytes]:
+    """NDJSON: one object per piece of text, then the final one with done and the metrics; an
+    ``{"error": ...}`` line if the job did not succeed (the Ollama client raises it)."""
+    sent_text = False
+    async for event in events:
+        if isinstance(event, Start) and sent_text:
+            yield _line({"error": f"the worker running job {job_id} stopped; the job runs again from its start"})
+            return
+        if isinstance(event, Delta) and event.text:
+            sent_text = True
+            yield _line({"model": model, "created_at": timestamp(), **content(event.text, chat), "done": False})
+        if isinstance(event, End):
+            problem = ended_badly(job_id, event)
+            yield _line({"error": problem} if problem else final(model, event, started, chat=chat))
+            return
+
+
+# ---------------------------------------------------------------- models: /api/tags, /api/show, /api/ps
+
+
+def digest(model: Model) -> str:
+    """An id for the registered model (Ollama's is its manifest's hash; gpuq hashes the
+    registration, not the file, so listing never reads gigabytes)."""
+    return hashlib.sha256(f"{model.path}:{model.size_bytes}:{model.created_at.isoformat()}".encode()).hexdigest()
+
+
+def details(model: Model, metadata: dict[str, str], n_params: int) -> dict[str, Any]:
+    file_type = metadata.get("general.file_type", "")
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": model.architecture,
+        "families": [model.architecture],
+        "parameter_size": metadata.get("general.size_label") or _size_label(n_params),
+        "quantization_level": FILE_TYPES.get(int(file_type), "unknown") if file_type.isdigit() else "unknown",
+    }
+
+
+def _size_label(n_params: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n_params >= size:
+            return f"{n_params / size:.1f}{unit}"
+    return str(n_params)
+
+
+def tag(model: Model, metadata: dict[str, str], n_params: int) -> dict[str, Any]:
+    """One model of /api/tags."""
+    return {
+        "name": model.name,
+        "model": model.name,
+        "modified_at": model.created_at.isoformat(),
+        "size": model.size_bytes,
+        "digest": digest(model),
+        "details": details(model, metadata, n_params),
+    }
+
+
+def capabilities(model: Model) -> list[str]:
+    kinds = model.kinds
+    return [c for c, k in (("completion", ModelKind.GENERATE), ("embedding", ModelKind.EMBED)) if k.value in kinds]
+
+
+def show(model: Model, metadata: dict[str, str], n_params: int) -> dict[str, Any]:
+    """/api/show: the model's details, its chat template and its GGUF metadata (the
+    tokenizer's long arrays left out, as Ollama leaves them out unless verbose)."""
+    info: dict[str, Any] = {
+        k: _typed(v) for k, v in sorted(metadata.items()) if not k.startswith("tokenizer.") and k != "general.file_type"
+    }
+    info["general.parameter_count"] = n_params
+    return {
+        "license": metadata.get("general.license", ""),
+        "modelfile": f"# registered in gpuq from {model.path}\nFROM {model.path}\n",
+        "parameters": f"num_ctx {model.context_length}",
+        "template": metadata.get("tokenizer.chat_template", ""),
+        "details": details(model, metadata, n_params),
+        "model_info": info,
+        "capabilities": capabilities(model),
+        "modified_at": model.created_at.isoformat(),
+    }
+
+
+def _typed(value: str) -> Any:
+    """llama.cpp reads GGUF values as text; numbers are given back as numbers."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def running(
+    model: Model, metadata: dict[str, str], n_params: int, *, worker: str, host: str, expires_at: float | None
+) -> dict[str, Any]:
+    """One loaded model of /api/ps (gpuq adds the worker and host that hold it)."""
+    vram = model.vram_mib * 1024 * 1024
+    return {
+        "name": model.name,
+        "model": model.name,
+        "size": max(vram, model.size_bytes),
+        "digest": digest(model),
+        "details": details(model, metadata, n_params),
+        "expires_at": datetime.fromtimestamp(expires_at, UTC).isoformat() if expires_at is not None else None,
+        "size_vram": vram,
+        "context_length": model.context_length,
+        "worker": worker,
+        "host": host,
+    }

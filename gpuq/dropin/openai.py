@@ -1,0 +1,119 @@
+"""OpenAI's wire format for a call's answer: the response object, or server-sent events.
+
+Streams are OpenAI's: ``chat.completion.chunk`` (or ``text_completion``) objects as
+``data:`` lines, the first chat chunk carrying the role, each later one a ``delta`` of
+text, the last one the ``finish_reason``; with ``stream_options.include_usage`` every chunk
+has ``usage: null`` and one more chunk with no choices carries the usage; then
+``data: [DONE]``. A job that fails or is cancelled ends the stream with OpenAI's error
+object (``data: {"error": {...}}``), which the openai client raises.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gpuq.batches.openai_format import CHAT, EMBEDDINGS, response_body
+from gpuq.db.tables import Job, JobStatus
+from gpuq.dropin.vectors import as_base64, shortened
+from gpuq.streams.events import Delta, End, Event, Start
+
+DONE = b"data: [DONE]\n\n"
+
+
+def not_found(model: str) -> str:
+    return f"model {model!r} is not registered (see GET /v1/models)"
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def error_event(message: str, *, code: str) -> bytes:
+    return sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
+
+
+def ended_badly(job_id: str, end: End) -> str | None:
+    """What to tell a caller whose job did not succeed; None when it did."""
+    if end.status == JobStatus.SUCCEEDED:
+        return None
+    if end.status == JobStatus.CANCELLED:
+        return f"job {job_id} was cancelled"
+    return f"job {job_id} failed: {end.error or 'no reason recorded'}"
+
+
+def answer(endpoint: str, job: Job, *, encoding_format: str = "float", dimensions: int | None = None) -> dict:
+    """The response object of a finished job (as the Batch API's output lines have it)."""
+    if endpoint != EMBEDDINGS:
+        return response_body(endpoint, job)
+    vectors = shortened((job.result or {}).get("embeddings", []), dimensions)
+    body = response_body(endpoint, job, vectors=vectors)
+    if encoding_format == "base64":
+        for item in body["data"]:
+            item["embedding"] = as_base64(item["embedding"])
+    return body
+
+
+class _Chunks:
+    """One call's chunks: the same id, time and model on each, as OpenAI sends them."""
+
+    def __init__(self, endpoint: str, job: Job, *, include_usage: bool) -> None:
+        self.chat = endpoint == CHAT
+        self.include_usage = include_usage
+        self.head = {
+            "id": f"chatcmpl-{job.id}" if self.chat else f"cmpl-{job.id}",
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(job.created_at.timestamp()),
+            "model": job.model,
+            "system_fingerprint": None,
+        }
+
+    def choice(self, *, text: str | None = None, role: bool = False, finish: str | None = None) -> bytes:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return sse(self.head | {"choices": [choice]} | ({"usage": None} if self.include_usage else {}))
+
+    def usage(self, end: End) -> bytes:
+        prompt, completion = end.prompt_tokens or 0, end.completion_tokens or 0
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return sse(self.head | {"choices": [], "usage": usage})
+
+
+async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, include_usage: bool) -> AsyncIterator[bytes]:
+    """The call's server-sent events, from its job's events."""
+    chunks = _Chunks(endpoint, job, include_usage=include_usage)
+    started = sent_text = False
+    async for event in events:
+        if isinstance(event, Start) and sent_text:
+            # A worker died mid-answer and the job runs again from its start: what was sent
+            # cannot be taken back, so this answer ends here (the job's row keeps the new run).
+            yield error_event(
+                f"the worker running job {job.id} stopped; the job is running again (attempt {event.attempt}) "
+                f"and its text so far cannot be taken back: read GET /v1/jobs/{job.id}",
+                code="job_restarted",
+            )
+            return
+        if isinstance(event, Start | Delta) and chunks.chat and not started:
+            started = True
+            yield chunks.choice(role=True)
+        if isinstance(event, Delta) and event.text:
+            sent_text = True
+            yield chunks.choice(text=event.text)
+        if isinstance(event, End):
+            problem = ended_badly(job.id, event)
+            if problem is not None:
+                yield error_event(problem, code=f"job_{event.status}")
+                return
+            if chunks.chat and not started:
+                yield chunks.choice(role=True)
+            yield chunks.choice(finish=event.finish_reason or "stop")
+            if include_usage:
+                yield chunks.usage(event)
+            yield DONE
+            return
