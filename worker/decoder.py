@@ -387,11 +387,7 @@ class BatchDecoder:
         seq.unsent_tokens += 1
         text = self._model.detokenize(seq.completion)
         # As create_completion: hold the checks while the text ends inside a UTF-8 character.
-        for k, char in enumerate(text[-3:]):
-            k = 3 - k
-            for num, pattern in ((2, 192), (3, 224), (4, 240)):
-                if num > k and pattern & char == pattern:
-                    seq.multibyte_fix = num - k
+        seq.multibyte_fix = _utf8_tokens_missing(text) or seq.multibyte_fix
         if seq.multibyte_fix > 0:
             seq.multibyte_fix -= 1
             return None
@@ -455,6 +451,18 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def _utf8_tokens_missing(text: bytes) -> int:
+    """create_completion's count of the tokens a UTF-8 character cut at the text's end still
+    needs (0 when the text ends on a whole character)."""
+    missing = 0
+    for k, char in enumerate(text[-3:]):
+        k = 3 - k
+        for num, pattern in ((2, 192), (3, 224), (4, 240)):
+            if num > k and pattern & char == pattern:
+                missing = num - k
+    return missing
 
 
 def _stop_prefix(text: bytes, stops: list[bytes]) -> int:
