@@ -10,7 +10,10 @@ Three sides, same prompts, same model, same threads, greedy:
   with the next token of every live sequence and the prompts of sequences that just joined,
   greedy sampling, a new prompt joining as soon as one ends;
 * **gpuq at K**: the jobs submitted over HTTP at once to one worker with
-  ``GPUQ_WORKER_SLOTS=K``; the clock runs from the submission to the last recorded finish.
+  ``GPUQ_WORKER_SLOTS=K``; the clock runs from the submission to the last recorded finish;
+* **gpuq at K=1 with the prompt cache** (``GPUQ_WORKER_PROMPT_CACHE=1``): like for like with
+  ``create_completion``, which always reuses the cached start of the previous prompt (these
+  prompts share their first words), a saving gpuq makes only when asked to.
 
 Aggregate tokens/s, and p50/p95 job latency (submission to finish; for the direct sides,
 from the start of the run to the sequence's end, as if all were submitted at once).
@@ -106,9 +109,10 @@ class _Direct:
         b.seq_id[i][0] = seq
 
     def fill(self, live: dict[int, _Live]) -> None:
-        """One step's batch: the next token of each generating sequence, new prompts whole (they are short)."""
+        """One step's batch: the next token of each generating sequence, new prompts whole (they
+        are short), in slot order (llama.cpp puts only consecutive sequence ids in one micro-batch)."""
         n = 0
-        for slot, s in live.items():
+        for slot, s in sorted(live.items()):
             if s.fed:
                 self.put(n, s.last, len(s.prompt) + s.generated - 1, slot, True)
                 s.logits_at, n = n, n + 1
@@ -173,10 +177,13 @@ def run_gpuq(
     threads: int,
     max_tokens: int,
     gpus: str | None = None,
+    prompt_cache: bool = False,
 ) -> Run:
     body = {"kind": "generate", "model": BUNDLED_MODEL_NAME, "max_tokens": max_tokens, "temperature": 0.0}
     jobs = [body | {"prompt": p, "top_p": 1.0, "seed": 7} for p in PROMPTS]
     settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": str(slots)}
+    if prompt_cache:
+        settings["GPUQ_WORKER_PROMPT_CACHE"] = "1"
     started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings, gpus=gpus)
     finished = [datetime.fromisoformat(j["finished_at"]) for j in done]
     # The clock stops when the worker recorded the last job finished, not when we looked.
