@@ -10,18 +10,24 @@ says ``http.disconnect`` the moment the client closes its connection.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated
 
 import anyio
-from fastapi import Request
+from fastapi import Header, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.deps import AppState
 from gpuq import store
 from gpuq.db.tables import Job
-from gpuq.dropin.call import JOB_ID_HEADER, abandon, wait_for_end
+from gpuq.dropin.call import JOB_ID_HEADER, PRIORITY_HEADER, abandon, wait_for_end
 from gpuq.streams.events import End, Event
 from gpuq.streams.follow import follow_job
+
+PriorityHeader = Annotated[
+    str | None,
+    Header(alias=PRIORITY_HEADER, description="high, normal or low; default: the key's default priority, else high"),
+]
 
 CLIENT_GONE = 499  # nginx's "client closed request": the status of an answer nobody reads
 

@@ -10,13 +10,14 @@ default, as Ollama's: NDJSON, one object per piece of text, the last with ``done
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Any
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import calls
+from api.calls import PriorityHeader
 from api.deps import CallerDep, SessionDep, StateDep, get_caller
 from api.schemas.ollama import (
     ChatRequest,
@@ -34,7 +35,6 @@ from gpuq.db.tables import Job, JobKind
 from gpuq.dropin import models, ollama
 from gpuq.dropin.call import (
     JOB_ID_HEADER,
-    PRIORITY_HEADER,
     call_priority,
     call_spec,
     find_model,
@@ -49,10 +49,6 @@ router = APIRouter(prefix="/api", tags=["ollama"])
 keyed = [Depends(get_caller)]
 
 NDJSON = "application/x-ndjson"
-PriorityHeader = Annotated[
-    str | None,
-    Header(alias=PRIORITY_HEADER, description="high, normal or low; default: the key's default priority, else high"),
-]
 _ERROR = {"content": {"application/json": {"example": {"error": "model 'x' not found"}}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "a field gpuq cannot honour, or a prompt that does not fit", **_ERROR},

@@ -7,12 +7,13 @@ names its job in ``X-Gpuq-Job-Id``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import calls
+from api.calls import PriorityHeader
 from api.deps import CallerDep, SessionDep, StateDep
 from api.schemas import ErrorBody
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, EmbeddingCreate
@@ -22,7 +23,6 @@ from gpuq.db.tables import Job, JobKind, JobStatus
 from gpuq.dropin import openai
 from gpuq.dropin.call import (
     JOB_ID_HEADER,
-    PRIORITY_HEADER,
     call_priority,
     call_spec,
     find_model,
@@ -33,10 +33,6 @@ from gpuq.errors import RequestError
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-PriorityHeader = Annotated[
-    str | None,
-    Header(alias=PRIORITY_HEADER, description="high, normal or low; default: the key's default priority, else high"),
-]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "a parameter gpuq cannot honour, or a prompt that does not fit"},
     401: {"model": ErrorBody, "description": "no valid API key"},
