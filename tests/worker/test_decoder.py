@@ -114,6 +114,29 @@ def test_a_sequence_past_its_deadline_fails_alone(alone, four_slots):
     assert {key: together[key].generation for key in keys} == {key: expected[key] for key in keys}
 
 
+def test_sequences_move_down_into_slots_freed_below_them_and_keep_their_text(alone, four_slots):
+    """llama.cpp decodes only consecutive slots in one micro-batch: when a job ends with
+    none waiting, the sequence in the highest slot moves into its slot, its KV copied."""
+    requests, expected = alone
+    keys = [f"greedy:{PROMPTS[3]}", f"seeded:{PROMPTS[4]}", f"greedy:{PROMPTS[5]}"]
+    short = dict(requests[keys[0]], max_tokens=3)  # ends first, freeing slot 0
+    four_slots.admit("short", short, threading.Event())
+    for key in keys[1:]:
+        four_slots.admit(key, requests[key], threading.Event())
+    assert four_slots.decoder.live_slots() == [0, 1, 2]
+    done = {}
+    while "short" not in done:
+        done.update({f.key: f for f in four_slots.decoder.step()})
+    assert four_slots.decoder.live_slots() == [1, 2]  # a job could take slot 0 before the next step
+    done.update({f.key: f for f in four_slots.decoder.step()})
+    moved = four_slots.decoder.live_slots()
+    while four_slots.decoder.active:
+        done.update({f.key: f for f in four_slots.decoder.step()})
+    assert moved == [0, 1]
+    assert done["short"].generation.completion_tokens == 3
+    assert {key: done[key].generation for key in keys[1:]} == {key: expected[key] for key in keys[1:]}
+
+
 def test_a_long_prompt_is_fed_in_chunks_while_the_others_keep_generating(four_slots):
     cancels = {f"r{i}": threading.Event() for i in range(2)}
     for i, key in enumerate(cancels):
