@@ -15,12 +15,15 @@ from typing import Annotated
 import anyio
 from fastapi import Header, Request
 from fastapi.responses import StreamingResponse
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.types import Receive, Scope, Send
 
 from api.deps import AppState
 from gpuq import store
+from gpuq.auth.access import Caller
 from gpuq.db.tables import Job
-from gpuq.dropin.call import JOB_ID_HEADER, PRIORITY_HEADER, abandon, wait_for_end
+from gpuq.dropin.call import JOB_ID_HEADER, PRIORITY_HEADER, abandon, submit_call, wait_for_end
+from gpuq.jobs.submit import JobSpec
 from gpuq.streams.events import End, Event
 from gpuq.streams.follow import follow_job
 
@@ -60,6 +63,14 @@ class CallStream(StreamingResponse):
             group.cancel_scope.cancel()
         if not finished:
             await self._on_gone()
+
+
+async def submit(db: AsyncSession, state: AppState, caller: Caller, spec: JobSpec) -> Job:
+    """Queues the call's job, then lets the session go: the wait that follows may last
+    minutes and holds no database connection."""
+    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
+    await db.close()
+    return job
 
 
 def events(state: AppState, job_id: str) -> AsyncIterator[Event]:

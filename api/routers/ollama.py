@@ -38,12 +38,12 @@ from gpuq.dropin.call import (
     call_priority,
     call_spec,
     find_model,
-    submit_call,
     with_max_tokens,
 )
 from gpuq.dropin.vectors import shortened
 from gpuq.errors import RequestError
 from gpuq.fleet import workers
+from gpuq.streams.events import End
 
 router = APIRouter(prefix="/api", tags=["ollama"])
 keyed = [Depends(get_caller)]
@@ -218,18 +218,14 @@ async def _generate(
         stream=body.stream,
         keep_alive=body.keep_alive_s(),
     )
-    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
-    await db.close()  # the wait holds no database connection
+    job = await calls.submit(db, state, caller, spec)
     if body.stream:
         content = ollama.stream(calls.events(state, job.id), job.id, body.model, started, chat=chat)
         return calls.stream(state, job, content, NDJSON)
-    ended = await calls.until_end(request, state, job)
+    ended = await _ended_well(request, state, job)
     if ended is None:
         return Response(status_code=calls.CLIENT_GONE)
     end, final = ended
-    problem = ollama.ended_badly(job.id, end)
-    if problem is not None:
-        raise RequestError(500, problem)
     text = (final.result or {}).get("text", "")
     return JSONResponse(ollama.final(body.model, end, started, chat=chat, text=text), headers={JOB_ID_HEADER: job.id})
 
@@ -251,16 +247,22 @@ async def _embed(
         stream=False,
         keep_alive=body.keep_alive_s(),
     )
-    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
-    await db.close()  # the wait holds no database connection
-    ended = await calls.until_end(request, state, job)
+    job = await calls.submit(db, state, caller, spec)
+    ended = await _ended_well(request, state, job)
     if ended is None:
         return job, None, None
-    end, final = ended
-    problem = ollama.ended_badly(job.id, end)
-    if problem is not None:
-        raise RequestError(500, problem)
-    return job, end, final
+    return job, *ended
+
+
+async def _ended_well(request: Request, state: StateDep, job: Job) -> tuple[End, Job] | None:
+    """The job's end and final row once it succeeded (a 500 with its error otherwise); None
+    when the client went away first."""
+    ended = await calls.until_end(request, state, job)
+    if ended is not None:
+        problem = ollama.ended_badly(job.id, ended[0])
+        if problem is not None:
+            raise RequestError(500, problem)
+    return ended
 
 
 async def _load_or_unload(
@@ -287,8 +289,7 @@ async def _load_or_unload(
     spec = call_spec(
         JobKind.GENERATE, name, preload, priority=call_priority(None, caller), stream=False, keep_alive=keep_alive_s
     )
-    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
-    await db.close()
+    job = await calls.submit(db, state, caller, spec)
     if await calls.until_end(request, state, job) is None:
         return Response(status_code=calls.CLIENT_GONE)
     return JSONResponse(done | ollama.content("", chat) | {"done_reason": "load"}, headers={JOB_ID_HEADER: job.id})

@@ -26,7 +26,6 @@ from gpuq.dropin.call import (
     call_priority,
     call_spec,
     find_model,
-    submit_call,
     with_max_tokens,
 )
 from gpuq.errors import RequestError
@@ -101,8 +100,7 @@ async def embeddings(
         stream=False,
         keep_alive=body.keep_alive,
     )
-    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
-    await db.close()  # the wait holds no database connection
+    job = await calls.submit(db, state, caller, spec)
     final = await _final(request, state, job)
     if final is None:
         return Response(status_code=calls.CLIENT_GONE)
@@ -129,8 +127,7 @@ async def _generate(
         stream=body.stream,
         keep_alive=body.keep_alive,
     )
-    job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
-    await db.close()  # the wait holds no database connection
+    job = await calls.submit(db, state, caller, spec)
     if body.stream:
         events = calls.events(state, job.id)
         content = openai.stream(events, endpoint, job, include_usage=body.include_usage)
