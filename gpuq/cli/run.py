@@ -107,6 +107,12 @@ def _cancel_quietly(client: GpuqClient, job_id: str) -> None:
 
     try:
         job = client.cancel(job_id)
-        click.echo(f"cancelled job {job_id} ({job['status']})", err=True)
-    except ApiError:  # it had just finished, or the disconnect cancelled it first
-        click.echo(f"stopped; job {job_id} had already ended", err=True)
+    except ApiError:  # it had just finished, or closing the stream cancelled it first
+        try:
+            job = client.job(job_id)
+        except ApiError:
+            job = {"status": "unknown"}
+        if job["status"] != "cancelled":
+            click.echo(f"stopped; job {job_id} had already ended ({job['status']})", err=True)
+            return
+    click.echo(f"cancelled job {job_id} ({job['status']})", err=True)
