@@ -2,7 +2,10 @@
 none is reachable), SQLite files, and the bundled GGUF model.
 
 Isolation: each test gets its own database and a Redis db index that is flushed before and
-after it. Running every Alembic revision is the slow part of a database, so it happens once
+after it. Each run claims its own pair of db indices on the Redis server (an exclusive file
+lock per pair, held for the run and released by the kernel if the run dies), so two runs on
+one machine (CI beside a developer, two checkouts) never flush each other's data; PostgreSQL
+databases get random names. Running every Alembic revision is the slow part of a database, so it happens once
 per session and backend, into a template; a test's migrated database is a copy of it (a copied
 SQLite file, or a PostgreSQL database created from the template database). Tests that need an
 unmigrated database (``empty_database_url`` alone) still get an empty one.
@@ -15,6 +18,7 @@ nor started processes, and PostgreSQL must answer only when a selected test uses
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
@@ -41,7 +45,6 @@ from tests.nvml_standin import NvmlStandin, StandinGpu, build, gpu_uuid, load_in
 
 POSTGRES_URL = os.environ.get("GPUQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("GPUQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-REDIS_DB = int(os.environ.get("GPUQ_TEST_REDIS_DB", "13"))
 DATABASES = ["sqlite", "postgresql"]
 
 TESTS_DIR = Path(__file__).parent
@@ -118,6 +121,47 @@ def redis_server_url() -> Iterator[str]:
     private.stop()
 
 
+@dataclass(frozen=True)
+class RedisDbs:
+    """The pair of Redis db indices this run owns: ``main`` for most tests, ``spare`` for the
+    fixtures that run beside them (a started system, the dashboard's server)."""
+
+    main: int
+    spare: int
+
+
+REDIS_DB_PAIRS = 8  # Redis has 16 db indices: up to eight runs at once on one server
+
+
+@contextmanager
+def claim_redis_dbs(server_url: str) -> Iterator[RedisDbs]:
+    """A pair of db indices no other run on this machine holds, for as long as this run lasts.
+    The lock is a file per (server, pair) under the temp directory: flock is released by the
+    kernel when its holder exits, however it exits, so a killed run leaves no stale claim."""
+    server = urlsplit(server_url).netloc.replace(":", "_") or "redis"
+    locks = Path(os.environ.get("TMPDIR", "/tmp")) / "gpuq-test-redis-dbs"
+    locks.mkdir(exist_ok=True)
+    for pair in range(REDIS_DB_PAIRS):
+        handle = open(locks / f"{server}-{pair}.lock", "w")  # noqa: SIM115 (held until the run ends)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            yield RedisDbs(main=2 * pair + 1, spare=2 * pair)
+        finally:
+            handle.close()
+        return
+    raise RuntimeError(f"all {REDIS_DB_PAIRS} Redis db pairs of {server_url} are held by other test runs")
+
+
+@pytest.fixture(scope="session")
+def redis_dbs(redis_server_url: str) -> Iterator[RedisDbs]:
+    with claim_redis_dbs(redis_server_url) as dbs:
+        yield dbs
+
+
 @contextmanager
 def redis_db(server_url: str, index: int) -> Iterator[str]:
     """A Redis database index, empty before and after."""
@@ -130,8 +174,8 @@ def redis_db(server_url: str, index: int) -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_url(redis_server_url: str) -> Iterator[str]:
-    with redis_db(redis_server_url, REDIS_DB) as url:
+def redis_url(redis_server_url: str, redis_dbs: RedisDbs) -> Iterator[str]:
+    with redis_db(redis_server_url, redis_dbs.main) as url:
         yield url
 
 

@@ -30,7 +30,7 @@ from gpuq.cli.client import GpuqClient
 from gpuq.cli.main import main
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.testing import GpuqProcesses
-from tests.conftest import REDIS_DB, fresh_database, migrate_and_register, redis_db
+from tests.conftest import RedisDbs, fresh_database, migrate_and_register, redis_db
 
 pytestmark = pytest.mark.e2e
 
@@ -127,10 +127,12 @@ def _seed(processes: GpuqProcesses, url: str, client: GpuqClient, model_path: st
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, model_path: str) -> Iterator[Seeded]:
+def system(
+    tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, redis_dbs: RedisDbs, model_path: str
+) -> Iterator[Seeded]:
     workdir = tmp_path_factory.mktemp("dashboard")
     (workdir / "models").mkdir()
-    with fresh_database("sqlite", workdir) as database_url, redis_db(redis_server_url, REDIS_DB - 1) as redis_url:
+    with fresh_database("sqlite", workdir) as database_url, redis_db(redis_server_url, redis_dbs.spare) as redis_url:
         migrate_and_register(database_url)
         settings = {"GPUQ_SIMULATED_GPUS": "24,80", "GPUQ_GPU_SAMPLE_INTERVAL_S": "1"}
         processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)

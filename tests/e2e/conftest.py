@@ -11,7 +11,7 @@ from gpuq.cli.client import GpuqClient
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.jobs.reconciler import ReconcileReport, reconcile_once
 from gpuq.testing import GpuqProcesses
-from tests.conftest import DATABASES, REDIS_DB, Template, database_template, redis_db
+from tests.conftest import DATABASES, RedisDbs, Template, database_template, redis_db
 
 # No pytestmark here: a conftest's marks reach no test. tests/conftest.py marks everything
 # under tests/e2e as e2e (and the PostgreSQL runs as postgres).
@@ -39,11 +39,11 @@ def _running_system(template: Template, workdir: Path, redis_server_url: str, db
 
 
 @pytest.fixture(scope="module", params=DATABASES)
-def system(request, tmp_path_factory, redis_server_url) -> Iterator[RunningSystem]:
+def system(request, tmp_path_factory, redis_server_url, redis_dbs: RedisDbs) -> Iterator[RunningSystem]:
     """The API and one worker as real processes, shared by a module's tests, on each database."""
     workdir = tmp_path_factory.mktemp(f"system-{request.param}")
     template = database_template(request, request.param)
-    yield from _running_system(template, workdir, redis_server_url, REDIS_DB - 1)
+    yield from _running_system(template, workdir, redis_server_url, redis_dbs.spare)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ def test_known_settings_the_cli_url_and_the_test_suites_variables_pass():
         {
             "GPUQ_DATABASE_URL": "x",
             "GPUQ_API_URL": "x",
-            "GPUQ_TEST_REDIS_DB": "9",
+            "GPUQ_TEST_REDIS_URL": "redis://127.0.0.1:6379",
             "GPUQ_WORKER_SLOTS": "4",
             "HOME": "/",
         }

@@ -17,7 +17,7 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Role
 from gpuq.local.demo import serve_api
 from gpuq.settings import Settings
-from tests.conftest import REDIS_DB, Template, redis_db
+from tests.conftest import RedisDbs, Template, redis_db
 
 MODEL = "smollm2-135m"
 
@@ -31,10 +31,12 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Template, redis_server_url: str) -> Iterator[Api]:
+def api(
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Template, redis_server_url: str, redis_dbs: RedisDbs
+) -> Iterator[Api]:
     data_dir = tmp_path_factory.mktemp("cli-api")
     (data_dir / "models").mkdir()
-    with sqlite_template.copy(data_dir) as database_url, redis_db(redis_server_url, REDIS_DB) as redis_url:
+    with sqlite_template.copy(data_dir) as database_url, redis_db(redis_server_url, redis_dbs.main) as redis_url:
         engine = sync_engine(database_url)
         with sync_sessions(engine)() as session:
             _key, secret = store.create_api_key(session, name="cli-test", owner="ops", role=Role.ADMIN)

@@ -12,7 +12,6 @@ from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import simulated_inventory, with_free_memory
-from tests.conftest import REDIS_DB
 from tests.gpuq.cli.conftest import Api, run
 from tests.inventory import record_gpus
 
@@ -32,7 +31,7 @@ def test_an_empty_fleet_says_so(env, tmp_path):
     assert done.stdout == "no GPU in the fleet: no supervisor has recorded one (workers without GPUs run on the CPU)\n"
 
 
-def test_every_hosts_gpus_with_their_state(api, env, tmp_path, redis_server_url):
+def test_every_hosts_gpus_with_their_state(api, env, tmp_path, redis_server_url, redis_dbs):
     a0, a1 = simulated_inventory("host-a", [24, 24]).gpus
     (b0,) = simulated_inventory("host-b", [80]).gpus
     engine = sync_engine(api.database_url)
@@ -41,7 +40,7 @@ def test_every_hosts_gpus_with_their_state(api, env, tmp_path, redis_server_url)
         record_gpus(session, "host-b", [b0])
         store.set_gpu_health(session, a1.uuid, healthy=False, reason="3 CUDA errors in a row")
     engine.dispose()
-    redis = Redis.from_url(f"{redis_server_url}/{REDIS_DB}")
+    redis = Redis.from_url(f"{redis_server_url}/{redis_dbs.main}")
     telemetry.publish(redis, [with_free_memory(a0, 1024), a1])  # host-b's supervisor is silent
     redis.close()
 
