@@ -1,148 +1,313 @@
-"""The worker's continuous-batching loop: many generations of one model decoded together.
+"""The worker's continuous-batching runs: many generations of one model decoded together.
 
 RQ's loop hands the worker one job at a time. When that job is a generation, the worker
-stays here until the model has no live sequence left: each turn it takes further waiting
-jobs for the same model while slots are free (without blocking, in priority order), runs
-one decoder step for all of them, and settles the sequences that ended. Every job keeps
-exactly what a job run alone has: its SQL claim, its own RQ execution and registry entry
-(so ``rq info`` is true), heartbeats, cancellation, a deadline, and its outcome through the
-writer.
+stays in a *run* until the model has no live request left. Two threads share a run:
 
-Priorities stay intact because admission reads the worker's own ordered queue list (every
-``high`` queue, then ``normal``, then ``low``; loaded models first within each): the run
-admits from the first non-empty queue only if it is this model's, and stops admitting as
-soon as a queue ahead of it, another model's, has a job waiting. The live sequences then
-finish, RQ's loop takes that job next, and no ``high`` job waits behind the admission of a
-``low`` one. A drained worker, or one told to stop (SIGTERM, RQ's warm shutdown), admits
-nothing more and lets the live sequences finish.
+- **the engine** (the worker's own thread) admits ready requests into free slots and steps
+  the decoder; between steps it touches nothing but memory, so no Redis round trip, SQL
+  claim, tokenisation or stream start ever stalls the live sequences;
+- **the desk** (a thread per run) does all of that beside it: it takes waiting jobs of the
+  model while slots are free (in priority order, without blocking), claims them, tokenises
+  their prompts and starts their streams, and hands the engine ready requests; it publishes
+  what the engine's steps produced and settles the requests that ended (outcome to the
+  writer, RQ's bookkeeping).
+
+Every job keeps exactly what a job run alone has: its SQL claim, its own RQ execution and
+registry entry (so ``rq info`` is true), heartbeats, cancellation, a deadline, and its
+outcome through the writer.
+
+Priorities stay intact because the desk reads the worker's own ordered queue list (every
+``high`` queue, then ``normal``, then ``low``; loaded models first within each): it admits
+from the first non-empty queue only if it is this model's, and stops admitting as soon as a
+queue ahead of it, another model's, has a job waiting. The live sequences then finish, RQ's
+loop takes that job next, and no ``high`` job waits behind the admission of a ``low`` one.
+A drained worker, or one told to stop (SIGTERM, RQ's warm shutdown), admits nothing more
+and lets the live sequences finish.
+
+The run talks to its worker through ``Host``, a few verbs, so it can be read (and tested)
+without RQ's worker class.
 """
 
 from __future__ import annotations
 
 import logging
+import queue as queues
 import threading
 import time
-from contextlib import suppress
-from typing import TYPE_CHECKING
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from redis.exceptions import RedisError
 from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
-from sqlalchemy.exc import SQLAlchemyError
 
-from gpuq.db.tables import JobKind
-from gpuq.jobs.queues import parse_queue_name
-from gpuq.redis_keys import RUN_ALONE_KEY
 from gpuq.store import ClaimedJob
-from worker.decoder import DecodeError, Finished
-from worker.engine import LoadedModel
-
-if TYPE_CHECKING:
-    from worker.worker import GpuqWorker
+from worker.decoding import BatchDecoder, DecodeError, Finished, Piece
+from worker.runner import JobRunner, Prepared
 
 log = logging.getLogger(__name__)
 
 INTAKE_POLL_S = 0.05  # with a slot free and nothing found, look at the queues again after this long
 
 
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A job taken from its queue and claimed: RQ's execution, its cancel event, its row."""
+
+    job: Job
+    queue: Queue
+    execution: Execution
+    cancel: threading.Event
+    claimed: ClaimedJob
+
+
+class Host(Protocol):
+    """What a run needs of its worker."""
+
+    runner: JobRunner
+    job_timeout_s: float
+
+    def may_take_more(self) -> bool:
+        """Not drained, not stopping, and Redis and SQL answer."""
+
+    def next_waiting(self, model: str, kind: str) -> tuple[Job, Queue] | None:
+        """The job at the front of the first non-empty queue of the worker's order, if that
+        queue is ``model``'s for ``kind``; None when nothing waits or something more urgent does."""
+
+    def put_back(self, job: Job, queue: Queue) -> None:
+        """Back to the front of its queue, untouched."""
+
+    def must_run_alone(self, job: Job) -> bool:
+        """It died beside others on a worker that crashed: it runs by itself next."""
+
+    def start(self, job: Job, queue: Queue) -> Started | None:
+        """RQ's execution, the monitor's watch and the SQL claim; None: not to run."""
+
+    def end(self, job: Job, execution: Execution) -> None: ...
+
+    def fail(self, job: Job, queue: Queue, execution: Execution) -> None: ...
+
+
+@dataclass(slots=True)
+class _Mailbox:
+    """What the engine and the desk hand each other, with one condition to wait on."""
+
+    ready: deque[Prepared] = field(default_factory=deque)  # desk -> engine
+    outputs: queues.SimpleQueue[_Output] = field(default_factory=queues.SimpleQueue)  # engine -> desk
+    wake: threading.Condition = field(default_factory=threading.Condition)
+    closed: bool = False  # the desk admits nothing more
+    desk_done: bool = False  # ... and has nothing in hand: the engine may end the run once idle
+
+
+@dataclass(frozen=True, slots=True)
+class _Output:
+    """One engine turn: requests it admitted (key, prompt tokens cached, tokens decoded so far),
+    requests it could not admit (key, why), a step's pieces and finished requests."""
+
+    admitted: tuple[tuple[str, int, int], ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()
+    pieces: tuple[Piece, ...] = ()
+    finished: tuple[Finished, ...] = ()
+
+
 class GenerationRun:
-    def __init__(self, worker: GpuqWorker, queue: Queue) -> None:
-        self._worker = worker
+    def __init__(self, host: Host, queue: Queue, model: str, kind: str) -> None:
+        self._host = host
         self._queue = queue
-        self._model = parse_queue_name(queue.name)[0]
-        self._jobs: dict[str, tuple[Job, Queue, Execution]] = {}
-        self._loaded: LoadedModel | None = None
-        self._polled_at = float("-inf")
-        self._closed = False  # admits nothing more: a job that must run alone is running or waiting
+        self._model = model
+        self._kind = kind
+        self._box = _Mailbox()
 
     def run(self, job: Job) -> None:
-        self._closed = must_run_alone(self._worker, job)
-        self._admit(job, self._queue)
+        desk = _Desk(self._host, self._box, self._model, self._kind)
+        thread = threading.Thread(target=desk.run, args=(job, self._queue), name=f"desk-{job.id}", daemon=True)
+        thread.start()
+        failed = False
         try:
-            while self._loaded is not None and self._loaded.decoder is not None and self._loaded.decoder.active:
-                self._take_more(self._loaded.decoder.free_slots)
-                try:
-                    finished = self._loaded.decoder.step()
-                except DecodeError as exc:
-                    self._fail_all(exc)
-                    break
-                self._worker.runner.publish_pieces(self._loaded.decoder.take_pieces(), ended=bool(finished))
-                for done in finished:
-                    self._settle(done)
+            failed = self._engine()
         finally:
-            self._worker.runner.keep_models()
+            thread.join()
+            if failed:
+                self._host.runner.unload(self._model)
+            self._host.runner.keep_models()
+
+    def _engine(self) -> bool:
+        """Admits and steps until the desk is done and nothing is live. True when decoding
+        failed outright (the model is then unloaded, so the next job gets a fresh context)."""
+        box = self._box
+        decoder = None
+        while True:
+            with box.wake:
+                ready = list(box.ready)
+                box.ready.clear()
+                if not ready and (decoder is None or not decoder.active):
+                    if box.desk_done:
+                        return False
+                    box.wake.wait(INTAKE_POLL_S)
+                    continue
+            admitted, refused = self._admit(ready)
+            if ready:
+                decoder = ready[0].decoder
+            finished: list[Finished] = []
+            failed = False
+            if decoder is not None and decoder.active:
+                try:
+                    finished = decoder.step()
+                except DecodeError as exc:
+                    log.error("decoding failed with %d requests live: %s", decoder.active, exc)
+                    finished = [Finished(key, error=f"{type(exc).__name__}: {exc}") for key in decoder.live_keys()]
+                    decoder.abandon()
+                    failed = True
+            pieces = decoder.take_pieces() if decoder is not None else []
+            box.outputs.put(_Output(tuple(admitted), tuple(refused), tuple(pieces), tuple(finished)))
+            with box.wake:
+                box.wake.notify_all()
+            if failed:
+                self._refuse_waiting("decoding failed beside it")
+                return True
+
+    def _admit(self, ready: list[Prepared]) -> tuple[list[tuple[str, int, int]], list[tuple[str, str]]]:
+        """Ready requests into free slots; those without room yet wait in front."""
+        admitted, refused, waiting = [], [], []
+        for prepared in ready:
+            decoder = prepared.decoder
+            if decoder.free_slots < prepared.n:  # the desk took it while a slot was ending
+                waiting.append(prepared)
+                continue
+            try:
+                cached = prepared.admit()
+            except ValueError as exc:
+                refused.append((prepared.key, str(exc)))
+                continue
+            admitted.append((prepared.key, cached, decoder.tokens_decoded))
+        if waiting:
+            with self._box.wake:
+                self._box.ready.extendleft(reversed(waiting))
+        return admitted, refused
+
+    def _refuse_waiting(self, why: str) -> None:
+        with self._box.wake:
+            ready = list(self._box.ready)
+            self._box.ready.clear()
+            self._box.closed = True
+        self._box.outputs.put(_Output(refused=tuple((p.key, why) for p in ready)))
+
+
+class _Desk:
+    """The run's side thread: intake, publishing and settling (see the module's docstring)."""
+
+    def __init__(self, host: Host, box: _Mailbox, model: str, kind: str) -> None:
+        self._host = host
+        self._box = box
+        self._model = model
+        self._kind = kind
+        self._jobs: dict[str, Started] = {}  # every job of the run not yet settled
+        self._unadmitted: dict[str, int] = {}  # handed to the engine, not admitted yet: slots each needs
+        self._decoder: BatchDecoder | None = None
+        self._polled_at = float("-inf")
+
+    def run(self, job: Job, queue: Queue) -> None:
+        try:
+            self._box.closed = self._host.must_run_alone(job)
+            self._take(job, queue)
+            while not self._finished():
+                self._drain_outputs()
+                self._take_more()
+                with self._box.wake:
+                    if self._box.outputs.empty():
+                        self._box.wake.wait(INTAKE_POLL_S)
+        finally:
+            with self._box.wake:
+                self._box.closed = self._box.desk_done = True
+                self._box.wake.notify_all()
+
+    def _finished(self) -> bool:
+        """Done once nothing is live or in hand and nothing more will be taken."""
+        self._drain_outputs()
+        if self._jobs:
+            return False
+        return not (self._may_take() and self._take_one_now())
 
     # ------------------------------------------------------------- intake
 
-    def _take_more(self, free: int) -> None:
-        """Admits waiting jobs of this model into free slots, while they are the most urgent."""
-        if free <= 0 or self._closed or time.monotonic() - self._polled_at < INTAKE_POLL_S:
+    def _may_take(self) -> bool:
+        return not self._box.closed and self._host.may_take_more()
+
+    def _free(self) -> int:
+        if self._decoder is None:
+            return 0
+        return self._decoder.free_slots - sum(self._unadmitted.values())
+
+    def _take_more(self) -> None:
+        if self._free() <= 0 or time.monotonic() - self._polled_at < INTAKE_POLL_S or not self._may_take():
             return
         self._polled_at = time.monotonic()
-        worker = self._worker
-        worker._read_control()  # throttled to once a second unless pub/sub said it changed
-        if worker._control.drained or worker._stop_requested:  # drained, or stopping (SIGTERM: finish, take no more)
-            return
-        if worker.runner.sql.wait_s > 0 or worker.redis_health.wait_s > 0:  # an outage: the live sequences go on
-            return
-        try:
-            self._admit_waiting(free)
-        except RedisError as exc:  # the live sequences go on; intake resumes once Redis answers
-            worker.redis_health.failed("taking more jobs", exc)
-
-    def _admit_waiting(self, free: int) -> None:
-        worker = self._worker
-        while free > 0:
-            taken = next_waiting(worker, self._model, JobKind.GENERATE)
-            if taken is None:
-                return
-            if taken[0].id in self._jobs or must_run_alone(worker, taken[0]):
-                # An admin requeued a job still running here (its old run ends at the next
-                # step), or the job must run alone: it waits in front until this run ends.
-                taken[1].push_job_id(taken[0].id, at_front=True)
-                self._closed = taken[0].id not in self._jobs
-                return
-            if self._admit(*taken):
-                free -= 1
+        while self._free() > 0 and self._may_take() and self._take_one_now():
             self._polled_at = float("-inf")  # a job came: look again at once while slots are free
 
-    def _admit(self, job: Job, queue: Queue) -> bool:
-        worker = self._worker
-        started = start_job(worker, job, queue)
+    def _take_one_now(self) -> bool:
+        """Takes the next waiting job of this model if it is the most urgent; False if none."""
+        host = self._host
+        taken = host.next_waiting(self._model, self._kind)
+        if taken is None:
+            return False
+        job, queue = taken
+        if job.id in self._jobs or host.must_run_alone(job):
+            # An admin requeued a job still running here (its old run ends at the next step),
+            # or the job must run alone: it waits in front until this run ends.
+            host.put_back(job, queue)
+            self._box.closed = job.id not in self._jobs
+            return False
+        return self._take(job, queue)
+
+    def _take(self, job: Job, queue: Queue) -> bool:
+        started = self._host.start(job, queue)
         if started is None:
             return False
-        execution, cancel, claimed = started
+        deadline = time.monotonic() + self._host.job_timeout_s
         try:
-            deadline = time.monotonic() + worker.job_timeout_s
-            loaded = worker.runner.admit_generation(claimed, cancel, deadline)
+            prepared = self._host.runner.prepare_generation(started.claimed, started.cancel, deadline)
         except Exception:
             log.exception("job %s could not be started", job.id)
-            worker.fail_execution(job, queue, execution)
+            self._host.fail(job, queue, started.execution)
             return False
-        if loaded is None:  # it ended at once (failed, handed back)
-            worker.end_execution(job, execution)
+        if prepared is None:  # it ended at once (failed, handed back)
+            self._host.end(job, started.execution)
             return False
-        log.info("%s: %s (%d running)", queue.name, job.id, len(self._jobs) + 1)
-        self._loaded = loaded
-        self._jobs[job.id] = (job, queue, execution)
+        self._decoder = prepared.decoder
+        self._jobs[job.id] = started
+        self._unadmitted[job.id] = prepared.n
+        with self._box.wake:
+            self._box.ready.append(prepared)
+            self._box.wake.notify_all()
+        log.info("%s: %s (%d in this run)", queue.name, job.id, len(self._jobs))
         return True
 
-    # ------------------------------------------------------------- endings
+    # ------------------------------------------------------------- what the engine produced
 
-    def _settle(self, finished: Finished) -> None:
-        job, _queue, execution = self._jobs.pop(finished.key)
-        self._worker.runner.finish_generation(finished)
-        self._worker.end_execution(job, execution)
+    def _drain_outputs(self) -> None:
+        runner = self._host.runner
+        while True:
+            try:
+                output = self._box.outputs.get_nowait()
+            except queues.Empty:
+                return
+            for key, cached, decoded in output.admitted:
+                self._unadmitted.pop(key, None)
+                runner.admitted(key, cached, decoded)
+            for key, why in output.refused:
+                self._unadmitted.pop(key, None)
+                runner.refuse(key, why)
+                self._settled(key)
+            runner.publish_pieces(list(output.pieces), ended=bool(output.finished))
+            for done in output.finished:
+                runner.finish_generation(done)
+                self._settled(done.key)
 
-    def _fail_all(self, exc: DecodeError) -> None:
-        """llama_decode failed outright: every live sequence fails with the error, and the
-        model is unloaded so the next job gets a fresh context."""
-        log.error("decoding failed with %d sequences live: %s", len(self._jobs), exc)
-        for job_id in list(self._jobs):
-            self._settle(Finished(job_id, error=f"{type(exc).__name__}: {exc}"))
-        self._worker.runner.unload(self._model)
-        self._loaded = None
+    def _settled(self, key: str) -> None:
+        started = self._jobs.pop(key)
+        self._host.end(started.job, started.execution)
 
 
 class EmbeddingRun:
@@ -154,123 +319,48 @@ class EmbeddingRun:
 
     MAX_JOBS = 32  # a batch's job holds up to 64 texts: at most ~2,000 texts in one run
 
-    def __init__(self, worker: GpuqWorker, queue: Queue) -> None:
-        self._worker = worker
+    def __init__(self, host: Host, queue: Queue, model: str, kind: str) -> None:
+        self._host = host
         self._queue = queue
-        self._model = parse_queue_name(queue.name)[0]
+        self._model = model
+        self._kind = kind
 
     def run(self, job: Job) -> None:
-        worker = self._worker
         started = self._start(self._take_waiting(job))
         if not started:
             return
         if len(started) > 1:
             log.info("embedding %d jobs of %s together", len(started), self._model)
-        worker.runner.run_embeddings([(claimed, cancel) for _job, _execution, claimed, cancel in started])
-        for each, execution, _claimed, _cancel in started:
-            worker.end_execution(each, execution)
+        self._host.runner.run_embeddings([(each.claimed, each.cancel) for each in started])
+        for each in started:
+            self._host.end(each.job, each.execution)
 
     def _take_waiting(self, job: Job) -> list[tuple[Job, Queue]]:
         """The job, and the waiting jobs of its model next in the worker's order."""
-        worker = self._worker
+        host = self._host
         taken = [(job, self._queue)]
-        worker._read_control()
-        alone = must_run_alone(worker, job)
-        stopping = worker._control.drained or worker._stop_requested  # SIGTERM: finish, take no more
-        while not alone and not stopping and len(taken) < self.MAX_JOBS:
-            try:
-                more = next_waiting(worker, self._model, JobKind.EMBED)
-            except RedisError as exc:
-                worker.redis_health.failed("taking more embedding jobs", exc)
-                break
+        if host.must_run_alone(job):
+            return taken
+        while host.may_take_more() and len(taken) < self.MAX_JOBS:
+            more = host.next_waiting(self._model, self._kind)
             if more is None:
                 break
-            if must_run_alone(worker, more[0]):  # it runs next, by itself
-                more[1].push_job_id(more[0].id, at_front=True)
+            if host.must_run_alone(more[0]):  # it runs next, by itself
+                host.put_back(*more)
                 break
             taken.append(more)
         return taken
 
-    def _start(self, taken: list[tuple[Job, Queue]]) -> list[tuple[Job, Execution, ClaimedJob, threading.Event]]:
+    def _start(self, taken: list[tuple[Job, Queue]]) -> list[Started]:
         """Each taken job claimed and started; if the database goes away meanwhile, those not
         started yet go back to the front of their queues, in their order."""
-        worker = self._worker
         started = []
         for i, (each, queue) in enumerate(taken):
-            if worker.runner.sql.wait_s > 0:
+            if i > 0 and not self._host.may_take_more():
                 for back, back_queue in reversed(taken[i:]):
-                    back_queue.push_job_id(back.id, at_front=True)
+                    self._host.put_back(back, back_queue)
                 break
-            begun = start_job(worker, each, queue)
+            begun = self._host.start(each, queue)
             if begun is not None:
-                execution, cancel, claimed = begun
-                started.append((each, execution, claimed, cancel))
+                started.append(begun)
         return started
-
-
-def next_waiting(worker: GpuqWorker, model: str, kind: str) -> tuple[Job, Queue] | None:
-    """The job at the front of the first non-empty queue of the worker's ordered list, if that
-    queue is ``model``'s for ``kind``; None when nothing waits or something more urgent does."""
-    queues = worker._ordered_queues
-    with worker.connection.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            pipe.llen(queue.key)
-        lengths = pipe.execute()
-    for queue, length in zip(queues, lengths, strict=True):
-        if not length:
-            continue
-        queue_model, queue_kind, _priority = parse_queue_name(queue.name)
-        if queue_model != model or queue_kind != kind:
-            return None  # a job ahead of ours in the worker's order: let this run end
-        return Queue.dequeue_any(
-            [queue],
-            None,  # no timeout: a plain LPOP, never blocking the live sequences
-            connection=worker.connection,
-            job_class=worker.job_class,
-            serializer=worker.serializer,
-        )
-    return None
-
-
-def must_run_alone(worker: GpuqWorker, job: Job) -> bool:
-    """Whether the job died beside others on a worker that crashed (see the reconciler);
-    not known while Redis does not answer, when it runs as any other."""
-    try:
-        return bool(worker.connection.sismember(RUN_ALONE_KEY, job.id))
-    except RedisError:
-        return False
-
-
-def start_job(worker: GpuqWorker, job: Job, queue: Queue) -> tuple[Execution, threading.Event, ClaimedJob] | None:
-    """RQ's execution, the monitor's watch and the SQL claim of a job taken from its queue;
-    None when it is not to run (not queued any more in SQL, or SQL unreachable)."""
-    if job.id in worker._requeued_jobs:
-        # An admin requeued it while it ran here: its stopped run's outcome must be written
-        # (and discarded) before this claim, or it would match the new run.
-        worker._requeued_jobs.discard(job.id)
-        worker._flush_outcomes()
-    try:
-        execution = worker.begin_execution(job)
-    except RedisError as exc:
-        # Popped but not started: in no list, its hash still queued, so the reconciler
-        # enqueues it again (see IN_FLIGHT_LIMIT_S). Nothing was claimed.
-        worker.redis_health.failed(f"starting {job.id}", exc)
-        return None
-    cancel = worker.monitor.begin(job.id)
-    try:
-        claimed = worker.runner.claim(job.id)
-    except SQLAlchemyError:  # nothing ran: the job goes back to the front of its queue
-        worker.return_unclaimed(job, queue, execution)
-        return None
-    except Exception:
-        # Infrastructure (SQL unreachable while claiming, say): the row is still queued,
-        # RQ's failed registry keeps the trace and the reconciler enqueues the job again.
-        log.exception("job %s could not be started", job.id)
-        worker.fail_execution(job, queue, execution)
-        return None
-    if claimed is None:
-        worker.end_execution(job, execution)
-        return None
-    with suppress(RedisError):  # else it runs alone once more, which is harmless
-        worker.connection.srem(RUN_ALONE_KEY, job.id)  # running now (alone if it had to)
-    return execution, cancel, claimed

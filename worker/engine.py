@@ -1,4 +1,4 @@
-"""llama.cpp behind a few verbs: load, close, admit/generate (through the decoder), embed.
+"""llama.cpp behind a few verbs: load, close, prepare a generation (for the decoder), embed.
 
 Imports ``llama_cpp`` lazily, so ``CUDA_VISIBLE_DEVICES`` set by the worker's launcher is
 in place before CUDA is first touched.
@@ -9,11 +9,12 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
 from gpuq.streams.events import wants_tokens
-from worker.decoder import BatchDecoder, DamagedModel, Generation, Sampling
+from worker.decoding import BatchDecoder, DamagedModel, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
 
@@ -24,6 +25,39 @@ class Cancel(Protocol):
 
 class JobCancelled(Exception):
     """The job was cancelled between two llama.cpp calls."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A generation ready for the decoder: what ``BatchDecoder.admit`` takes, in memory."""
+
+    key: str
+    request: dict[str, Any]
+    tokens: list[int]
+    cancel: threading.Event
+    deadline: float | None
+    decoder: BatchDecoder
+
+    @property
+    def n(self) -> int:
+        """Samples wanted: the slots it takes."""
+        return int(self.request.get("n") or 1)
+
+    def admit(self) -> int:
+        """Into the decoder's free slots (ValueError: it cannot run there); returns the prompt
+        tokens it took from the cache."""
+        request = self.request
+        return self.decoder.admit(
+            self.key,
+            self.tokens,
+            max_tokens=request["max_tokens"],
+            sampling=Sampling.of(request),
+            stop=request.get("stop") or [],
+            cancel=self.cancel,
+            deadline=self.deadline,
+            stream=wants_tokens(request),
+            n=self.n,
+        )
 
 
 class LoadedModel:
@@ -43,7 +77,7 @@ class LoadedModel:
         gpu_layers: int,
         tensor_split: list[float] | None = None,
         slots: int = 1,
-        prompt_cache: bool = False,
+        prompt_cache: bool = True,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -67,35 +101,17 @@ class LoadedModel:
     def prompt_tokens(self, request: dict[str, Any]) -> list[int]:
         return tokenize_prompt(self.model.tokenize, prompt_text(request, self.formatter))
 
-    def admit(self, key: str, request: dict[str, Any], cancel: threading.Event, deadline: float | None = None) -> int:
-        """Starts a generation in a free slot; returns its prompt's token count."""
+    def prepare(
+        self, key: str, request: dict[str, Any], cancel: threading.Event, deadline: float | None = None
+    ) -> Prepared:
+        """A generation made ready to admit: its prompt tokenised (beside the engine: the
+        vocabulary is only read, and llama.cpp's tokenizer releases the GIL)."""
         assert self.decoder is not None, "an embedding model does not generate"
-        tokens = self.prompt_tokens(request)
-        self.decoder.admit(
-            key,
-            tokens,
-            max_tokens=request["max_tokens"],
-            sampling=Sampling.of(request),
-            stop=request.get("stop") or [],
-            cancel=cancel,
-            deadline=deadline,
-            stream=wants_tokens(request),
-        )
-        return len(tokens)
+        return Prepared(key, request, self.prompt_tokens(request), cancel, deadline, self.decoder)
 
     def tokens_decoded(self) -> int:
         assert self.decoder is not None
         return self.decoder.tokens_decoded
-
-    def generate(self, request: dict[str, Any], cancel: threading.Event) -> Generation:
-        """One generation alone, start to end (the decoder may hold no other sequence)."""
-        assert self.decoder is not None and self.decoder.active == 0
-        self.admit("alone", request, cancel)
-        while True:
-            for finished in self.decoder.step():
-                if finished.generation is None:
-                    raise RuntimeError(finished.error or "the generation was sent back")
-                return finished.generation
 
     def embed(self, texts: list[str], cancel: threading.Event) -> tuple[list[list[float]], int]:
         """Mean-pooled, L2-normalised vectors, and the number of input tokens (of each distinct text once)."""

@@ -129,3 +129,20 @@ def hand_back_to_queue(
         log.warning("job %s handed back (%s); %s", job.id, reason, verdict)
 
     return hand_back
+
+
+def send_back_to_queue(
+    sessions: sessionmaker[Session], redis: Redis, *, worker: str, timeout_s: int
+) -> Callable[[store.ClaimedJob, str], None]:
+    """The runner's send-back for a request the decoder had no KV room for beside the others:
+    back to its queue with the attempt refunded and nothing marked (neither the job nor the GPU
+    is at fault: the job runs as soon as room frees, here or elsewhere)."""
+
+    def send_back(job: store.ClaimedJob, reason: str) -> None:
+        with sessions() as session:
+            if not store.return_to_queue(session, job.id, worker=worker, refund_attempt=True):
+                return
+        enqueue_jobs(redis, [QueueEntry.of(job)], timeout_s=timeout_s)
+        log.warning("job %s sent back to its queue, uncharged (%s)", job.id, reason)
+
+    return send_back

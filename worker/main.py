@@ -19,7 +19,7 @@ from worker.catalog import ModelCatalog
 from worker.device import EXIT_DEVICE_UNUSABLE, Device, DeviceUnusable, detect_device
 from worker.energy import energy_meter_for
 from worker.engine import LoadedModel
-from worker.faults import GpuHealth, StepBack, hand_back_to_queue
+from worker.faults import GpuHealth, StepBack, hand_back_to_queue, send_back_to_queue
 from worker.gpu_memory import GpuMemory
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
@@ -120,6 +120,7 @@ def run_worker(
             others_hold=memory.held_by_others if device.on_gpu else lambda: None,
             step_back=step_back,
         ),
+        send_back=send_back_to_queue(sessions, redis, worker=name, timeout_s=settings.job_timeout_s),
         health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
         energy=energy_meter_for(device, sample_interval_s=settings.energy_sample_interval_s),
         streams=streams,

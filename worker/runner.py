@@ -24,9 +24,9 @@ from gpuq.stats.metrics import FinishedJob
 from gpuq.streams.events import Delta, End, Start, wants_end, wants_tokens
 from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelInfo
-from worker.decoder import Finished, Generation, Piece
+from worker.decoding import BatchDecoder, Finished, Generation, Piece
 from worker.energy import NOT_MEASURED, EnergyMeter, JobEnergy, Measurement
-from worker.engine import JobCancelled, LoadedModel
+from worker.engine import JobCancelled, LoadedModel, Prepared
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outages import Dependency
@@ -49,8 +49,13 @@ class _Running:
     # with it (continuous batching, grouped embeddings): energy and GPU time are scaled by it.
     share: float = 1.0
     tokens_at_start: int = 0  # the decoder's token count when it joined
+    decoder: BatchDecoder | None = None
     generation: Generation | None = None
     _measured: Measurement | None = None
+
+    def decoded(self) -> int:
+        """Every token its decoder has decoded so far, its own and its neighbours'."""
+        return self.decoder.tokens_decoded if self.decoder is not None else 0
 
     def energy_stop(self) -> Measurement:
         if self._measured is None:
@@ -91,6 +96,7 @@ class JobRunner:
         default_keep_alive_s: float = -1,
         on_gpu: bool = False,
         hand_back: Callable[[store.ClaimedJob, str], None] | None = None,
+        send_back: Callable[[store.ClaimedJob, str], None] | None = None,
         health: GpuHealth | None = None,
         energy: EnergyMeter | None = None,
         streams: StreamPublisher | None = None,
@@ -105,12 +111,13 @@ class JobRunner:
         self.gpu_uuids = gpu_uuids
         self._default_keep_alive_s = default_keep_alive_s
         self._on_gpu = on_gpu
-        self._hand_back = hand_back
+        self._hand_back = hand_back  # out of memory loading: another GPU should take it
+        self._send_back = send_back  # no KV room beside the others: back in front, uncharged
         self._health = health
         self._energy = energy  # None on the CPU or a simulated GPU: nothing to measure
         self._streams = streams  # token streams of interactive calls (None: nothing published)
         # job id -> its bookkeeping and model, while its sequence runs
-        self._generating: dict[str, tuple[_Running, LoadedModel]] = {}
+        self._generating: dict[str, _Running] = {}
         self._kept: list[tuple[ModelSpec, float | None]] = []  # models used since keep_models, with keep_alive
         self._unconfirmed: set[str] = set()  # claims that raised: their COMMIT may still have gone through
         self.sql = Dependency("the database", meanwhile="taking no new job until it answers")
@@ -146,30 +153,26 @@ class JobRunner:
         return claimed
 
     def run(self, job_id: str, cancel: threading.Event) -> None:
-        """One job from claim to outcome, alone (embeddings, noop, or a generation run by itself)."""
+        """A job that runs no model (``noop``: the dispatch path alone), claim to outcome."""
         claimed = self.claim(job_id)
         if claimed is None:
             return
-        model = self._models(claimed.model)
         running = self._start(claimed)
-        try:
-            handed_back = not self._execute(claimed, model, cancel, running.outcome)
-        except BaseException:
-            running.energy_stop()
-            raise
-        if handed_back:
-            running.energy_stop()
-            return
+        if claimed.kind == JobKind.NOOP:
+            running.outcome.result = {}
+        else:  # generations and embeddings run through batching.py's runs
+            running.outcome.status = JobStatus.FAILED
+            running.outcome.error = f"a {claimed.kind} job cannot run alone"
         self._settle(running)
 
     # ------------------------------------------------------------- generations decoded together
 
-    def admit_generation(
+    def prepare_generation(
         self, claimed: store.ClaimedJob, cancel: threading.Event, deadline: float | None
-    ) -> LoadedModel | None:
-        """Loads the job's model (if need be) and starts its sequence in a free slot of the
-        model's decoder. None when the job ended at once (failed, handed back); its outcome
-        is then already on its way."""
+    ) -> Prepared | None:
+        """Loads the job's model (if need be), tokenises its prompt and starts its stream: a
+        request ready for the decoder. None when the job ended at once (failed, handed back);
+        its outcome is then already on its way."""
         running = self._start(claimed)
         model = self._models(claimed.model)
         try:
@@ -178,11 +181,8 @@ class JobRunner:
             spec = _spec(model, embedding=False)
             loaded, running.outcome.load_ms = self._load(spec)
             running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
-            running.outcome.prompt_tokens = loaded.admit(claimed.id, claimed.request, cancel, deadline)
-            running.tokens_at_start = loaded.tokens_decoded()
-            if self._streams is not None and wants_tokens(claimed.request):
-                start = Start(claimed.attempts, running.outcome.prompt_tokens, running.outcome.load_ms)
-                self._streams.start(claimed.id, start, max_tokens=claimed.request["max_tokens"])
+            prepared = loaded.prepare(claimed.id, claimed.request, cancel, deadline)
+            running.outcome.prompt_tokens, running.decoder = len(prepared.tokens), prepared.decoder
         except HandBack as exc:
             self._hand_back_or_settle(running, exc)
             return None
@@ -191,8 +191,24 @@ class JobRunner:
             running.outcome.status, running.outcome.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
             self._settle(running)
             return None
-        self._generating[claimed.id] = (running, loaded)
-        return loaded
+        self._generating[claimed.id] = running
+        return prepared
+
+    def admitted(self, job_id: str, cached_tokens: int, tokens_decoded: int) -> None:
+        """The decoder took the job's request: its stream starts (the first event of an attempt)."""
+        running = self._generating[job_id]
+        running.tokens_at_start = tokens_decoded
+        running.outcome.cached_tokens = cached_tokens
+        claimed = running.claimed
+        if self._streams is not None and wants_tokens(claimed.request):
+            start = Start(claimed.attempts, running.outcome.prompt_tokens, running.outcome.load_ms)
+            self._streams.start(claimed.id, start, max_tokens=claimed.request["max_tokens"])
+
+    def refuse(self, job_id: str, why: str) -> None:
+        """The decoder could not take the job's request (its prompt does not fit, say): it fails."""
+        running = self._generating.pop(job_id)
+        running.outcome.status, running.outcome.error = JobStatus.FAILED, why
+        self._settle(running)
 
     def publish_pieces(self, pieces: list[Piece], *, ended: bool) -> None:
         """Streaming sequences' text of one decoder step (``ended``: some sequence ended in it,
@@ -201,19 +217,28 @@ class JobRunner:
             self._streams.deltas([(piece.key, Delta(piece.text, piece.tokens)) for piece in pieces], now=ended)
 
     def finish_generation(self, finished: Finished) -> None:
-        """A sequence left the decoder: record its outcome, or send its job back to its queue."""
-        running, loaded = self._generating.pop(finished.key)
+        """A request left the decoder: record its outcome, or send its job back to its queue."""
+        running = self._generating.pop(finished.key)
         outcome = running.outcome
         if finished.evicted:
-            self._hand_back_or_settle(running, HandBack("no KV cache room beside the other sequences"))
+            # Not the GPU's fault nor the job's: no mark, no attempt charged, back in front.
+            running.energy_stop()
+            if self._send_back is not None:
+                self._send_back(running.claimed, "no KV cache room beside the other sequences")
+            else:
+                outcome.status, outcome.error = JobStatus.FAILED, "no KV cache room beside the other sequences"
+                self._settle(running)
+            if self._streams is not None:
+                self._streams.forget(running.claimed.id)
             return
-        if finished.generation is None:
+        if not finished.generations:
             outcome.status, outcome.error = JobStatus.FAILED, finished.error
         else:
-            self._record_generation(finished.generation, outcome)
-            running.generation = finished.generation
-            own = finished.generation.prompt_tokens + finished.generation.completion_tokens
-            decoded = loaded.tokens_decoded() - running.tokens_at_start  # its own and its neighbours'
+            self._record_generation(finished.generations, outcome)
+            running.generation = finished.generations[0]
+            own = outcome.prompt_tokens or 0
+            own += sum(g.completion_tokens for g in finished.generations)
+            decoded = running.decoded() - running.tokens_at_start  # its own and its neighbours'
             running.share = min(1.0, own / decoded) if decoded > 0 else 1.0
         self._settle(running)
 
@@ -329,40 +354,6 @@ class JobRunner:
         else:
             outcome.status, outcome.error = JobStatus.FAILED, str(exc)
 
-    def _execute(
-        self, claimed: store.ClaimedJob, model: ModelInfo | None, cancel: threading.Event, outcome: store.Outcome
-    ) -> bool:
-        """Runs the job into ``outcome``; False when it was handed back to its queue instead."""
-        try:
-            if claimed.kind == JobKind.NOOP:
-                outcome.result = {}
-            elif model is None:
-                raise LookupError(f"model {claimed.model!r} is no longer registered")
-            else:
-                self._run_model_job(claimed, model, cancel, outcome)
-        except HandBack as exc:
-            self._hand_back_or_fail(claimed, outcome, exc)
-            return outcome.status == JobStatus.FAILED
-        except JobCancelled:
-            outcome.status = JobStatus.CANCELLED
-        except Exception as exc:  # a job's failure is recorded, never raised into the worker loop
-            log.exception("job %s failed", claimed.id)
-            outcome.status = JobStatus.FAILED
-            outcome.error = f"{type(exc).__name__}: {exc}"
-        return True
-
-    def _run_model_job(
-        self, claimed: store.ClaimedJob, model: ModelInfo, cancel: threading.Event, outcome: store.Outcome
-    ) -> None:
-        embedding = claimed.kind == JobKind.EMBED
-        spec = _spec(model, embedding=embedding)
-        loaded, outcome.load_ms = self._load(spec)
-        try:
-            self._run_on(loaded, embedding, claimed, cancel, outcome)
-        finally:
-            self._kept.append((spec, claimed.request.get("keep_alive")))
-            self.keep_models()
-
     def _load(self, spec: ModelSpec) -> tuple[LoadedModel, int]:
         try:
             return self._cache.get(spec)
@@ -378,25 +369,27 @@ class JobRunner:
                 raise HandBack(f"{spec.name} does not fit this GPU even alone: {exc}") from exc
             raise
 
-    def _run_on(
-        self,
-        loaded: LoadedModel,
-        embedding: bool,
-        claimed: store.ClaimedJob,
-        cancel: threading.Event,
-        outcome: store.Outcome,
-    ) -> None:
-        if embedding:
-            self._record_embeddings(*loaded.embed(claimed.request["input"], cancel), outcome)
-            return
-        self._record_generation(loaded.generate(claimed.request, cancel), outcome)
-
     @staticmethod
-    def _record_generation(generation: Generation, outcome: store.Outcome) -> None:
-        outcome.result = {"text": generation.text, "finish_reason": generation.finish_reason}
-        outcome.prompt_tokens = generation.prompt_tokens
-        outcome.completion_tokens = generation.completion_tokens
-        if generation.finish_reason == "cancelled":
+    def _record_generation(generations: tuple[Generation, ...], outcome: store.Outcome) -> None:
+        """The first sample's text and reason at the top (what a one-sample job has always
+        had), every sample under ``choices`` when there are several; usage counts the prompt
+        once and every sample's completion."""
+        first = generations[0]
+        outcome.result = {"text": first.text, "finish_reason": first.finish_reason}
+        if len(generations) > 1:
+            outcome.result["choices"] = [
+                {
+                    "index": g.index,
+                    "text": g.text,
+                    "finish_reason": g.finish_reason,
+                    "completion_tokens": g.completion_tokens,
+                }
+                for g in generations
+            ]
+        outcome.prompt_tokens = first.prompt_tokens
+        outcome.completion_tokens = sum(g.completion_tokens for g in generations)
+        outcome.cached_tokens = first.cached_tokens
+        if all(g.finish_reason == "cancelled" for g in generations):
             outcome.status = JobStatus.CANCELLED
 
 

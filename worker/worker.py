@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from redis import Redis
@@ -46,13 +47,14 @@ from gpuq.jobs.queues import parse_queue_name, worker_queue_names
 from gpuq.jobs.reconciler import redis_age_s
 from gpuq.redis_keys import (
     CANCEL_FLAG_TTL_S,
+    RUN_ALONE_KEY,
     SLOTS_BUSY_FIELD,
     SLOTS_FIELD,
     loaded_expiry_key,
     rq_intermediate_key,
     rq_queue_key,
 )
-from worker.batching import EmbeddingRun, GenerationRun
+from worker.batching import EmbeddingRun, GenerationRun, Started
 from worker.monitor import JobMonitor
 from worker.outages import Dependency
 from worker.runner import JobRunner
@@ -222,8 +224,9 @@ class GpuqWorker(SimpleWorker):
         log.info("drained: %s goes back to the front of %s", job.id, queue.name)
         return True
 
-    def _read_control(self) -> None:
-        """Drain flags and unload requests, at most once a second unless pub/sub said they changed."""
+    def _read_control(self, *, apply_unloads: bool = True) -> None:
+        """Drain flags and unload requests, at most once a second unless pub/sub said they changed.
+        During a run (``apply_unloads=False``, from its desk thread) unloads wait for its end."""
         now = time.monotonic()
         if now - self._control_read_at < CONTROL_READ_GAP_S and not self._control_changed.is_set():
             return
@@ -239,7 +242,9 @@ class GpuqWorker(SimpleWorker):
         if state.drained != self._control.drained:
             log.info("drained by an admin: taking no jobs" if state.drained else "undrained: taking jobs again")
         self._control = state
-        if state.unload:
+        if state.unload and not apply_unloads:
+            self._unloads_pending |= state.unload
+        elif state.unload:
             with self._cache_lock:
                 self._unloads_pending |= state.unload
                 self._apply_unloads()
@@ -294,10 +299,11 @@ class GpuqWorker(SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> None:
         with self._cache_lock:
             kind = parse_queue_name(queue.name)[1]
+            model = parse_queue_name(queue.name)[0]
             if kind == JobKind.GENERATE:
-                GenerationRun(self, queue).run(job)  # this job, and others of its model beside it
+                GenerationRun(self, queue, model, kind).run(job)  # this job, and others of its model beside it
             elif kind == JobKind.EMBED:
-                EmbeddingRun(self, queue).run(job)  # this job, and others of its model waiting
+                EmbeddingRun(self, queue, model, kind).run(job)  # this job, and others of its model waiting
             else:
                 self._execute_job(job, queue)
         if self._requeued_jobs:
@@ -327,6 +333,96 @@ class GpuqWorker(SimpleWorker):
             self.fail_execution(job, queue, execution)
             return
         self.end_execution(job, execution)
+
+    # ------------------------------------------------------------- what a run needs (batching.Host)
+
+    def may_take_more(self) -> bool:
+        """Not drained, not stopping (SIGTERM: finish, take no more), and no outage."""
+        self._read_control(apply_unloads=False)  # throttled to once a second unless pub/sub said it changed
+        if self._control.drained or self._stop_requested:
+            return False
+        return self.runner.sql.wait_s <= 0 and self.redis_health.wait_s <= 0
+
+    def next_waiting(self, model: str, kind: str) -> tuple[Job, Queue] | None:
+        """The job at the front of the first non-empty queue of the worker's ordered list, if
+        that queue is ``model``'s for ``kind``; None when nothing waits, something more urgent
+        does, or Redis does not answer (the live sequences go on; intake resumes with it)."""
+        queues = self._ordered_queues
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.llen(queue.key)
+                lengths = pipe.execute()
+            for queue, length in zip(queues, lengths, strict=True):
+                if not length:
+                    continue
+                queue_model, queue_kind, _priority = parse_queue_name(queue.name)
+                if queue_model != model or queue_kind != kind:
+                    return None  # a job ahead of ours in the worker's order: let this run end
+                return Queue.dequeue_any(
+                    [queue],
+                    None,  # no timeout: a plain LPOP, never blocking
+                    connection=self.connection,
+                    job_class=self.job_class,
+                    serializer=self.serializer,
+                )
+        except RedisError as exc:
+            self.redis_health.failed("taking more jobs", exc)
+        return None
+
+    def put_back(self, job: Job, queue: Queue) -> None:
+        try:
+            queue.push_job_id(job.id, at_front=True)
+        except RedisError as exc:  # popped, not started: the reconciler enqueues it again
+            self.redis_health.failed(f"putting {job.id} back", exc)
+
+    def must_run_alone(self, job: Job) -> bool:
+        """Whether the job died beside others on a worker that crashed (see the reconciler);
+        not known while Redis does not answer, when it runs as any other."""
+        try:
+            return bool(self.connection.sismember(RUN_ALONE_KEY, job.id))
+        except RedisError:
+            return False
+
+    def start(self, job: Job, queue: Queue) -> Started | None:
+        """RQ's execution, the monitor's watch and the SQL claim of a job taken from its queue;
+        None when it is not to run (not queued any more in SQL, or SQL unreachable)."""
+        if job.id in self._requeued_jobs:
+            # An admin requeued it while it ran here: its stopped run's outcome must be written
+            # (and discarded) before this claim, or it would match the new run.
+            self._requeued_jobs.discard(job.id)
+            self._flush_outcomes()
+        try:
+            execution = self.begin_execution(job)
+        except RedisError as exc:
+            # Popped but not started: in no list, its hash still queued, so the reconciler
+            # enqueues it again (see IN_FLIGHT_LIMIT_S). Nothing was claimed.
+            self.redis_health.failed(f"starting {job.id}", exc)
+            return None
+        cancel = self.monitor.begin(job.id)
+        try:
+            claimed = self.runner.claim(job.id)
+        except SQLAlchemyError:  # nothing ran: the job goes back to the front of its queue
+            self.return_unclaimed(job, queue, execution)
+            return None
+        except Exception:
+            # Infrastructure (SQL unreachable while claiming, say): the row is still queued,
+            # RQ's failed registry keeps the trace and the reconciler enqueues the job again.
+            log.exception("job %s could not be started", job.id)
+            self.fail_execution(job, queue, execution)
+            return None
+        if claimed is None:
+            self.end_execution(job, execution)
+            return None
+        with suppress(RedisError):  # else it runs alone once more, which is harmless
+            self.connection.srem(RUN_ALONE_KEY, job.id)  # running now (alone if it had to)
+        return Started(job, queue, execution, cancel, claimed)
+
+    def end(self, job: Job, execution: Execution) -> None:
+        self.end_execution(job, execution)
+
+    def fail(self, job: Job, queue: Queue, execution: Execution) -> None:
+        self.fail_execution(job, queue, execution)
 
     def begin_execution(self, job: Job) -> Execution:
         """RQ's bookkeeping of a job's start: its execution, registry entry and hash, one pipeline.

@@ -130,6 +130,10 @@ class JobSummary(BaseModel):
     run_ms: int | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None = Field(
+        None,
+        description="of the prompt's tokens, those whose KV the worker reused instead of evaluating them",
+    )
     worker: str | None
     device: str | None
     attempts: int
@@ -182,6 +186,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "run_ms": job.run_ms,
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": job.completion_tokens,
+        "cached_tokens": job.cached_tokens,
         "worker": job.worker,
         "device": job.device,
         "attempts": job.attempts or 0,

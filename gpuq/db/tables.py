@@ -83,6 +83,7 @@ class Job(Base):
 
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)  # of prompt_tokens, reused from a KV stream
     load_ms: Mapped[int | None] = mapped_column(Integer)
     run_ms: Mapped[int | None] = mapped_column(Integer)
 

@@ -17,7 +17,7 @@
   (the KQ scores of one micro-batch against one sequence's cells, per head) and the output
   buffer (the logits of every token of the micro-batch). With separate KV streams the
   scores of K sequences add up to one sequence's, so K does not enter; the micro-batch
-  does: 512 tokens for generation (``worker/decoder.py``), the whole context for
+  does: 512 tokens for generation (``worker/decoding/decoder.py``), the whole context for
   embeddings (each text must fit one micro-batch for pooled embeddings). The output term
   also counts the f32 KQ mask (micro-batch x cells), which stays allocated while the
   logits are computed: without it the estimate fell 9 % short of what llama.cpp allocated
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 MIB = 1 << 20
 F16_BYTES = 2
 F32_BYTES = 4
-GENERATION_BATCH_TOKENS = 512  # n_batch = n_ubatch of the worker's generation contexts (worker/decoder.py)
+GENERATION_BATCH_TOKENS = 512  # n_batch = n_ubatch of the worker's generation contexts (worker/decoding/decoder.py)
 KV_PAD_CELLS = 256  # llama.cpp rounds each sequence's KV stream up to a multiple of this
 DEFAULT_MARGIN = 0.05
 DEFAULT_OVERHEAD_MIB = 457.0  # per GPU: Ollama's MinimumMemory for CUDA (ml/device.go)

@@ -293,6 +293,7 @@ class Outcome:
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens whose KV was reused, not evaluated
     load_ms: int | None = None
     run_ms: int | None = None
     webhook_url: str | None = None
@@ -309,6 +310,7 @@ class Outcome:
             "result": self.result,
             "error": self.error,
             "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
             "load_ms": self.load_ms,
             "run_ms": self.run_ms,
             "gpu_seconds": self.gpu_seconds,

@@ -1,6 +1,6 @@
-"""Continuous batching on the real bundled model: sequences decoded together give the text
-each gives alone, and one sequence's end (finished, cancelled, timed out) leaves the others
-as they were."""
+"""The engine on the real bundled model: requests decoded together give the text each gives
+alone; prompts reused from the cache give the text they give without it; ``n`` samples are
+forked from one evaluated prompt; one request's end leaves the others as they were."""
 
 import threading
 import time
@@ -8,7 +8,8 @@ import time
 import llama_cpp
 import pytest
 
-from worker.decoder import PREFILL_CHUNK_TOKENS
+from tests.worker.generation import admit, generate, run_together
+from worker.decoding import PREFILL_CHUNK_TOKENS
 from worker.engine import LoadedModel
 
 PROMPTS = [
@@ -21,47 +22,41 @@ PROMPTS = [
 ]
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": 7}
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "seed": 11}
-MAX_TOKENS = 32
+MAX_TOKENS = 16
+# A few-shot start longer than two prefill chunks, shared by the prompts of the cache tests.
+FEW_SHOT = "".join(f"Q: what is {a} plus {b}? A: {a + b}.\n" for a, b in zip(range(3, 23), range(40, 60), strict=True))
 
 
 def _request(prompt: str, sampling: dict, max_tokens: int = MAX_TOKENS) -> dict:
     return {"prompt": prompt, "max_tokens": max_tokens, "stop": []} | sampling
 
 
-def _run_together(model: LoadedModel, requests: dict[str, dict], cancels: dict | None = None) -> dict:
-    """Admits every request as soon as a slot is free (more requests than slots: slots are
-    reused) and steps until all ended; returns each key's Finished."""
-    pending = list(requests.items())
-    done = {}
-    while pending or model.decoder.active:
-        while pending and model.decoder.free_slots:
-            key, request = pending.pop(0)
-            model.admit(key, request, (cancels or {}).get(key, threading.Event()))
-        for finished in model.decoder.step():
-            done[finished.key] = finished
-    return done
+def _model(model_path: str, slots: int, *, prompt_cache: bool = True, n_ctx: int = 1024) -> LoadedModel:
+    return LoadedModel(
+        model_path, n_ctx=n_ctx, embedding=False, threads=2, gpu_layers=0, slots=slots, prompt_cache=prompt_cache
+    )
 
 
 @pytest.fixture(scope="module")
 def alone(model_path):
-    """Every request's generation with one slot: one sequence at a time."""
-    model = LoadedModel(model_path, n_ctx=1024, embedding=False, threads=2, gpu_layers=0, slots=1)
+    """Every request's generation with one slot and no cache: one sequence at a time."""
+    model = _model(model_path, 1, prompt_cache=False)
     requests = {f"{kind}:{p}": _request(p, s) for p in PROMPTS for kind, s in (("greedy", GREEDY), ("seeded", SEEDED))}
-    results = {key: model.generate(request, threading.Event()) for key, request in requests.items()}
+    results = {key: generate(model, request) for key, request in requests.items()}
     model.close()
     return requests, results
 
 
 @pytest.fixture(scope="module")
 def four_slots(model_path):
-    model = LoadedModel(model_path, n_ctx=1024, embedding=False, threads=2, gpu_layers=0, slots=4)
+    model = _model(model_path, 4)
     yield model
     model.close()
 
 
 def test_sequences_decoded_together_give_the_text_each_gives_alone(alone, four_slots):
     requests, expected = alone
-    together = _run_together(four_slots, requests)
+    together = run_together(four_slots, requests)
     assert {key: f.generation for key, f in together.items()} == expected
     assert len({g.text for g in expected.values()}) > len(PROMPTS)  # seeded texts differ from greedy ones
 
@@ -71,7 +66,7 @@ def test_alone_the_decoder_gives_create_completions_own_text(alone, model_path):
     direct = llama_cpp.Llama(model_path=model_path, n_ctx=1024, n_threads=2, verbose=False)
     try:
         for key, request in list(requests.items())[:6]:
-            direct.reset()  # no prompt cache from the previous call: each starts as gpuq's does
+            direct.reset()  # no prompt cache from the previous call: each starts afresh
             out = direct.create_completion(
                 request["prompt"],
                 max_tokens=MAX_TOKENS,
@@ -82,86 +77,85 @@ def test_alone_the_decoder_gives_create_completions_own_text(alone, model_path):
             assert expected[key].text == out["choices"][0]["text"], key
             assert expected[key].completion_tokens == out["usage"]["completion_tokens"]
             assert expected[key].finish_reason == out["choices"][0]["finish_reason"]
+            assert len(expected[key].token_ids) == expected[key].completion_tokens
     finally:
         direct.close()
 
 
-def test_a_cancelled_sequence_leaves_and_the_others_run_to_their_end(alone, four_slots):
+def test_a_cancelled_request_leaves_and_the_others_run_to_their_end(alone, four_slots):
     requests, expected = alone
     chosen = {key: requests[key] for key in list(requests)[:4]}
     victim = next(iter(chosen))
     cancel = threading.Event()
-    timer = threading.Timer(0.2, cancel.set)
-    timer.start()
-    long = dict(chosen[victim], max_tokens=600)  # still running when the cancel comes
-    together = _run_together(four_slots, chosen | {victim: long}, {victim: cancel})
-    timer.join()
+    long = dict(chosen[victim], max_tokens=600)
+    together = run_together(
+        four_slots, chosen | {victim: long}, {victim: cancel}, after_step=lambda step: step == 5 and cancel.set()
+    )
     assert together[victim].generation.finish_reason == "cancelled"
-    assert 0 < together[victim].generation.completion_tokens < 600
+    # Set after the 5th step (its prompt and first token, then four more): no 6th step for it.
+    assert together[victim].generation.completion_tokens == 5
     for key in list(chosen)[1:]:
         assert together[key].generation == expected[key]
 
 
-def test_a_sequence_past_its_deadline_fails_alone(alone, four_slots):
+def test_a_request_past_its_deadline_fails_alone(alone, four_slots):
     requests, expected = alone
     keys = list(requests)[:3]
-    counting = _request("Count from 1 to 1000: 1, 2, 3,", GREEDY, 600)
-    four_slots.admit("late", counting, threading.Event(), time.monotonic() + 0.2)
-    together = _run_together(four_slots, {key: requests[key] for key in keys})
-    while four_slots.decoder.active:  # the late one may outlive the others by a step
-        together.update({f.key: f for f in four_slots.decoder.step()})
+    admit(four_slots, "late", _request("Count from 1 to 1000: 1, 2, 3,", GREEDY, 600), deadline=time.monotonic())
+    together = run_together(four_slots, {key: requests[key] for key in keys})
     assert together["late"].generation is None and "timed out" in together["late"].error
     assert {key: together[key].generation for key in keys} == {key: expected[key] for key in keys}
 
 
-def test_sequences_move_down_into_slots_freed_below_them_and_keep_their_text(alone, four_slots):
-    """llama.cpp decodes only consecutive slots in one micro-batch: when a job ends with
-    none waiting, the sequence in the highest slot moves into its slot, its KV copied."""
+def test_sequences_move_down_into_streams_freed_below_them_and_keep_their_text(alone, four_slots):
+    """llama.cpp decodes only consecutive streams in one micro-batch: when a request ends with
+    none waiting, the sequence in the highest stream moves into its stream, its KV copied."""
     requests, expected = alone
-    keys = [f"greedy:{PROMPTS[3]}", f"seeded:{PROMPTS[4]}", f"greedy:{PROMPTS[5]}"]
-    short = dict(requests[keys[0]], max_tokens=3)  # ends first, freeing slot 0
-    four_slots.admit("short", short, threading.Event())
+    keys = list(requests)[:3]
+    admit(four_slots, "short", _request(PROMPTS[0], GREEDY, 3))
     for key in keys[1:]:
-        four_slots.admit(key, requests[key], threading.Event())
-    assert four_slots.decoder.live_slots() == [0, 1, 2]
+        admit(four_slots, key, requests[key])
+    decoder = four_slots.decoder
+    assert decoder.live_slots() == [0, 1, 2]
     done = {}
     while "short" not in done:
-        done.update({f.key: f for f in four_slots.decoder.step()})
-    assert four_slots.decoder.live_slots() == [1, 2]  # a job could take slot 0 before the next step
-    done.update({f.key: f for f in four_slots.decoder.step()})
-    moved = four_slots.decoder.live_slots()
-    while four_slots.decoder.active:
-        done.update({f.key: f for f in four_slots.decoder.step()})
+        done.update({f.key: f for f in decoder.step()})
+    assert decoder.live_slots() == [1, 2]
+    done.update({f.key: f for f in decoder.step()})
+    moved = decoder.live_slots()
+    while decoder.active:
+        done.update({f.key: f for f in decoder.step()})
     assert moved == [0, 1]
     assert done["short"].generation.completion_tokens == 3
     assert {key: done[key].generation for key in keys[1:]} == {key: expected[key] for key in keys[1:]}
 
 
-def test_a_long_prompt_is_fed_in_chunks_while_the_others_keep_generating(four_slots):
+def test_a_long_prompt_goes_in_chunk_by_chunk_while_the_others_keep_generating(four_slots):
+    decoder = four_slots.decoder
     cancels = {f"r{i}": threading.Event() for i in range(2)}
     for i, key in enumerate(cancels):
-        four_slots.admit(key, _request(PROMPTS[i], GREEDY, 400), cancels[key])
-    four_slots.decoder.step()  # their prompts
-    four_slots.decoder.step()  # their first generated tokens
+        admit(four_slots, key, _request(PROMPTS[i], GREEDY, 400), cancels[key])
+    decoder.step()  # their prompts
     long_prompt = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 40
     cancels["long"] = threading.Event()
-    prompt_tokens = four_slots.admit("long", _request(long_prompt, GREEDY, 4), cancels["long"])
+    admit(four_slots, "long", _request(long_prompt, GREEDY, 4), cancels["long"])
+    prompt_tokens = len(four_slots.prompt_tokens(_request(long_prompt, GREEDY)))
     steps = []
     while True:
-        four_slots.decoder.step()
-        generated, prompt = four_slots.decoder.last_step
+        decoder.step()
+        generated, prompt = decoder.last_step
         if prompt == 0:
             break
         steps.append((generated, prompt))
-    # The prompt went in over several steps, each a bounded chunk, and every one of those
-    # steps still decoded the next token of both running sequences.
+    # The prompt went in over several steps, a chunk each, and every one of those steps
+    # still decoded the next token of both running sequences.
     assert sum(prompt for _generated, prompt in steps) == prompt_tokens > 3 * PREFILL_CHUNK_TOKENS
     assert all(prompt <= PREFILL_CHUNK_TOKENS for _generated, prompt in steps)
     assert all(generated == 2 for generated, _prompt in steps)
     for cancel in cancels.values():
         cancel.set()
-    assert {f.generation.finish_reason for f in four_slots.decoder.step()} <= {"cancelled", "length"}
-    assert four_slots.decoder.active == 0
+    assert {f.generation.finish_reason for f in decoder.step()} <= {"cancelled", "length"}
+    assert decoder.active == 0
 
 
 def test_a_streaming_sequences_pieces_add_up_to_its_text_and_tokens_with_stop_strings_held_back(alone, four_slots):
@@ -179,14 +173,15 @@ def test_a_streaming_sequences_pieces_add_up_to_its_text_and_tokens_with_stop_st
     }
     pieces: dict[str, list] = {k: [] for k in cases}
     for k, request in cases.items():
-        four_slots.admit(k, request, threading.Event())
+        admit(four_slots, k, request)
+    decoder = four_slots.decoder
     done = {}
-    while four_slots.decoder.active:
-        for finished in four_slots.decoder.step():
-            done[finished.key] = finished
-        for piece in four_slots.decoder.take_pieces():
+    while decoder.active:
+        ended = {f.key: f for f in decoder.step()}
+        for piece in decoder.take_pieces():
+            assert piece.key not in done, "a piece came after its request's end"
             pieces[piece.key].append(piece)
-            assert piece.key not in done or piece is not None  # text of a sequence comes before or with its end
+        done.update(ended)
     for k in ("plain", "stopped"):
         generation = done[k].generation
         assert "".join(p.text for p in pieces[k]) == generation.text
@@ -197,20 +192,95 @@ def test_a_streaming_sequences_pieces_add_up_to_its_text_and_tokens_with_stop_st
     assert pieces["quiet"] == []
 
 
-def test_with_the_prompt_cache_a_prompt_reuses_what_a_slot_holds_of_its_start(alone, model_path):
-    """GPUQ_WORKER_PROMPT_CACHE: the slot whose last sequence shares the longest start with a
-    new prompt serves it, and only the rest is decoded (the last token at least, for its
-    logits); greedy text stays what it is without the cache."""
-    requests, results = alone
-    model = LoadedModel(model_path, n_ctx=1024, embedding=False, threads=2, gpu_layers=0, slots=2, prompt_cache=True)
+# ---------------------------------------------------------------- prompts reused from the cache
+
+QUESTIONS = [f"Q: what is {a} plus {b}? A:" for a, b in ((7, 8), (30, 12), (5, 99), (64, 1), (2, 2), (11, 31))]
+
+
+def _cache_requests() -> dict[str, dict]:
+    """Prompts that share the few-shot start (some share more: two ask the same question), half
+    greedy and half seeded at temperature 1, where a logit's last bit can change the text."""
+    prompts = [FEW_SHOT + q for q in QUESTIONS] + [FEW_SHOT + QUESTIONS[0], FEW_SHOT[:200] + "Tell me a story:"]
+    hot = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    return {
+        f"{i}:{kind}": _request(p, s | {"seed": 100 + i}, 12)
+        for i, p in enumerate(prompts)
+        for kind, s in (("greedy", GREEDY), ("seeded", hot))
+    }
+
+
+@pytest.fixture(scope="module")
+def uncached(model_path):
+    """Each cache request's generation with no cache at all."""
+    model = _model(model_path, 1, prompt_cache=False)
+    results = {key: generate(model, request) for key, request in _cache_requests().items()}
+    model.close()
+    return results
+
+
+def test_a_prompt_that_hits_the_cache_gives_the_text_it_gives_without_it(uncached, model_path):
+    """Token for token, greedy and seeded: the start a prompt takes from a KV stream (a live
+    one copied, or one kept after its sequence ended) was computed exactly as the prompt
+    would compute it."""
+    requests = _cache_requests()
+    for slots in (1, 3):  # one stream: reuse from the kept stream only; three: live ones copied too
+        model = _model(model_path, slots)
+        try:
+            done = run_together(model, requests)
+            assert {key: f.generation for key, f in done.items()} == uncached, f"{slots} slots"
+            cached = {key: f.generation.cached_tokens for key, f in done.items()}
+            assert cached[next(iter(cached))] == 0  # the first prompt found nothing
+            hits = [n for n in cached.values() if n]
+            assert len(hits) >= len(requests) - slots - 2 and all(n % PREFILL_CHUNK_TOKENS == 0 for n in hits)
+            assert model.decoder.reused_tokens == sum(cached.values())
+        finally:
+            model.close()
+
+
+def test_with_the_cache_off_nothing_is_reused(model_path, uncached):
+    model = _model(model_path, 2, prompt_cache=False)
     try:
-        first, other = f"greedy:{PROMPTS[0]}", f"greedy:{PROMPTS[2]}"
-        assert _run_together(model, {first: requests[first]})[first].generation == results[first]
-        assert model.decoder.reused_tokens == 0  # nothing cached yet
-        assert _run_together(model, {other: requests[other]})[other].generation == results[other]
-        prompt_tokens = results[first].prompt_tokens
-        again = _run_together(model, {"again": requests[first]})["again"].generation
-        assert model.decoder.reused_tokens >= prompt_tokens - 1  # all but the last prompt token, from its slot
-        assert again == results[first]
+        some = dict(list(_cache_requests().items())[:4])
+        done = run_together(model, some)
+        assert {k: f.generation for k, f in done.items()} == {k: uncached[k] for k in some}
+        assert model.decoder.reused_tokens == 0
+    finally:
+        model.close()
+
+
+# ---------------------------------------------------------------- n samples of one prompt
+
+
+def test_n_samples_are_forked_from_one_evaluated_prompt_each_seeded_seed_plus_its_index(model_path):
+    prompt = FEW_SHOT + QUESTIONS[1]
+    hot = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": 40}
+    reference = _model(model_path, 1, prompt_cache=False)
+    try:
+        singles = [generate(reference, _request(prompt, hot | {"seed": 40 + i}, 10)) for i in range(3)]
+    finally:
+        reference.close()
+    model = _model(model_path, 3, prompt_cache=False)
+    try:
+        before = model.decoder.tokens_decoded
+        done = run_together(model, {"n3": _request(prompt, hot, 10) | {"n": 3}})["n3"]
+        generations = done.generations
+        assert [g.index for g in generations] == [0, 1, 2]
+        assert [(g.text, g.token_ids) for g in generations] == [(s.text, s.token_ids) for s in singles]
+        assert len({g.text for g in generations}) > 1  # three samples, not one three times
+        # The prompt was decoded once; then each sample's tokens were fed back, all but one
+        # that ended on max_tokens (its last token is never decoded; an end-of-text is not kept).
+        decoded = model.decoder.tokens_decoded - before
+        fed_back = sum(g.completion_tokens - (g.finish_reason == "length") for g in generations)
+        assert decoded == generations[0].prompt_tokens + fed_back
+    finally:
+        model.close()
+
+
+def test_a_request_of_n_samples_waits_for_n_free_slots(model_path):
+    model = _model(model_path, 2)
+    try:
+        with pytest.raises(ValueError, match="needs 3 free slots"):
+            admit(model, "too-many", _request(PROMPTS[0], GREEDY) | {"n": 3})
+        assert model.decoder.active == 0 and model.decoder.free_slots == 2
     finally:
         model.close()

@@ -8,6 +8,7 @@ import pytest
 
 from worker.engine import EMBED_CHUNK, JobCancelled, LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
+from tests.worker.generation import generate, run_together
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": 7, "stop": []}
 
@@ -28,7 +29,7 @@ def embedder(model_path):
 
 def test_greedy_generation_is_what_llama_cpp_itself_produces(generator, model_path):
     request = {"prompt": "The three primary colours are", "max_tokens": 24} | GREEDY
-    ours = generator.generate(request, threading.Event())
+    ours = generate(generator, request)
     direct = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=2, verbose=False)
     expected = direct.create_completion("The three primary colours are", max_tokens=24, temperature=0.0, seed=7)
     direct.close()
@@ -42,30 +43,28 @@ def test_greedy_generation_is_what_llama_cpp_itself_produces(generator, model_pa
 
 def test_chat_messages_use_the_models_template(generator):
     request = {"messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 16} | GREEDY
-    first = generator.generate(request, threading.Event())
-    second = generator.generate(request, threading.Event())
+    first = generate(generator, request)
+    second = generate(generator, request)
     assert first == second  # deterministic at temperature 0
     assert first.prompt_tokens > 20  # SmolLM2's template adds its default system prompt
 
 
 def test_a_stop_sequence_ends_the_text_before_it(generator):
-    free = generator.generate({"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY, threading.Event())
+    free = generate(generator, {"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY)
     assert " 5" in free.text
-    stopped = generator.generate(
-        {"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY | {"stop": [" 5"]}, threading.Event()
-    )
+    stopped = generate(generator, {"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY | {"stop": [" 5"]})
     assert stopped.finish_reason == "stop" and " 5" not in stopped.text
     assert free.text.startswith(stopped.text)
 
 
 def test_a_cancel_during_generation_stops_at_the_next_token(generator):
     cancel = threading.Event()
-    timer = threading.Timer(0.3, cancel.set)
-    timer.start()
-    result = generator.generate({"prompt": "Once upon a time", "max_tokens": 1500} | GREEDY, cancel)
-    timer.join()
+    request = {"prompt": "Once upon a time", "max_tokens": 200} | GREEDY
+    done = run_together(generator, {"story": request}, {"story": cancel}, after_step=lambda step: step == 6 and cancel.set())
+    result = done["story"].generation
     assert result.finish_reason == "cancelled"
-    assert 0 < result.completion_tokens < 1500
+    # Set after the 6th step (the prompt and its first token, then five more): no 7th step.
+    assert result.completion_tokens == 6
 
 
 def test_embeddings_are_unit_vectors_that_tell_texts_apart(embedder):

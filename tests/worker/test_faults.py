@@ -19,9 +19,11 @@ from gpuq.fleet import health
 from gpuq.redis_keys import too_small_key
 from tests.gpuq.store.test_store import make_job
 from tests.nvml_standin import StandinProcess, gpu_uuid
+from tests.worker.generation import run_jobs
 from worker.catalog import ModelInfo
 from worker.engine import LoadedModel
-from worker.faults import GpuHealth, StepBack, hand_back_to_queue
+from worker.decoding import Finished
+from worker.faults import GpuHealth, StepBack, hand_back_to_queue, send_back_to_queue
 from worker.gpu_memory import GpuMemory
 from worker.model_cache import ModelCache
 from worker.outcome_writer import OutcomeWriter
@@ -88,7 +90,7 @@ def run_one(session, database_url, redis_url, loader, **options):
         [make_job(request={"prompt": "Hi", "max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "seed": 1, "stop": []})],
     )
     runner, writer, sessions, redis, engine, step_back = make_runner(database_url, redis_url, loader, **options)
-    runner.run(job.id, threading.Event())
+    run_jobs(runner, [job.id])
     writer.stop()
     with sessions() as s:
         row = store.get_job(s, job.id)
@@ -158,3 +160,25 @@ def test_three_cuda_errors_in_a_row_mark_the_gpu_unhealthy_and_a_success_resets_
         health_count.record("ggml_cuda_compute_forward: CUDA error")
     health_count.record("CUDA error again")
     assert len(marked) == 1 and marked[0].startswith("3 jobs in a row failed with CUDA errors")
+
+
+def test_a_request_without_kv_room_goes_back_to_its_queue_uncharged_and_marks_nothing(
+    nvml, session, database_url, redis_url
+):
+    """The decoder sends the newest request back when llama_decode finds no KV room beside the
+    others (``Finished(evicted=True)``): neither the job nor the GPU is at fault."""
+    [job] = store.insert_jobs(session, [make_job(request={"prompt": "Hi", "max_tokens": 2, "temperature": 0.0})])
+    runner, writer, sessions, redis, engine, step_back = make_runner(
+        database_url, redis_url, SimulatedOutOfMemoryLoader(0)
+    )
+    runner._send_back = send_back_to_queue(sessions, redis, worker="w1", timeout_s=60)
+    ready = runner.prepare_generation(runner.claim(job.id), threading.Event(), None)
+    runner.admitted(job.id, ready.admit(), 0)
+    runner.finish_generation(Finished(job.id, evicted=True))
+    writer.stop()
+    with sessions() as s:
+        row = store.get_job(s, job.id)
+    engine.dispose()
+    assert (row.status, row.worker, row.attempts) == ("queued", None, 0)  # the attempt refunded
+    assert redis.lrange(f"rq:queue:gpuq:{MODEL}:generate:normal", 0, -1) == [job.id.encode()]
+    assert health.too_small_models(redis, (GPU,)) == set() and step_back.models() == set()

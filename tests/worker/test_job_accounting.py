@@ -15,6 +15,7 @@ from gpuq.stats import metrics
 from tests.conftest import both_databases
 from tests.gpuq.store.test_store import make_job
 from tests.metrics_parsing import samples, total, value
+from tests.worker.generation import run_jobs
 from tests.worker.simulated_energy import SimulatedEnergySource, constant
 from worker.catalog import ModelInfo
 from worker.energy import EnergyMeter
@@ -75,7 +76,7 @@ def test_a_gpu_job_records_its_energy_and_gpu_seconds_and_is_counted_once(sessio
     runner, writer, sessions, redis = worker
     jobs = store.insert_jobs(session, [make_job(request=GEN), make_job(request=GEN)])
     for job in jobs:
-        runner.run(job.id, threading.Event())
+        run_jobs(runner, [job.id])
     assert writer.flush()
     with sessions() as s:
         rows = [store.get_job(s, j.id) for j in jobs]
@@ -110,12 +111,9 @@ def test_generations_decoded_together_share_the_gpus_energy_by_their_tokens(sess
     jobs = store.insert_jobs(
         session, [make_job(request=GEN | {"max_tokens": 24}), make_job(request=GEN | {"max_tokens": 24})]
     )
-    runner.run(store.insert_jobs(session, [make_job(request=GEN)])[0].id, threading.Event())  # loads the model
+    run_jobs(runner, [store.insert_jobs(session, [make_job(request=GEN)])[0].id])  # loads the model
     started = time.monotonic()
-    loaded = [runner.admit_generation(runner.claim(job.id), threading.Event(), None) for job in jobs][-1]
-    while loaded.decoder.active:
-        for finished in loaded.decoder.step():
-            runner.finish_generation(finished)
+    run_jobs(runner, [job.id for job in jobs])
     wall_s = time.monotonic() - started
     assert writer.flush()
     with sessions() as s:

@@ -122,7 +122,7 @@ from llama_cpp._internals import LlamaContext, LlamaModel
 
 path, slots, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = LlamaModel(path_model=path, params=llama_cpp.llama_model_default_params(), verbose=True)
-params = llama_cpp.llama_context_default_params()  # as worker/decoder.py sets them
+params = llama_cpp.llama_context_default_params()  # as worker/decoding/decoder.py sets them
 params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False
 params.n_batch = params.n_ubatch = 512
 params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED

@@ -1,0 +1,30 @@
+"""The engine: requests run as sequences over KV streams, one llama.cpp context per model.
+
+``decoder.py`` (the step loop: plan, decode, commit), ``plan.py`` (a step as data),
+``kv_streams.py`` (which prefix each KV stream holds, reuse and moves), ``text.py`` (a
+completion's text, token by token, with the end rules).
+"""
+
+from worker.decoding.decoder import (
+    DAMAGED_LOGITS,
+    PREFILL_CHUNK_TOKENS,
+    BatchDecoder,
+    DamagedModel,
+    DecodeError,
+    Finished,
+    Generation,
+    Piece,
+    Sampling,
+)
+
+__all__ = [
+    "DAMAGED_LOGITS",
+    "PREFILL_CHUNK_TOKENS",
+    "BatchDecoder",
+    "DamagedModel",
+    "DecodeError",
+    "Finished",
+    "Generation",
+    "Piece",
+    "Sampling",
+]

@@ -1,0 +1,598 @@
+"""Continuous batching: one llama.cpp context that decodes many sequences together.
+
+Decoding is bound by memory bandwidth: reading the weights once for K tokens costs little
+more than reading them for one, so K sequences decoded together give several times the
+tokens per second of one after another (llama.cpp's server slots, Ollama's
+``OLLAMA_NUM_PARALLEL`` and vLLM do the same).
+
+The data model, from the outside in:
+
+- a **request** is one job's generation: a prompt, sampling, end rules, and ``n``, the number
+  of samples wanted; it ends when all its sequences have, and is settled as one job;
+- a **sequence** is one sample being generated, with its own id (never reused), its own
+  sampler chain (seeded ``seed + index``), its own text, and an explicit state: prefilling
+  (its prompt going in), decoding, finished with a reason. A request's first sequence
+  prefills the prompt; the others are forked from it once the prompt is in (its KV stream
+  copied), so the prompt is evaluated once for all ``n``;
+- a **KV stream** holds one live sequence's cells; ``KvStreams`` owns them and knows which
+  token prefix each holds, live or kept after its sequence ended, so a new prompt reuses the
+  longest start any stream has (``kv_streams.py``).
+
+Each :meth:`BatchDecoder.step` is planned as data (``plan.py``), decoded (one
+``llama_decode`` for the decode rows, one per prompt chunk), then committed: tokens sampled,
+texts appended, states advanced. Nothing is changed before a decode and undone after it.
+
+Each sequence's sampler chain and end rules are ``Llama.create_completion``'s own (EOS, stop
+strings, length, the UTF-8 hold-back), so a seeded (or greedy) job gives the same text alone,
+beside others, and whether or not its prompt's start came from the cache.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Trim
+from worker.decoding.plan import N_BATCH, Chunk, Live, StepPlan, plan_step
+from worker.decoding.text import HELD, CompletionText
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK_TOKENS = 64  # a prompt goes in 64 tokens at a time, at fixed boundaries (see plan.py)
+PENALTY_LAST_N = 64  # Llama's last_n_tokens_size: the window the repeat penalty looks at
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One sample of a request: its text, why it ended, and its tokens."""
+
+    text: str
+    finish_reason: str  # "stop", "length" or "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: tuple[int, ...] = ()
+    index: int = 0  # which of the request's n samples
+    # How it was computed, not what it is: the same text is the same generation.
+    cached_tokens: int = field(default=0, compare=False)  # prompt tokens taken from a KV stream
+    prompt_ms: int | None = field(default=None, compare=False)  # admission to the first token
+    eval_ms: int | None = field(default=None, compare=False)  # first token to the end
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Text a streaming sequence produced in one step, covering ``tokens`` completion tokens.
+
+    The pieces of a sequence add up exactly to its final text: text that could still become
+    a stop string, or half a UTF-8 character, waits for the next token (as llama-cpp-python's
+    own streaming holds it back)."""
+
+    key: str
+    text: str
+    tokens: int
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The knobs of create_completion's sampler chain that gpuq exposes, with its defaults."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, request: dict[str, Any]) -> Sampling:
+        defaults = cls()
+        return cls(
+            temperature=request.get("temperature", defaults.temperature),
+            top_p=request.get("top_p", defaults.top_p),
+            top_k=request.get("top_k") or defaults.top_k,
+            min_p=request.get("min_p", defaults.min_p),
+            repeat_penalty=request.get("repeat_penalty") or defaults.repeat_penalty,
+            frequency_penalty=request.get("frequency_penalty") or defaults.frequency_penalty,
+            presence_penalty=request.get("presence_penalty") or defaults.presence_penalty,
+            seed=request.get("seed"),
+        )
+
+
+class DamagedModel(RuntimeError):
+    """The model computed NaN or infinite numbers: its weights are damaged (a file whose
+    header is fine but whose tensors are not). Its job fails; nothing non-finite is stored."""
+
+
+DAMAGED_LOGITS = "the model produced non-finite logits (NaN or infinity): its weights are damaged"
+
+
+class DecodeError(RuntimeError):
+    """llama_decode failed for a reason other than a full KV cache: the context is unusable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request that left the decoder: its generations (one per sample), or why it has none."""
+
+    key: str
+    generations: tuple[Generation, ...] = ()
+    error: str | None = None  # the job failed (a deadline passed, damaged weights)
+    evicted: bool = False  # no KV room: the job goes back to its queue, uncharged
+
+    @property
+    def generation(self) -> Generation | None:
+        """The first sample (the only one unless the request asked for several)."""
+        return self.generations[0] if self.generations else None
+
+
+class State(enum.Enum):
+    PREFILLING = "prefilling"  # its prompt going in, a chunk at a time
+    DECODING = "decoding"  # a token sampled each step
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class _Sequence:
+    id: int
+    request: _Request
+    index: int
+    stream: int
+    sampler: Any  # llama_cpp._internals.LlamaSampler
+    text: CompletionText
+    state: State = State.PREFILLING
+    fed: int = 0  # prompt tokens whose KV its stream holds
+    completion: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    cut: int | None = None  # where a stop string cut the text
+    unsent_tokens: int = 0  # streaming: tokens not yet covered by a piece
+    first_token_at: float | None = None
+
+    @property
+    def position(self) -> int:
+        """The position of the last sampled token, the one the next decode row carries."""
+        return self.fed + len(self.completion) - 1
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    key: str
+    prompt: list[int]
+    n: int
+    max_tokens: int
+    sampling: Sampling
+    stops: list[str]
+    cancel: threading.Event
+    deadline: float | None
+    stream: bool
+    admitted: int  # admission order: the newest request is the one sent back when KV runs out
+    cached: int = 0
+    admitted_at: float = field(default_factory=time.perf_counter)
+    sequences: list[_Sequence] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.sequences) == self.n and all(s.state is State.FINISHED for s in self.sequences)
+
+
+class BatchDecoder:
+    """Sequences of one model decoded together in one llama.cpp context of ``slots`` KV streams."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        slots: int,
+        n_ctx_per_seq: int,
+        threads: int,
+        prompt_cache: bool = True,
+        chunk_tokens: int = PREFILL_CHUNK_TOKENS,
+    ) -> None:
+        import llama_cpp
+        from llama_cpp._internals import LlamaContext
+
+        self._llama = llama_cpp
+        self._model = model  # llama_cpp._internals.LlamaModel, shared: weights are loaded once
+        self.slots = slots
+        self.n_ctx_per_seq = n_ctx_per_seq
+        self.chunk_tokens = chunk_tokens
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx_per_seq * slots
+        params.n_batch = params.n_ubatch = N_BATCH
+        params.n_seq_max = slots
+        params.kv_unified = False  # a KV stream per sequence: outputs do not depend on neighbours
+        params.n_threads = params.n_threads_batch = threads
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as Llama's default
+        params.no_perf = True
+        self._ctx = LlamaContext(model=model, params=params, verbose=False)
+        self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
+        self._n_vocab = model.n_vocab()
+        self._bos = model.token_bos()
+        self._piece_buffer = (llama_cpp.ctypes.c_char * 256)()
+        self.kv = KvStreams(slots, chunk_tokens=chunk_tokens, reuse=prompt_cache)
+        self._requests: dict[str, _Request] = {}
+        self._live: dict[int, _Sequence] = {}  # sequence id -> sequence, prefilling or decoding
+        self._ids = itertools.count()
+        self._admitted = 0
+        self._reserved = 0  # streams held for the forks of requests still prefilling
+        self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last step
+        self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
+        self.reused_tokens = 0  # prompt tokens taken from a KV stream instead of decoded
+        self._pieces: list[Piece] = []  # streaming sequences' text since take_pieces
+
+    def close(self) -> None:
+        for seq in self._live.values():
+            seq.sampler.close()
+        self._live.clear()
+        self._requests.clear()
+        if self._batch is not None:
+            self._llama.llama_batch_free(self._batch)
+            self._batch = None
+        self._ctx.close()
+
+    @property
+    def free_slots(self) -> int:
+        """KV streams free for new sequences (a request of ``n`` samples needs ``n``)."""
+        return self.kv.free - self._reserved
+
+    @property
+    def active(self) -> int:
+        """Requests admitted and not yet ended."""
+        return len(self._requests)
+
+    def live_keys(self) -> list[str]:
+        """The keys of the requests admitted and not yet ended."""
+        return list(self._requests)
+
+    def abandon(self) -> None:
+        """Drops every request without an ending (decoding failed: the context is unusable)."""
+        for request in list(self._requests.values()):
+            self._fail(request, "abandoned")
+
+    def live_slots(self) -> list[int]:
+        """The KV streams live sequences hold."""
+        return sorted(seq.stream for seq in self._live.values())
+
+    def admit(
+        self,
+        key: str,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        sampling: Sampling,
+        stop: Iterable[str] = (),
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+        stream: bool = False,
+        n: int = 1,
+    ) -> int:
+        """Adds a request; its prompt goes in from the next step. Needs ``n`` free slots.
+        Returns how many prompt tokens it takes from the cache. A ``stream`` request's text is
+        also handed out piece by piece (``take_pieces``)."""
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        if len(prompt) >= self.n_ctx_per_seq:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.n_ctx_per_seq}")
+        if n < 1 or n > self.free_slots:
+            raise ValueError(f"a request of {n} samples needs {n} free slots; {self.free_slots} are free")
+        if key in self._requests:
+            raise ValueError(f"{key} is already decoding here")
+        # create_completion's rule: the completion is cut where the context ends.
+        if max_tokens <= 0 or max_tokens + len(prompt) >= self.n_ctx_per_seq:
+            max_tokens = self.n_ctx_per_seq - len(prompt)
+        self._admitted += 1
+        request = _Request(
+            key=key,
+            prompt=list(prompt),
+            n=n,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stops=[s for s in stop if s],
+            cancel=cancel or threading.Event(),
+            deadline=deadline,
+            stream=stream,
+            admitted=self._admitted,
+        )
+        seq_id = next(self._ids)
+        placement = self.kv.place(seq_id, request.prompt)
+        self._apply(placement.ops)
+        request.cached = placement.reused
+        self.reused_tokens += placement.reused
+        seq = self._sequence(seq_id, request, 0, placement.stream)
+        seq.fed = placement.reused
+        self._reserved += n - 1
+        self._requests[key] = request
+        return placement.reused
+
+    def take_pieces(self) -> list[Piece]:
+        """The streaming sequences' text produced since the last call, in order."""
+        pieces, self._pieces = self._pieces, []
+        return pieces
+
+    def step(self) -> list[Finished]:
+        """One step for every live sequence; returns the requests that ended."""
+        finished = self._cut_off()
+        if self._live:
+            self._move_down()
+            plan = plan_step(self._views(), chunk_tokens=self.chunk_tokens)
+            finished += self._run(plan)
+            self.last_step = (len(plan.rows), plan.prompt_tokens)
+        return finished
+
+    # ------------------------------------------------------------- plan, decode, commit
+
+    def _views(self) -> list[Live]:
+        return [
+            Live(
+                id=seq.id,
+                stream=seq.stream,
+                admitted=seq.request.admitted,
+                prompt_len=len(seq.request.prompt),
+                fed=seq.fed,
+                pending=seq.completion[-1] if seq.state is State.DECODING else None,
+                position=seq.position,
+            )
+            for seq in self._live.values()
+        ]
+
+    def _run(self, plan: StepPlan) -> list[Finished]:
+        finished: list[Finished] = []
+        if plan.rows:
+            code = self._decode([(r.token, r.position, r.stream, True) for r in plan.rows])
+            if code == 1:
+                return [self._evict_newest()]
+            for i, row in enumerate(plan.rows):
+                seq = self._live.get(row.sequence)
+                if seq is not None:  # its request may have ended at an earlier row (damaged logits)
+                    finished += self._sample(seq, i)
+        for chunk in plan.chunks:
+            seq = self._live.get(chunk.sequence)
+            if seq is None:
+                continue
+            prompt = seq.request.prompt
+            code = self._decode(
+                [(prompt[p], p, chunk.stream, chunk.last and p == chunk.end - 1) for p in range(chunk.start, chunk.end)]
+            )
+            if code == 1:
+                return [*finished, self._evict_newest()]
+            finished += self._commit_chunk(seq, chunk)
+        return finished
+
+    def _decode(self, rows: list[tuple[int, int, int, bool]]) -> int:
+        """One llama_decode of (token, position, stream, wants logits) rows. 1: no KV room
+        (llama.cpp left the cache as it was)."""
+        batch = self._batch
+        for i, (token, pos, stream, logits) in enumerate(rows):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = stream
+            batch.logits[i] = logits
+        batch.n_tokens = len(rows)
+        code = int(self._llama.llama_decode(self._ctx.ctx, batch))
+        if code not in (0, 1):
+            raise DecodeError(f"llama_decode returned {code}")
+        if code == 0:
+            self.tokens_decoded += len(rows)
+        return code
+
+    def _commit_chunk(self, seq: _Sequence, chunk: Chunk) -> list[Finished]:
+        request = seq.request
+        if chunk.end - chunk.start == self.chunk_tokens:  # a whole chunk: reusable by later prompts
+            self.kv.computed(seq.stream, request.prompt[chunk.start : chunk.end])
+        seq.fed = chunk.end
+        if not chunk.last:
+            return []
+        last_row = chunk.end - chunk.start - 1
+        seqs = [seq, *self._fork(seq)]
+        for each in seqs:
+            each.state = State.DECODING
+        out: list[Finished] = []
+        for each in seqs:
+            if each.id in self._live:
+                out += self._sample(each, last_row)
+        return out
+
+    def _fork(self, parent: _Sequence) -> list[_Sequence]:
+        """The request's other samples, each a copy of the parent's KV stream with its own
+        sampler, once the prompt is in: the prompt is evaluated once for all of them."""
+        request = parent.request
+        children = []
+        for index in range(1, request.n):
+            seq_id = next(self._ids)
+            placement = self.kv.fork(parent.stream, seq_id)
+            self._apply(placement.ops)
+            child = self._sequence(seq_id, request, index, placement.stream)
+            child.fed = parent.fed
+            children.append(child)
+        self._reserved -= request.n - 1
+        return children
+
+    def _sample(self, seq: _Sequence, row: int) -> list[Finished]:
+        """create_completion's loop body for one token: EOS, stop strings, length."""
+        request = seq.request
+        if not self._logits_finite(row):
+            return [self._fail(request, DAMAGED_LOGITS)]
+        token = self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, row)
+        if seq.first_token_at is None:
+            seq.first_token_at = time.perf_counter()
+        if self._llama.llama_vocab_is_eog(self._model.vocab, token):
+            return self._end(seq, "stop")
+        seq.completion.append(token)
+        seq.unsent_tokens += 1
+        cut = seq.text.append(self._piece(token, first=len(seq.completion) == 1))
+        if cut == HELD:
+            return []
+        if cut is not None:
+            seq.cut = cut
+            return self._end(seq, "stop")
+        if len(seq.completion) >= request.max_tokens:
+            return self._end(seq, "length")
+        if request.stream:
+            self._hand_out(seq, seq.text.sendable())
+        return []
+
+    def _piece(self, token: int, *, first: bool) -> bytes:
+        """A token's bytes, as ``LlamaModel.detokenize`` gives them (which drops the leading
+        space of a BOS token that starts the text)."""
+        buffer = self._piece_buffer
+        n = self._llama.llama_token_to_piece(self._model.vocab, token, buffer, len(buffer), 0, False)
+        piece: bytes = buffer.raw[:n]
+        return piece[1:] if first and token == self._bos and piece[:1] == b" " else piece
+
+    def _logits_finite(self, row: int) -> bool:
+        """NaN logits would still sample some token (often end-of-text): an empty "success"."""
+        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, row)
+        return bool(np.isfinite(np.ctypeslib.as_array(logits, shape=(self._n_vocab,))).all())
+
+    # ------------------------------------------------------------- endings
+
+    def _end(self, seq: _Sequence, reason: str) -> list[Finished]:
+        seq.finish_reason = reason
+        self._leave(seq)
+        request = seq.request
+        if request.stream:
+            self._hand_out(seq, len(self._text_bytes(seq)), final=True)
+        if not request.finished:
+            return []
+        del self._requests[request.key]
+        return [Finished(request.key, tuple(self._generation(s) for s in request.sequences))]
+
+    def _leave(self, seq: _Sequence) -> None:
+        seq.state = State.FINISHED
+        seq.sampler.close()
+        self._live.pop(seq.id, None)
+        self.kv.release(seq.stream)
+
+    def _cut_off(self) -> list[Finished]:
+        """Requests cancelled or past their deadline leave before the step; the others go on."""
+        out = []
+        now = time.monotonic()
+        for request in list(self._requests.values()):
+            if request.cancel.is_set():
+                for seq in self._unfinished(request):
+                    out += self._end(seq, "cancelled")
+            elif request.deadline is not None and now >= request.deadline:
+                out.append(self._fail(request, "timed out (GPUQ_JOB_TIMEOUT_S)"))
+        return out
+
+    def _unfinished(self, request: _Request) -> list[_Sequence]:
+        """Its live sequences; the forks it has not made yet are not made (a request cancelled
+        while its prompt goes in ends with the one sample it has)."""
+        live = [s for s in request.sequences if s.state is not State.FINISHED]
+        if len(request.sequences) < request.n:
+            self._reserved -= request.n - len(request.sequences)
+            request.n = len(request.sequences)
+        return live
+
+    def _fail(self, request: _Request, error: str) -> Finished:
+        self._unfinished(request)
+        for seq in request.sequences:
+            if seq.state is not State.FINISHED:
+                self._leave(seq)
+        del self._requests[request.key]
+        return Finished(request.key, error=error)
+
+    def _evict_newest(self) -> Finished:
+        """No KV room for this step: the newest request goes back to its queue (llama.cpp left
+        the cache as it was, and nothing was committed, so the others simply step again)."""
+        newest = max(self._requests.values(), key=lambda r: r.admitted)
+        log.warning("no KV cache room for %d requests; sending %s back", len(self._requests), newest.key)
+        finished = self._fail(newest, "no KV cache room")
+        return Finished(finished.key, evicted=True)
+
+    def _generation(self, seq: _Sequence) -> Generation:
+        request = seq.request
+        now = time.perf_counter()
+        first = seq.first_token_at
+        return Generation(
+            text=self._text_bytes(seq).decode("utf-8", errors="ignore"),
+            finish_reason=seq.finish_reason or "stop",
+            prompt_tokens=len(request.prompt),
+            completion_tokens=len(seq.completion),
+            token_ids=tuple(seq.completion),
+            index=seq.index,
+            cached_tokens=request.cached,
+            prompt_ms=int((first - request.admitted_at) * 1000) if first is not None else None,
+            eval_ms=int((now - first) * 1000) if first is not None else None,
+        )
+
+    @staticmethod
+    def _text_bytes(seq: _Sequence) -> bytes:
+        data = seq.text.data
+        return bytes(data[: seq.cut] if seq.cut is not None else data)
+
+    def _hand_out(self, seq: _Sequence, upto: int, *, final: bool = False) -> None:
+        chunk = seq.text.take(upto, final=final)
+        if chunk or (final and seq.unsent_tokens):
+            self._pieces.append(Piece(seq.request.key, chunk, seq.unsent_tokens, seq.index))
+            seq.unsent_tokens = 0
+
+    # ------------------------------------------------------------- streams and samplers
+
+    def _sequence(self, seq_id: int, request: _Request, index: int, stream: int) -> _Sequence:
+        seq = _Sequence(
+            id=seq_id,
+            request=request,
+            index=index,
+            stream=stream,
+            sampler=self._sampler(request.sampling, index),
+            text=CompletionText.with_stops(request.stops),
+        )
+        request.sequences.append(seq)
+        self._live[seq_id] = seq
+        return seq
+
+    def _move_down(self) -> None:
+        """Decoding sequences move down into free streams below them (``KvStreams.moves``)."""
+        decoding = {seq.stream for seq in self._live.values() if seq.state is State.DECODING}
+        moves, ops = self.kv.moves(decoding)
+        self._apply(ops)
+        for move in moves:
+            self._live[move.sequence].stream = move.dst
+
+    def _apply(self, ops: Iterable[KvOp]) -> None:
+        for op in ops:
+            if isinstance(op, Copy):
+                # Whole streams: llama.cpp copies the buffers at the next decode, in order.
+                self._llama.llama_memory_seq_cp(self._memory, op.src, op.dst, -1, -1)
+            elif isinstance(op, Trim):
+                self._llama.llama_memory_seq_rm(self._memory, op.stream, op.keep, -1)
+
+    def _sampler(self, sampling: Sampling, index: int) -> Any:
+        """The chain create_completion builds (Llama._init_sampler), per sequence; the i-th
+        sample of a seeded request is seeded ``seed + i``."""
+        from llama_cpp._internals import LlamaSampler
+
+        seed = (sampling.seed + index) % 2**32 if sampling.seed is not None else secrets.randbelow(2**32)
+        sampler = LlamaSampler()
+        sampler.add_penalties(
+            self._n_vocab,
+            PENALTY_LAST_N,
+            sampling.repeat_penalty,
+            sampling.frequency_penalty,
+            sampling.presence_penalty,
+        )
+        if sampling.temperature < 0:
+            sampler.add_dist(seed)
+        elif sampling.temperature == 0:
+            sampler.add_greedy()
+        else:
+            sampler.add_top_k(sampling.top_k)
+            sampler.add_typical(1.0, 1)
+            sampler.add_top_p(sampling.top_p, 1)
+            sampler.add_min_p(sampling.min_p, 1)
+            sampler.add_temp(sampling.temperature)
+            sampler.add_dist(seed)
+        return sampler

@@ -1,0 +1,167 @@
+"""The KV streams of one decoding context, and which token prefix each one holds.
+
+A context has one KV stream per slot (llama.cpp's ``kv_unified=False``: a sequence's logits
+never depend on its neighbours). This module decides, as plain data, which stream a new
+sequence takes, what it can reuse there, and how live sequences move down; the decoder
+applies the operations to llama.cpp (``Copy``: ``llama_memory_seq_cp`` of a whole stream,
+``Trim``: ``llama_memory_seq_rm`` from a position on).
+
+- **Reuse is exact.** A stream's *reusable* tokens are the prompt tokens it computed in whole
+  prefill chunks: positions ``[0, k * chunk)``, each chunk decoded by itself at its fixed
+  place (see ``plan.py``). A prompt that starts with those tokens would compute the very same
+  chunks in the very same way, so taking them from the stream gives the same KV cells, bit for
+  bit, and the job's text does not depend on whether it hit the cache. Completion tokens (decoded
+  one a step) and a prompt's last partial chunk are never reused.
+- **A new sequence takes the lowest free stream**, so the streams that decode stay
+  consecutive: llama.cpp puts only consecutive sequence ids in one micro-batch, and rows
+  scattered over the streams cost a pass over the weights each. Its prefix comes from the
+  stream, live or free, that shares the longest whole-chunk start with its prompt: its own
+  stream's kept tokens (nothing to copy), or another stream copied whole first.
+- **Moving down**: when a free stream lies below a decoding one, the sequence in the highest
+  decoding stream moves into the lowest free one (a copy); the stream it leaves keeps what it
+  held, reusable by the next prompt that shares it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """Copy stream ``src`` whole into ``dst`` (llama.cpp copies KV streams whole)."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trim:
+    """Remove the cells of ``stream`` from position ``keep`` on (0: empty it)."""
+
+    stream: int
+    keep: int
+
+
+KvOp = Copy | Trim
+
+
+@dataclass(slots=True)
+class _Stream:
+    reusable: list[int] = field(default_factory=list)  # whole prefill chunks' tokens, from position 0
+    owner: int | None = None  # the live sequence's id
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    stream: int
+    reused: int  # prompt tokens whose KV the stream already holds (a multiple of the chunk)
+    ops: tuple[KvOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    sequence: int
+    src: int
+    dst: int
+
+
+class KvStreams:
+    def __init__(self, n_streams: int, *, chunk_tokens: int, reuse: bool = True) -> None:
+        self._streams = [_Stream() for _ in range(n_streams)]
+        self.chunk_tokens = chunk_tokens
+        self.reuse = reuse  # GPUQ_WORKER_PROMPT_CACHE: off, every prompt is decoded whole
+
+    @property
+    def free(self) -> int:
+        return sum(1 for s in self._streams if s.owner is None)
+
+    def owner(self, stream: int) -> int | None:
+        return self._streams[stream].owner
+
+    def holds(self, stream: int) -> list[int]:
+        """The reusable tokens the stream holds now."""
+        return list(self._streams[stream].reusable)
+
+    def place(self, sequence: int, prompt: list[int]) -> Placement:
+        """The stream a new sequence takes (StopIteration: none free) and what it reuses."""
+        target = next(i for i, s in enumerate(self._streams) if s.owner is None)
+        source, reused = self._best_source(prompt, target)
+        ops: list[KvOp] = []
+        if source is not None and source != target:
+            ops.append(Copy(source, target))
+        ops.append(Trim(target, reused))
+        stream = self._streams[target]
+        stream.owner, stream.reusable = sequence, prompt[:reused]
+        return Placement(target, reused, tuple(ops))
+
+    def _best_source(self, prompt: list[int], target: int) -> tuple[int | None, int]:
+        """The stream sharing the longest whole-chunk start with the prompt, and that length.
+        The prompt's last token is always decoded (its logits are sampled), so at most the
+        whole chunks before it are reused. The target itself wins a tie (nothing to copy)."""
+        if not self.reuse:
+            return None, 0
+        limit = (len(prompt) - 1) // self.chunk_tokens * self.chunk_tokens
+        best, best_len = None, 0
+        order = [target] + [i for i in range(len(self._streams)) if i != target]
+        for i in order:
+            shared = _common_prefix(self._streams[i].reusable, prompt, limit)
+            shared = shared // self.chunk_tokens * self.chunk_tokens
+            if shared > best_len:
+                best, best_len = i, shared
+        return best, best_len
+
+    def fork(self, parent: int, sequence: int) -> Placement:
+        """A stream for a sequence forked from the one in ``parent`` (``n`` samples of one
+        prompt): a copy of the parent's stream, cells and all."""
+        target = next(i for i, s in enumerate(self._streams) if s.owner is None)
+        stream = self._streams[target]
+        stream.owner, stream.reusable = sequence, list(self._streams[parent].reusable)
+        return Placement(target, len(stream.reusable), (Copy(parent, target),))
+
+    def computed(self, stream: int, tokens: list[int]) -> None:
+        """Whole prefill chunks were decoded into the stream, right after what it holds."""
+        self._streams[stream].reusable.extend(tokens)
+
+    def release(self, stream: int) -> None:
+        """The stream's sequence ended: its reusable tokens stay for the next prompt that
+        starts with them (its cells are trimmed when a sequence takes the stream)."""
+        s = self._streams[stream]
+        s.owner = None
+        if not self.reuse:
+            s.reusable = []
+
+    def moves(self, decoding: set[int]) -> tuple[list[Move], tuple[KvOp, ...]]:
+        """While a free stream lies below a decoding one, the sequence in the highest decoding
+        stream moves into the lowest free one. ``decoding``: the streams whose sequences decode
+        this step (streams still prefilling stay where they are)."""
+        moves: list[Move] = []
+        ops: list[KvOp] = []
+        live = set(decoding)
+        while live:
+            free = [i for i, s in enumerate(self._streams) if s.owner is None]
+            top = max(live)
+            if not free or free[0] > top:
+                break
+            dst = free[0]
+            src, dst_stream = self._streams[top], self._streams[dst]
+            sequence = src.owner
+            assert sequence is not None
+            dst_stream.owner, dst_stream.reusable = sequence, list(src.reusable)
+            src.owner = None  # it keeps its cells: the same tokens, reusable
+            if not self.reuse:
+                src.reusable = []
+            ops.append(Copy(top, dst))
+            moves.append(Move(sequence, top, dst))
+            live.discard(top)
+            live.add(dst)
+        return moves, tuple(ops)
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n
