@@ -12,7 +12,9 @@ from worker.engine import LoadedModel
 from worker.runner import JobRunner
 
 
-def admit(model: LoadedModel, key: str, request: dict[str, Any], cancel: threading.Event | None = None, **kw: Any) -> int:
+def admit(
+    model: LoadedModel, key: str, request: dict[str, Any], cancel: threading.Event | None = None, **kw: Any
+) -> int:
     """Admits one request; returns the prompt tokens it took from the cache."""
     return model.prepare(key, request, cancel or threading.Event(), kw.get("deadline")).admit()
 

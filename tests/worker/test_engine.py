@@ -6,9 +6,9 @@ import threading
 import llama_cpp
 import pytest
 
+from tests.worker.generation import generate, run_together
 from worker.engine import EMBED_CHUNK, JobCancelled, LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
-from tests.worker.generation import generate, run_together
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": 7, "stop": []}
 
@@ -60,7 +60,9 @@ def test_a_stop_sequence_ends_the_text_before_it(generator):
 def test_a_cancel_during_generation_stops_at_the_next_token(generator):
     cancel = threading.Event()
     request = {"prompt": "Once upon a time", "max_tokens": 200} | GREEDY
-    done = run_together(generator, {"story": request}, {"story": cancel}, after_step=lambda step: step == 6 and cancel.set())
+    done = run_together(
+        generator, {"story": request}, {"story": cancel}, after_step=lambda step: step == 6 and cancel.set()
+    )
     result = done["story"].generation
     assert result.finish_reason == "cancelled"
     # Set after the 6th step (the prompt and its first token, then five more): no 7th step.

@@ -21,8 +21,8 @@ from tests.gpuq.store.test_store import make_job
 from tests.nvml_standin import StandinProcess, gpu_uuid
 from tests.worker.generation import run_jobs
 from worker.catalog import ModelInfo
-from worker.engine import LoadedModel
 from worker.decoding import Finished
+from worker.engine import LoadedModel
 from worker.faults import GpuHealth, StepBack, hand_back_to_queue, send_back_to_queue
 from worker.gpu_memory import GpuMemory
 from worker.model_cache import ModelCache
