@@ -1,0 +1,97 @@
+"""Which KV stream a sequence takes and what it reuses, as data, without llama.cpp."""
+
+import pytest
+
+from worker.decoding.kv_streams import Copy, KvStreams, Move, Trim
+
+C = 4  # chunk tokens, small so the cases read easily
+
+
+def tokens(n, start=0):
+    return list(range(start, start + n))
+
+
+def test_a_first_prompt_takes_the_lowest_stream_and_reuses_nothing():
+    kv = KvStreams(3, chunk_tokens=C)
+    placed = kv.place(1, tokens(10))
+    assert (placed.stream, placed.reused, placed.ops) == (0, 0, (Trim(0, 0),))
+
+
+def test_only_whole_prefill_chunks_are_reused_and_never_the_last_prompt_token():
+    kv = KvStreams(2, chunk_tokens=C)
+    first = kv.place(1, tokens(10))
+    kv.computed(first.stream, tokens(8))  # two whole chunks; the partial [8, 10) is not reusable
+    kv.release(first.stream)
+    # Shares 9 tokens: 8 of them (two chunks) are reused, from its own stream (no copy).
+    again = kv.place(2, tokens(9) + [99])
+    assert (again.stream, again.reused, again.ops) == (0, 8, (Trim(0, 8),))
+    kv.release(0)
+    # A prompt that is exactly the 8 cached tokens decodes its last chunk again, for its logits.
+    assert kv.place(3, tokens(8)).reused == 4
+
+
+def test_a_live_streams_start_is_copied_into_the_lowest_free_stream():
+    kv = KvStreams(3, chunk_tokens=C)
+    kv.place(1, tokens(12))
+    kv.computed(0, tokens(12))
+    placed = kv.place(2, tokens(9) + [70, 71])
+    assert (placed.stream, placed.reused) == (1, 8)
+    assert placed.ops == (Copy(0, 1), Trim(1, 8))
+
+
+def test_the_longest_shared_start_wins_and_the_target_wins_a_tie():
+    kv = KvStreams(3, chunk_tokens=C)
+    for seq, prefix in ((1, tokens(8)), (2, tokens(4) + [50, 51, 52, 53])):
+        placed = kv.place(seq, prefix + [9, 9, 9])
+        kv.computed(placed.stream, prefix[placed.reused :])
+    kv.release(0)
+    kv.release(1)
+    placed = kv.place(3, tokens(4) + [50, 51, 52, 53, 7])
+    assert (placed.stream, placed.reused, placed.ops) == (0, 8, (Copy(1, 0), Trim(0, 8)))
+    kv.release(0)
+    tie = kv.place(4, tokens(4) + [60, 61, 62, 63, 5])  # 4 shared with every stream
+    assert (tie.stream, tie.reused, tie.ops) == (0, 4, (Trim(0, 4),))
+
+
+def test_with_reuse_off_every_prompt_starts_empty():
+    kv = KvStreams(2, chunk_tokens=C, reuse=False)
+    kv.place(1, tokens(12))
+    kv.computed(0, tokens(12))
+    kv.release(0)
+    assert kv.place(2, tokens(12)).reused == 0
+
+
+def test_a_fork_copies_its_parents_stream():
+    kv = KvStreams(3, chunk_tokens=C)
+    kv.place(1, tokens(6))
+    kv.computed(0, tokens(4))
+    child = kv.fork(0, 2)
+    assert (child.stream, child.ops) == (1, (Copy(0, 1),))
+    assert kv.owner(1) == 2 and kv.holds(1) == tokens(4)
+
+
+def test_decoding_sequences_move_down_and_the_stream_they_leave_keeps_its_tokens():
+    kv = KvStreams(4, chunk_tokens=C)
+    for seq in range(4):
+        placed = kv.place(seq, tokens(6, start=10 * seq))
+        kv.computed(placed.stream, tokens(4, start=10 * seq))
+    kv.release(0)
+    kv.release(1)
+    moves, ops = kv.moves({2, 3})
+    assert moves == [Move(3, 3, 0), Move(2, 2, 1)]
+    assert ops == (Copy(3, 0), Copy(2, 1))
+    assert [kv.owner(s) for s in range(4)] == [3, 2, None, None]
+    assert kv.holds(3) == tokens(4, start=30)  # still reusable where it was
+    with pytest.raises(StopIteration):
+        full = KvStreams(1, chunk_tokens=C)
+        full.place(1, tokens(3))
+        full.place(2, tokens(3))
+
+
+def test_a_prefilling_sequence_is_not_moved_and_does_not_block_others():
+    kv = KvStreams(3, chunk_tokens=C)
+    for seq in range(3):
+        kv.place(seq, tokens(6, start=10 * seq))
+    kv.release(0)
+    moves, _ops = kv.moves({2})  # stream 1 still prefills
+    assert moves == [Move(2, 2, 0)]

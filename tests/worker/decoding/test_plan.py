@@ -1,0 +1,52 @@
+"""A step's plan, as data, without llama.cpp."""
+
+from worker.decoding.plan import N_BATCH, Chunk, Live, Row, chunk_end, plan_step
+
+C = 64
+
+
+def live(id, stream, *, prompt_len=10, fed=10, pending=None, position=10, admitted=None):
+    return Live(id, stream, admitted if admitted is not None else id, prompt_len, fed, pending, position)
+
+
+def test_every_decoding_sequence_gets_one_row_in_stream_order():
+    plan = plan_step([live(1, 2, pending=7, position=12), live(2, 0, pending=5, position=30)], chunk_tokens=C)
+    assert plan.rows == (Row(2, 0, 5, 30), Row(1, 2, 7, 12))
+    assert plan.chunks == ()
+
+
+def test_a_prompt_goes_in_at_fixed_boundaries_whatever_was_reused_before_it():
+    # 64 tokens came from the cache: the next chunk is [64, 128), never [64, 64 + anything else).
+    plan = plan_step([live(1, 0, prompt_len=300, fed=64)], chunk_tokens=C)
+    assert [(c.start, c.end) for c in plan.chunks] == [(64, 128), (128, 192), (192, 256), (256, 300)]
+    assert [c.last for c in plan.chunks] == [False, False, False, True]
+    assert chunk_end(130, 300, C) == 192 and chunk_end(256, 300, C) == 300
+
+
+def test_while_others_decode_a_step_takes_one_chunk_oldest_prompt_first():
+    plan = plan_step(
+        [
+            live(1, 0, pending=3, position=40),
+            live(2, 1, prompt_len=200, fed=0, admitted=5),
+            live(3, 2, prompt_len=50, fed=0, admitted=4),
+        ],
+        chunk_tokens=C,
+    )
+    assert len(plan.rows) == 1
+    assert plan.chunks == (Chunk(3, 2, 0, 50, True),)
+
+
+def test_with_nothing_decoding_chunks_fill_the_batch():
+    plan = plan_step([live(1, 0, prompt_len=2000, fed=0)], chunk_tokens=C)
+    assert plan.prompt_tokens == N_BATCH
+    assert all(c.end - c.start == C for c in plan.chunks)
+
+
+def test_a_chunk_is_never_split_to_fit_what_is_left():
+    plan = plan_step(
+        [live(1, 0, prompt_len=500, fed=0, admitted=1), live(2, 1, prompt_len=60, fed=0, admitted=2)],
+        chunk_tokens=C,
+    )
+    # The first prompt takes 500 of the 512 tokens; the second's 60 do not fit in the 12 left
+    # and wait whole for the next step.
+    assert [c.sequence for c in plan.chunks] == [1] * 8 and plan.prompt_tokens == 500
