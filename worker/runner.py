@@ -414,6 +414,7 @@ def _end(outcome: store.Outcome, generation: Generation | None) -> End:
         error=outcome.error,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,
+        cached_tokens=outcome.cached_tokens,
         load_ms=outcome.load_ms,
         run_ms=outcome.run_ms,
         prompt_ms=generation.prompt_ms if generation is not None else None,

@@ -103,6 +103,18 @@ def parse_body(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
     return parsed.model, parsed.request()
 
 
+def token_usage(prompt: int | None, completion: int | None, cached: int | None) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` (OpenAI's own field) says
+    how many of the prompt's tokens the worker reused instead of evaluating them."""
+    prompt, completion = prompt or 0, completion or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached or 0},
+    }
+
+
 def response_body(endpoint: str, job: Job, *, vectors: list[list[float]] | None = None) -> dict[str, Any]:
     """The OpenAI response object for a finished job (``vectors``: this line's share of a group)."""
     created = int(job.created_at.timestamp())
@@ -116,12 +128,7 @@ def response_body(endpoint: str, job: Job, *, vectors: list[list[float]] | None 
             "model": job.model,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         }
-    completion_tokens = job.completion_tokens or 0
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+    usage = token_usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)
     finish = result.get("finish_reason", "stop")
     if endpoint == CHAT:
         choice = {

@@ -154,7 +154,8 @@ def metrics(end: End, started: float) -> dict[str, int]:
     figures = {
         "total_duration": int((time.perf_counter() - started) * 1e9),
         "load_duration": (end.load_ms or 0) * NS_PER_MS,
-        "prompt_eval_count": end.prompt_tokens or 0,
+        # Ollama counts the prompt tokens it evaluated: those reused from the cache were not.
+        "prompt_eval_count": (end.prompt_tokens or 0) - (end.cached_tokens or 0),
         "prompt_eval_duration": (end.prompt_ms or 0) * NS_PER_MS,
         "eval_count": end.completion_tokens or 0,
         "eval_duration": (end.eval_ms or 0) * NS_PER_MS,

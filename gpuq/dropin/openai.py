@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gpuq.batches.openai_format import CHAT, EMBEDDINGS, response_body
+from gpuq.batches.openai_format import CHAT, EMBEDDINGS, response_body, token_usage
 from gpuq.db.tables import Job, JobStatus
 from gpuq.dropin.vectors import as_base64, shortened
 from gpuq.streams.events import Delta, End, Event, Start
@@ -80,8 +80,7 @@ class _Chunks:
         return sse(self.head | {"choices": [choice]} | ({"usage": None} if self.include_usage else {}))
 
     def usage(self, end: End) -> bytes:
-        prompt, completion = end.prompt_tokens or 0, end.completion_tokens or 0
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage = token_usage(end.prompt_tokens, end.completion_tokens, end.cached_tokens)
         return sse(self.head | {"choices": [], "usage": usage})
 
 

@@ -56,6 +56,7 @@ class End:
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # of prompt_tokens, those reused from the worker's cache
     load_ms: int | None = None
     run_ms: int | None = None
     prompt_ms: int | None = None  # from the sequence's admission to its first token

@@ -47,6 +47,7 @@ def end_of(job: Job) -> End:
         error=job.error,
         prompt_tokens=job.prompt_tokens,
         completion_tokens=job.completion_tokens,
+        cached_tokens=job.cached_tokens,
         load_ms=job.load_ms,
         run_ms=job.run_ms,
     )

@@ -37,7 +37,12 @@ def test_chat_streamed_gives_the_same_text_as_unstreamed_in_order_and_whole(syst
     # As it is generated, not at the end: the first token at once, then what came every 50 ms.
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage  # include_usage: the last chunk
+    # include_usage: the last chunk (the second call took its prompt's start from the cache)
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == (
+        whole.usage.prompt_tokens,
+        whole.usage.completion_tokens,
+    )
     assert all(c.usage is None for c in chunks[:-1])
 
     # Both are ordinary jobs: interactive calls run at high priority, and the stream carried
@@ -46,6 +51,20 @@ def test_chat_streamed_gives_the_same_text_as_unstreamed_in_order_and_whole(syst
     assert job["status"] == "succeeded" and job["priority"] == "high" and job["kind"] == "generate"
     assert job["result"]["text"] == text and job["completion_tokens"] == whole.usage.completion_tokens
     assert _job_of(system, whole.id)["result"]["text"] == text
+
+
+def test_a_prompt_sharing_a_long_start_reuses_it_and_says_so_with_the_same_text(system, client):
+    """The second call's prompt starts as the first's (a long system prompt): its usage says
+    how many prompt tokens came from the cache (OpenAI's own field), and the text is the text
+    the first call gave, token for token, for the same seed."""
+    system_prompt = {"role": "system", "content": "You answer in one short sentence. " * 24}
+    messages = [system_prompt, {"role": "user", "content": "What colour is the sky?"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, **SEEDED)
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, **SEEDED)
+    assert second.choices[0].message.content == first.choices[0].message.content
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 128 <= cached < second.usage.prompt_tokens  # whole chunks of the shared start, never the last token
+    assert _job_of(system, second.id)["cached_tokens"] == cached
 
 
 def test_completions_streamed_and_not_and_the_priority_header(system, client):

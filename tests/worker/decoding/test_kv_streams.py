@@ -23,7 +23,7 @@ def test_only_whole_prefill_chunks_are_reused_and_never_the_last_prompt_token():
     kv.computed(first.stream, tokens(8))  # two whole chunks; the partial [8, 10) is not reusable
     kv.release(first.stream)
     # Shares 9 tokens: 8 of them (two chunks) are reused, from its own stream (no copy).
-    again = kv.place(2, tokens(9) + [99])
+    again = kv.place(2, [*tokens(9), 99])
     assert (again.stream, again.reused, again.ops) == (0, 8, (Trim(0, 8),))
     kv.release(0)
     # A prompt that is exactly the 8 cached tokens decodes its last chunk again, for its logits.
@@ -34,22 +34,22 @@ def test_a_live_streams_start_is_copied_into_the_lowest_free_stream():
     kv = KvStreams(3, chunk_tokens=C)
     kv.place(1, tokens(12))
     kv.computed(0, tokens(12))
-    placed = kv.place(2, tokens(9) + [70, 71])
+    placed = kv.place(2, [*tokens(9), 70, 71])
     assert (placed.stream, placed.reused) == (1, 8)
     assert placed.ops == (Copy(0, 1), Trim(1, 8))
 
 
 def test_the_longest_shared_start_wins_and_the_target_wins_a_tie():
     kv = KvStreams(3, chunk_tokens=C)
-    for seq, prefix in ((1, tokens(8)), (2, tokens(4) + [50, 51, 52, 53])):
-        placed = kv.place(seq, prefix + [9, 9, 9])
+    for seq, prefix in ((1, tokens(8)), (2, [*tokens(4), 50, 51, 52, 53])):
+        placed = kv.place(seq, [*prefix, 9, 9, 9])
         kv.computed(placed.stream, prefix[placed.reused :])
     kv.release(0)
     kv.release(1)
-    placed = kv.place(3, tokens(4) + [50, 51, 52, 53, 7])
+    placed = kv.place(3, [*tokens(4), 50, 51, 52, 53, 7])
     assert (placed.stream, placed.reused, placed.ops) == (0, 8, (Copy(1, 0), Trim(0, 8)))
     kv.release(0)
-    tie = kv.place(4, tokens(4) + [60, 61, 62, 63, 5])  # 4 shared with every stream
+    tie = kv.place(4, [*tokens(4), 60, 61, 62, 63, 5])  # 4 shared with every stream
     assert (tie.stream, tie.reused, tie.ops) == (0, 4, (Trim(0, 4),))
 
 
