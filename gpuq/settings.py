@@ -92,9 +92,10 @@ class Settings(BaseSettings):
         "0: 8 on a GPU, 4 on the CPU (docs/benchmarks.md)",
     )
     worker_prompt_cache: bool = Field(
-        False,
-        description="keep a finished sequence's KV cells and reuse the start a new prompt shares with them "
-        "(chat templates' system prompts, conversations); seeded jobs may then not repeat their text exactly",
+        True,
+        description="reuse the KV of the longest start a new prompt shares with any live or kept sequence "
+        "(whole 64-token prefill chunks: exact, a job's text does not depend on a hit); false: every prompt "
+        "is evaluated whole",
     )
     worker_keep_alive_s: float = Field(
         300.0, description="idle time before a loaded model is unloaded (a job's keep_alive wins); < 0: never"
