@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from statistics import median
 
 from bench import (
     batch_bench,
     batching,
     db_growth,
+    decoder_steps,
     dispatch,
     generation,
     model_swap,
+    peer,
     soak,
     stats_bench,
     streaming,
@@ -247,6 +250,73 @@ def bench_soak(args: argparse.Namespace) -> None:
     )
 
 
+def bench_peer(args: argparse.Namespace) -> None:
+    """gpuq against llama.cpp's own server, interleaved rounds (bench/peer.py)."""
+    binary = peer.llama_server_binary(Path(__file__).resolve().parent.parent)
+    runs: dict[tuple[str, str, int], list[peer.Run]] = {}
+    for round_ in range(1, args.rounds + 1):
+        for k in args.slots:
+            for name, prompts in peer.WORKLOADS.items():
+                sides = [("gpuq", True), ("llama-server", True)]
+                if name == "W2" and round_ == 1:
+                    sides.append(("gpuq, reuse off", False))  # slow (every prompt whole): once
+                for side, reuse in sides:
+                    with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                        if side == "llama-server":
+                            run = peer.run_llama_server(binary, prompts, slots=k, threads=args.threads, workdir=workdir)
+                        else:
+                            run = peer.run_gpuq(
+                                db, redis_url, workdir, prompts, slots=k, threads=args.threads, reuse=reuse
+                            )
+                    runs.setdefault((name, side, k), []).append(run)
+                    print(
+                        f"round {round_}: K={k} {name} {side}: {run.jobs_per_s:.2f} jobs/s, "
+                        f"{run.tokens_per_s:.1f} tok/s ({run.seconds:.1f} s)",
+                        flush=True,
+                    )
+
+    def jobs_s(key: tuple[str, str, int]) -> float:
+        return median(r.jobs_per_s for r in runs[key])
+
+    print(
+        f"\npeer: 64 jobs a workload, greedy, {peer.MAX_TOKENS} tokens, {args.threads} threads, "
+        f"median of {args.rounds} rounds (reuse off: one round)"
+    )
+    print("  K  workload  side              jobs/s   tok/s")
+    for (name, side, k), side_runs in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0], item[0][1])):
+        tok = median(r.tokens_per_s for r in side_runs)
+        print(f"  {k:<2} {name:<9} {side:<16} {jobs_s((name, side, k)):7.2f} {tok:7.1f}")
+    for k in args.slots:
+        w1 = jobs_s(("W1", "gpuq", k)) / jobs_s(("W1", "llama-server", k))
+        w2 = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "llama-server", k))
+        reuse = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
+        print(f"  K={k}: W2 gpuq with reuse / without {reuse:.2f}x")
+        print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 gpuq/llama-server {w2:.2f}x")
+
+
+def bench_decoder_steps(args: argparse.Namespace) -> None:
+    print(f"\ndecoder steps: K sequences generating {decoder_steps.LENGTH} tokens, {args.threads} threads (ms a step)")
+    print("  K   engine's own @50  @2000  ratio   llama_decode @50  @2000   old text handling @50  @2000")
+    last = None
+    for k in args.slots:
+        c = decoder_steps.run(slots=k, threads=args.threads)
+        ratio = c.own_ms_at_2000 / c.own_ms_at_50
+        print(
+            f"  {k:<3} {c.own_ms_at_50:16.2f} {c.own_ms_at_2000:6.2f} {ratio:6.2f}x {c.decode_ms_at_50:17.1f} "
+            f"{c.decode_ms_at_2000:6.1f} {c.old_text_ms_at_50:22.2f} {c.old_text_ms_at_2000:6.2f}"
+        )
+        last = (k, c, ratio)
+    if last is not None:
+        k, c, ratio = last
+        total_50 = c.own_ms_at_50 + c.decode_ms_at_50
+        total_2000 = c.own_ms_at_2000 + c.decode_ms_at_2000
+        print(
+            f"decoder-steps: K={k} engine's own cost @2000/@50 {ratio:.2f}x "
+            f"(+{c.own_ms_at_2000 - c.own_ms_at_50:.2f} ms of a {total_2000:.1f} ms step; llama_decode "
+            f"{c.decode_ms_at_2000 / c.decode_ms_at_50:.2f}x; whole step {total_2000 / total_50:.2f}x)"
+        )
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -260,6 +330,8 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "worker-memory": bench_worker_memory,
     "upload-line": bench_upload_line,
     "soak": bench_soak,
+    "peer": bench_peer,
+    "decoder-steps": bench_decoder_steps,
 }
 
 

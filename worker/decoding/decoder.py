@@ -229,6 +229,7 @@ class BatchDecoder:
         self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last step
         self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
         self.reused_tokens = 0  # prompt tokens taken from a KV stream instead of decoded
+        self.decode_seconds = 0.0  # inside llama_decode: the rest of a step is the engine's own cost
         self._pieces: list[Piece] = []  # streaming sequences' text since take_pieces
 
     def close(self) -> None:
@@ -380,7 +381,9 @@ class BatchDecoder:
             batch.seq_id[i][0] = stream
             batch.logits[i] = logits
         batch.n_tokens = len(rows)
+        started = time.perf_counter()
         code = int(self._llama.llama_decode(self._ctx.ctx, batch))
+        self.decode_seconds += time.perf_counter() - started
         if code not in (0, 1):
             raise DecodeError(f"llama_decode returned {code}")
         if code == 0:
