@@ -1,0 +1,44 @@
+"""Long answers give create_completion's own text, byte for byte: the engine builds a
+completion's text a token at a time (each token's bytes once, stop strings looked for only
+where they can newly end) where create_completion detokenises and rescans it whole. In the
+slow tier for its length: two answers of 2,000 tokens, each generated twice."""
+
+import threading
+
+import llama_cpp
+
+from tests.worker.generation import generate
+from worker.engine import LoadedModel
+
+N_CTX = 2304
+CASES = [
+    # Greedy, counting on to max_tokens, with stop strings that almost occur ("10" in "100, 101").
+    ("Count from 1 to 5000: 1, 2, 3,", {"temperature": 0.0, "top_p": 1.0, "seed": 3}, [", 1000,", "999 "]),
+    # Seeded at temperature 1: varied text, multi-byte characters likely, a stop string held back.
+    ("Écris une très longue histoire, avec des accents: «", {"temperature": 1.0, "top_p": 0.95, "seed": 5}, ["»»»"]),
+]
+
+
+def test_answers_of_2000_tokens_are_create_completions_own(model_path):
+    model = LoadedModel(model_path, n_ctx=N_CTX, embedding=False, threads=2, gpu_layers=0, slots=1)
+    try:
+        ours = [
+            generate(model, {"prompt": p, "max_tokens": 2000, "stop": stops} | sampling, threading.Event())
+            for p, sampling, stops in CASES
+        ]
+    finally:
+        model.close()
+    direct = llama_cpp.Llama(model_path=model_path, n_ctx=N_CTX, n_threads=2, verbose=False)
+    try:
+        for (prompt, sampling, stops), mine in zip(CASES, ours, strict=True):
+            direct.reset()
+            out = direct.create_completion(prompt, max_tokens=2000, stop=stops, **sampling)
+            choice = out["choices"][0]
+            assert mine.text == choice["text"]
+            assert (mine.completion_tokens, mine.finish_reason) == (
+                out["usage"]["completion_tokens"],
+                choice["finish_reason"],
+            )
+    finally:
+        direct.close()
+    assert ours[0].completion_tokens == 2000  # the counting one ran its whole length
