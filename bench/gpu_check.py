@@ -11,6 +11,11 @@
   every 0.1 s) x its ``gpu_seconds``.
 * GPU telemetry: ``/metrics`` has the GPU's power and utilisation gauges, and ``gpu_samples``
   has rows with power.
+* seeded texts: the same seeded requests give the same texts with and without prompt-cache
+  hits on the GPU (the engine's promise: a miss), and whether they also match at K=1, 8 and 16
+  is reported (a GPU may pick other kernels for other batch sizes: reported, not judged).
+* peer: gpuq against llama.cpp's own server built for CUDA (scripts/build_llama_server.sh) on
+  bench/peer.py's W1 and W2 at K=8, >= 1.0x jobs/s on both.
 
 A step that raises is a miss with its error; the others still run. Exits 0 when every row
 passes, 1 on any miss, 2 when no GPU is visible at all. ``--cpu-dry-run`` runs the same
@@ -39,6 +44,7 @@ WORKER_RATIO = 0.9
 BATCHING_RATIO = 0.9
 ENERGY_RANGE = (0.8, 1.25)
 BATCH_SLOTS = 8
+PEER_RATIO = 1.0
 REDIS_URL = os.environ.get("GPUQ_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
@@ -100,6 +106,22 @@ def judge_energy(jobs: list[tuple[float | None, float | None]]) -> Row:
     return Row("energy per job", f"{low}x-{high}x of power x time", measured, ok)
 
 
+def judge_seeded(cache_same: bool, k_same: dict[int, bool]) -> Row:
+    across = ", ".join(f"K={k} {'same' if same else 'differs'}" for k, same in sorted(k_same.items()))
+    measured = f"with/without cache hits {'same' if cache_same else 'DIFFER'}; vs K=1: {across}"
+    return Row("seeded texts", "same with or without cache hits", measured, cache_same)
+
+
+def judge_peer(w1: float, w2: float) -> Row:
+    measured = f"W1 {w1:.2f}x, W2 {w2:.2f}x jobs/s"
+    return Row(
+        f"peer: gpuq vs llama-server K={BATCH_SLOTS}",
+        f">= {PEER_RATIO:.1f}x on W1 and W2",
+        measured,
+        min(w1, w2) >= PEER_RATIO,
+    )
+
+
 def judge_telemetry(gauges: list[str], samples_with_power: int) -> Row:
     measured = f"{len(gauges)} gauge line(s), {samples_with_power} gpu_samples row(s) with power"
     return Row(
@@ -144,10 +166,12 @@ def dry_run_rows(miss: set[str]) -> list[Row]:
         judge_batching(1500.0, 900.0 if bad("batching") else 1450.0, 300.0),
         judge_energy([(300.0, 150.0 if bad("energy") else 290.0), (310.0, 305.0)]),
         judge_telemetry([] if bad("telemetry") else ["gpuq_gpu_power_watts 300"], 3),
+        judge_seeded(not bad("seeded"), {8: True, 16: False}),
+        judge_peer(1.1, 0.8 if bad("peer") else 2.5),
     ]
 
 
-DRY_RUN_CHECKS = ("build", "discovery", "vram", "worker", "batching", "energy", "telemetry")
+DRY_RUN_CHECKS = ("build", "discovery", "vram", "worker", "batching", "energy", "telemetry", "seeded", "peer")
 
 
 # ---------------------------------------------------------------- measuring, on a GPU
@@ -220,6 +244,66 @@ def check_batching(uuid: str) -> Row:
         with fresh_system_state(REDIS_URL, None) as (redis_url, db, workdir):
             ours[k] = batching.run_gpuq(db, redis_url, workdir, slots=k, threads=4, max_tokens=64, gpus=uuid)
     return judge_batching(direct.tokens_per_s, ours[BATCH_SLOTS].tokens_per_s, ours[1].tokens_per_s)
+
+
+def check_seeded(uuid: str) -> Row:
+    """The same seeded requests (sharing a long start) through the engine on the GPU: with the
+    cache off at K=1 (the reference), with it on at K=1, 8 and 16."""
+    import threading
+
+    from bench.peer import W2
+    from gpuq.registry.bundled import require_bundled_model_path
+    from worker.engine import LoadedModel
+
+    requests = {
+        f"r{i}": {"prompt": p, "max_tokens": 32, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": i}
+        for i, p in enumerate(W2[:16])
+    }
+
+    def texts(slots: int, reuse: bool) -> dict[str, str]:
+        model = LoadedModel(
+            str(require_bundled_model_path()), n_ctx=2048, embedding=False, threads=4, gpu_layers=-1,
+            slots=slots, prompt_cache=reuse,
+        )  # fmt: skip
+        decoder = model.decoder
+        assert decoder is not None
+        pending, done = list(requests.items()), {}
+        while pending or decoder.active:
+            while pending and decoder.free_slots:
+                key, request = pending.pop(0)
+                model.prepare(key, request, threading.Event()).admit()
+            for finished in decoder.step():
+                assert finished.generation is not None, finished.error
+                done[finished.key] = finished.generation.text
+        model.close()
+        return done
+
+    reference = texts(1, reuse=False)
+    cached = {k: texts(k, reuse=True) for k in (1, BATCH_SLOTS, 16)}
+    return judge_seeded(cached[1] == reference, {k: cached[k] == reference for k in (BATCH_SLOTS, 16)})
+
+
+def check_peer(uuid: str, compute_capability: str | None) -> Row:
+    from bench import peer
+    from bench.__main__ import fresh_system_state
+
+    arch = (compute_capability or "9.0").replace(".", "")
+    env = os.environ | {"CMAKE_ARGS": f"-DGGML_CUDA=on -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES={arch}"}
+    project = Path(__file__).resolve().parent.parent
+    built = subprocess.run(
+        [str(project / "scripts" / "build_llama_server.sh")], env=env, check=True, capture_output=True, text=True
+    )
+    binary = built.stdout.strip().splitlines()[-1]
+    ratios = {}
+    for name, prompts in peer.WORKLOADS.items():
+        with fresh_system_state(REDIS_URL, None) as (_redis_url, _db, workdir):
+            server = peer.run_llama_server(
+                binary, prompts, slots=BATCH_SLOTS, threads=4, workdir=workdir, gpu_layers=99
+            )
+        with fresh_system_state(REDIS_URL, None) as (redis_url, db, workdir):
+            ours = peer.run_gpuq(db, redis_url, workdir, prompts, slots=BATCH_SLOTS, threads=4, reuse=True, gpus=uuid)
+        ratios[name] = ours.jobs_per_s / server.jobs_per_s
+    return judge_peer(ratios["W1"], ratios["W2"])
 
 
 class PowerWatch:
@@ -319,6 +403,10 @@ def measure() -> list[Row] | None:
     rows.append(guarded("VRAM estimate vs NVML", lambda: check_vram(gpu.uuid)))
     rows.append(guarded("pinned worker vs direct", lambda: check_worker(gpu.uuid)))
     rows.append(guarded(f"continuous batching K={BATCH_SLOTS}", lambda: check_batching(gpu.uuid)))
+    rows.append(guarded("seeded texts", lambda: check_seeded(gpu.uuid)))
+    rows.append(
+        guarded(f"peer: gpuq vs llama-server K={BATCH_SLOTS}", lambda: check_peer(gpu.uuid, gpu.compute_capability))
+    )
     try:
         rows += check_energy_and_telemetry(gpu.uuid, len(inventory.gpus))
     except Exception as exc:

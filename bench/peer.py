@@ -87,7 +87,7 @@ def llama_server_binary(project: Path) -> str:
 class LlamaServer:
     """llama.cpp's server on a loopback port, K slots of the bundled model's context each."""
 
-    def __init__(self, binary: str, *, slots: int, threads: int, log: Path) -> None:
+    def __init__(self, binary: str, *, slots: int, threads: int, log: Path, gpu_layers: int = 0) -> None:
         self.port = free_port()
         self._log = log.open("wb")
         self._process = subprocess.Popen(
@@ -97,7 +97,7 @@ class LlamaServer:
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "-np", str(slots), "-c", str(BUNDLED_CONTEXT_LENGTH * slots),
                 "-t", str(threads), "-tb", str(threads),
-                "--no-webui",
+                "--no-webui", "-ngl", str(gpu_layers),
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -134,8 +134,11 @@ class LlamaServer:
         self._log.close()
 
 
-def run_llama_server(binary: str, prompts: list[str], *, slots: int, threads: int, workdir: Path) -> Run:
-    server = LlamaServer(binary, slots=slots, threads=threads, log=workdir / f"llama-server-{slots}.log")
+def run_llama_server(
+    binary: str, prompts: list[str], *, slots: int, threads: int, workdir: Path, gpu_layers: int = 0
+) -> Run:
+    log = workdir / f"llama-server-{slots}.log"
+    server = LlamaServer(binary, slots=slots, threads=threads, log=log, gpu_layers=gpu_layers)
     try:
         server.complete("Hello")  # warm, as gpuq's side loads its model first
         pending = list(prompts)
@@ -165,7 +168,15 @@ def run_llama_server(binary: str, prompts: list[str], *, slots: int, threads: in
 
 
 def run_gpuq(
-    database_url: str, redis_url: str, workdir: Path, prompts: list[str], *, slots: int, threads: int, reuse: bool
+    database_url: str,
+    redis_url: str,
+    workdir: Path,
+    prompts: list[str],
+    *,
+    slots: int,
+    threads: int,
+    reuse: bool,
+    gpus: str | None = None,
 ) -> Run:
     body = {"kind": "generate", "model": BUNDLED_MODEL_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0}
     jobs = [body | {"prompt": p, "top_p": 1.0, "seed": 7} for p in prompts]
@@ -174,6 +185,6 @@ def run_gpuq(
         "GPUQ_WORKER_SLOTS": str(slots),
         "GPUQ_WORKER_PROMPT_CACHE": "true" if reuse else "false",
     }
-    started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings)
+    started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings, gpus=gpus)
     elapsed = (max(datetime.fromisoformat(j["finished_at"]) for j in done) - started).total_seconds()
     return Run(len(done), sum(j["completion_tokens"] for j in done), elapsed)
