@@ -29,11 +29,12 @@ def script(*args):
 def table_rows(output: str) -> dict[str, str]:
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("check "))
+    result_at, target_at = lines[start].index("result"), lines[start].index("target")
     rows = {}
     for line in lines[start + 2 :]:
         if not line.strip() or " checks pass" in line:
             break
-        name, result = line[:25].strip(), line[25:33].strip()
+        name, result = line[:result_at].strip(), line[result_at:target_at].strip()
         rows[name] = result
     return rows
 
