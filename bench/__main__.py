@@ -14,6 +14,7 @@ from bench import (
     decoder_steps,
     dispatch,
     generation,
+    intake_burst,
     model_swap,
     peer,
     soak,
@@ -323,6 +324,21 @@ def bench_decoder_steps(args: argparse.Namespace) -> None:
         )
 
 
+def bench_intake_burst(args: argparse.Namespace) -> None:
+    runs = []
+    for _ in range(args.rounds):
+        with fresh_system_state(args.redis_url, args.database_url) as (_redis_url, db, workdir):
+            runs.append(intake_burst.run(db, workdir, threads=args.threads))
+    print(f"\nintake burst: 4 long generations, then 32 short jobs taken while they decode (K=8), {args.rounds} rounds")
+    print("  round  gap before (median)  during (median, p99)  llama_decode a step before/during  ratio p99/median")
+    for i, r in enumerate(runs, 1):
+        print(
+            f"  {i:<5}  {r.gap_ms_before:17.1f} ms  {r.gap_ms_during_median:8.1f} {r.gap_ms_during_p99:8.1f} ms"
+            f"  {r.decode_ms_before:15.1f} / {r.decode_ms_during:5.1f} ms  {r.ratio:12.2f}x   ({r.admitted} admitted)"
+        )
+    print(f"intake-burst: inter-token gap p99 during the burst / median outside {median(r.ratio for r in runs):.2f}x")
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -338,6 +354,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "soak": bench_soak,
     "peer": bench_peer,
     "decoder-steps": bench_decoder_steps,
+    "intake-burst": bench_intake_burst,
 }
 
 

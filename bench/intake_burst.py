@@ -1,0 +1,168 @@
+"""Live sequences during a burst of admissions: does taking new jobs stall the ones decoding?
+
+Four long generations decode in a run of one worker's engine (K=8); then 32 short jobs
+arrive at once and are taken while slots free up: each is claimed in SQL, its prompt
+tokenised, its request handed to the engine, its outcome written, all on the run's desk
+thread (``worker/batching.py``). The run is gpuq's own (``GenerationRun``, the real runner,
+writer, SQL and model); only RQ's worker is replaced by a host serving the jobs from a list,
+as tests/worker/test_batching.py does. The clock is the engine's: the time between two steps
+is the inter-token gap of every long sequence. Reported: the gap's median before the burst,
+its p99 while burst jobs are in the run, and how much of a step llama_decode took in each
+(the burst's own prompts must be decoded too: 2-token prompts and one token each, so that
+what is measured is the intake, not their compute).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median, quantiles
+from typing import Any
+
+from gpuq import store
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import JobKind
+from gpuq.registry.bundled import BUNDLED_MODEL_NAME
+from worker.batching import GenerationRun, Started
+from worker.catalog import ModelInfo
+from worker.engine import LoadedModel
+from worker.model_cache import ModelCache
+from worker.outcome_writer import OutcomeWriter
+from worker.runner import JobRunner
+
+LONG = {"prompt": "Count from 1 to 5000: 1, 2, 3,", "max_tokens": 500, "temperature": 0.0, "stop": []}
+SHORT = {"prompt": "Hi", "max_tokens": 1, "temperature": 0.0, "stop": []}
+BEFORE_STEPS = 80  # steps of the long sequences alone before the burst arrives
+
+
+@dataclass
+class _Job:
+    id: str
+
+
+@dataclass
+class _Queue:
+    name: str = f"gpuq:{BUNDLED_MODEL_NAME}:generate:high"
+
+
+@dataclass
+class _ListHost:
+    runner: JobRunner
+    long: list[str]
+    burst: list[str]
+    job_timeout_s: float = 3600.0
+    burst_open: threading.Event = field(default_factory=threading.Event)
+
+    def may_take_more(self) -> bool:
+        return True
+
+    def next_waiting(self, model: str, kind: str) -> tuple[Any, Any] | None:
+        if self.long:
+            return _Job(self.long.pop(0)), _Queue()
+        if self.burst_open.is_set() and self.burst:
+            return _Job(self.burst.pop(0)), _Queue()
+        return None
+
+    def put_back(self, job: Any, queue: Any) -> None:
+        raise AssertionError("nothing here runs alone")
+
+    def must_run_alone(self, job: Any) -> bool:
+        return False
+
+    def start(self, job: Any, queue: Any) -> Started | None:
+        claimed = self.runner.claim(job.id)
+        return None if claimed is None else Started(job, queue, None, threading.Event(), claimed)  # type: ignore[arg-type]
+
+    def end(self, job: Any, execution: Any) -> None:
+        pass
+
+    def fail(self, job: Any, queue: Any, execution: Any) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class BurstResult:
+    gap_ms_before: float  # median
+    gap_ms_during_p99: float
+    gap_ms_during_median: float
+    decode_ms_before: float  # median time inside llama_decode a step
+    decode_ms_during: float
+    admitted: int
+
+    @property
+    def ratio(self) -> float:
+        return self.gap_ms_during_p99 / self.gap_ms_before
+
+
+def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32) -> BurstResult:
+    engine = sync_engine(database_url)
+    sessions = sync_sessions(engine)
+    writer = OutcomeWriter(sessions)
+    writer.start()
+    with sessions() as s:
+        model = store.get_model(s, BUNDLED_MODEL_NAME)
+        assert model is not None
+        info = ModelInfo(model.name, model.path, 1024, model.vram_mib)
+        rows = store.insert_jobs(
+            s,
+            [_new(LONG) for _ in range(4)] + [_new(SHORT) for _ in range(burst)],
+        )
+    ids = [r.id for r in rows]
+    steps: list[tuple[float, float, bool]] = []  # (end of step, llama_decode seconds in it, burst live)
+    burst_ids = set(ids[4:])
+    host: _ListHost
+
+    def load(spec: Any) -> LoadedModel:
+        loaded = LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=False, threads=threads, gpu_layers=0, slots=8)
+        decoder = loaded.decoder
+        assert decoder is not None
+        step = decoder.step
+
+        def timed_step() -> Any:
+            before = decoder.decode_seconds
+            out = step()
+            live = bool(burst_ids & set(decoder.live_keys())) or (host.burst_open.is_set() and bool(host.burst))
+            steps.append((time.perf_counter(), decoder.decode_seconds - before, live))
+            if len(steps) == BEFORE_STEPS:
+                host.burst_open.set()
+            return out
+
+        decoder.step = timed_step  # type: ignore[method-assign]
+        return loaded
+
+    runner = JobRunner(
+        sessions=sessions,
+        models=lambda _name: info,
+        cache=ModelCache(load, max_loaded=1),
+        writer=writer,
+        worker_name="bench",
+        device="cpu",
+    )
+    host = _ListHost(runner, ids[1:4], ids[4:])
+    GenerationRun(host, _Queue(), BUNDLED_MODEL_NAME, JobKind.GENERATE.value).run(_Job(ids[0]))  # type: ignore[arg-type]
+    writer.stop()
+    engine.dispose()
+    # Each step's gap from the step before it, labelled by whether burst jobs were in the run.
+    gaps = [((b[0] - a[0]) * 1000, b[1] * 1000, b[2]) for a, b in itertools.pairwise(steps)]
+    warm = gaps[20:BEFORE_STEPS]  # the long sequences alone, past their prompts
+    before = [g for g, _d, live in warm if not live]
+    during = [g for g, _d, live in gaps if live]
+    decode_before = [d for _g, d, live in warm if not live]
+    decode_during = [d for _g, d, live in gaps if live]
+    return BurstResult(
+        median(before),
+        quantiles(during, n=100, method="inclusive")[98],
+        median(during),
+        median(decode_before),
+        median(decode_during),
+        burst - len(host.burst),
+    )
+
+
+def _new(request: dict[str, Any]) -> store.NewJob:
+    return store.NewJob(
+        id=store.new_job_id(), kind="generate", model=BUNDLED_MODEL_NAME, priority=0, request=request, request_hash="b"
+    )
