@@ -172,6 +172,11 @@ class GenerationRun:
         admitted, refused, waiting = [], [], []
         for prepared in ready:
             decoder = prepared.decoder
+            if prepared.n > decoder.slots:
+                refused.append(
+                    (prepared.key, f"{prepared.n} samples need {prepared.n} slots; this worker has {decoder.slots}")
+                )
+                continue
             if decoder.free_slots < prepared.n:  # the desk took it while a slot was ending
                 waiting.append(prepared)
                 continue
