@@ -4,11 +4,21 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from redis import Redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuq import store
+from gpuq.db.engine import sync_engine, sync_sessions
+from worker.catalog import ModelInfo
 from worker.decoding import Finished, Generation
 from worker.engine import LoadedModel
+from worker.model_cache import ModelCache, ModelSpec
+from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
 
 
@@ -71,3 +81,48 @@ def run_jobs(runner: JobRunner, job_ids: list[str]) -> None:
         for done in finished:
             runner.finish_generation(done)
     runner.keep_models()
+
+
+@contextmanager
+def real_runner(database_url: str, redis_url: str, *, slots: int = 2, **options: Any) -> Iterator[RunnerParts]:
+    """A runner as worker/main.py wires it: real SQL, Redis, writer, cache and model (the model
+    file registered in the test's database, a 512-token context, ``slots`` sequences)."""
+    engine = sync_engine(database_url)
+    sessions = sync_sessions(engine)
+    redis = Redis.from_url(redis_url)
+    writer = OutcomeWriter(sessions, redis=redis)
+    writer.start()
+
+    def models(name: str) -> ModelInfo:
+        with sessions() as s:
+            m = store.get_model(s, name)
+        assert m is not None
+        return ModelInfo(m.name, m.path, 512, m.vram_mib)
+
+    def load(spec: ModelSpec) -> LoadedModel:
+        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=2, gpu_layers=0, slots=slots)
+
+    on_load = options.pop("on_load", None)
+    runner = JobRunner(
+        sessions=sessions,
+        models=models,
+        cache=ModelCache(load, max_loaded=2, on_load=on_load),
+        writer=writer,
+        worker_name=options.pop("worker_name", "w1"),
+        device=options.pop("device", "cpu"),
+        **options,
+    )
+    try:
+        yield RunnerParts(runner, writer, sessions, redis)
+    finally:
+        writer.stop()
+        redis.close()
+        engine.dispose()
+
+
+@dataclass(frozen=True)
+class RunnerParts:
+    runner: JobRunner
+    writer: OutcomeWriter
+    sessions: sessionmaker[Session]
+    redis: Redis

@@ -10,16 +10,11 @@ import threading
 from dataclasses import dataclass, field
 
 import pytest
-from redis import Redis
 
 from gpuq import store
-from gpuq.db.engine import sync_engine, sync_sessions
 from tests.gpuq.store.test_store import make_job
+from tests.worker.generation import real_runner
 from worker.batching import GenerationRun, Started
-from worker.catalog import ModelInfo
-from worker.engine import LoadedModel
-from worker.model_cache import ModelCache
-from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
 
 MODEL = "smollm2-135m"
@@ -88,32 +83,8 @@ class ListHost:
 
 @pytest.fixture
 def runner(database_url, redis_url):
-    engine = sync_engine(database_url)
-    sessions = sync_sessions(engine)
-    redis = Redis.from_url(redis_url)
-    writer = OutcomeWriter(sessions, redis=redis)
-    writer.start()
-
-    def models(name):
-        with sessions() as s:
-            m = store.get_model(s, name)
-        return ModelInfo(m.name, m.path, 512, m.vram_mib)
-
-    def load(spec):
-        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=2, gpu_layers=0, slots=3)
-
-    job_runner = JobRunner(
-        sessions=sessions,
-        models=models,
-        cache=ModelCache(load, max_loaded=1),
-        writer=writer,
-        worker_name="w1",
-        device="cpu",
-    )
-    yield job_runner, writer, sessions
-    writer.stop()
-    redis.close()
-    engine.dispose()
+    with real_runner(database_url, redis_url, slots=3) as parts:
+        yield parts.runner, parts.writer, parts.sessions
 
 
 def _run(runner, session, n_jobs: int, **host_options) -> tuple[ListHost, list]:

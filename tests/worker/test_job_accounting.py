@@ -9,20 +9,14 @@ import pytest
 from redis import Redis
 
 from gpuq import store
-from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import JobStatus
 from gpuq.stats import metrics
 from tests.conftest import both_databases
 from tests.gpuq.store.test_store import make_job
 from tests.metrics_parsing import samples, total, value
-from tests.worker.generation import run_jobs
+from tests.worker.generation import real_runner, run_jobs
 from tests.worker.simulated_energy import SimulatedEnergySource, constant
-from worker.catalog import ModelInfo
 from worker.energy import EnergyMeter
-from worker.engine import LoadedModel
-from worker.model_cache import ModelCache
-from worker.outcome_writer import OutcomeWriter
-from worker.runner import JobRunner
 
 MODEL = "smollm2-135m"
 GEN = {"prompt": "Count: one, two,", "max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "seed": 1, "stop": []}
@@ -31,37 +25,21 @@ GEN = {"prompt": "Count: one, two,", "max_tokens": 6, "temperature": 0.0, "top_p
 @pytest.fixture
 def worker(database_url, redis_url):
     """A runner as worker/main.py wires it, with a simulated 200 W GPU behind the meter."""
-    engine = sync_engine(database_url)
-    sessions = sync_sessions(engine)
-    redis = Redis.from_url(redis_url)
-    writer = OutcomeWriter(sessions, redis=redis)
-    writer.start()
-
-    def models(name):
-        with sessions() as s:
-            m = store.get_model(s, name)
-        return ModelInfo(m.name, m.path, 512, m.vram_mib)
-
-    def load(spec):
-        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=2, gpu_layers=0, slots=2)
+    redis_for_metrics = Redis.from_url(redis_url)
 
     def on_load(spec, seconds):
-        metrics.record_model_load(redis, spec.name, seconds)
+        metrics.record_model_load(redis_for_metrics, spec.name, seconds)
 
-    runner = JobRunner(
-        sessions=sessions,
-        models=models,
-        cache=ModelCache(load, max_loaded=2, on_load=on_load),
-        writer=writer,
-        worker_name="w1",
+    with real_runner(
+        database_url,
+        redis_url,
+        on_load=on_load,
         device="cuda:GPU-test-0",
         gpu_uuids=("GPU-test-0",),
         energy=EnergyMeter([SimulatedEnergySource(constant(200.0), has_counter=True)]),
-    )
-    yield runner, writer, sessions, redis
-    writer.stop()
-    redis.close()
-    engine.dispose()
+    ) as parts:
+        yield parts.runner, parts.writer, parts.sessions, parts.redis
+    redis_for_metrics.close()
 
 
 def scrape(redis: Redis, sessions) -> dict:
