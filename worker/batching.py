@@ -98,6 +98,7 @@ class _Mailbox:
     wake: threading.Condition = field(default_factory=threading.Condition)
     closed: bool = False  # the desk admits nothing more
     desk_done: bool = False  # ... and has nothing in hand: the engine may end the run once idle
+    engine_error: str | None = None  # the engine raised: the desk fails what it still holds, and ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,14 @@ class GenerationRun:
         failed = False
         try:
             failed = self._engine()
+        except BaseException as exc:
+            # Not a decoding failure (those end the run in order): the engine itself broke. The
+            # desk must not wait for outputs that will never come.
+            with self._box.wake:
+                self._box.engine_error = f"the worker's engine failed: {type(exc).__name__}: {exc}"
+                self._box.wake.notify_all()
+            failed = True
+            raise
         finally:
             thread.join()
             if failed:
@@ -217,6 +226,9 @@ class _Desk:
             self._box.closed = self._host.must_run_alone(job)
             self._take(job, queue)
             while not self._finished():
+                if self._box.engine_error is not None:
+                    self._fail_all(self._box.engine_error)
+                    return
                 self._drain_outputs()
                 self._take_more()
                 with self._box.wake:
@@ -226,6 +238,14 @@ class _Desk:
             with self._box.wake:
                 self._box.closed = self._box.desk_done = True
                 self._box.wake.notify_all()
+
+    def _fail_all(self, why: str) -> None:
+        """Every job of the run not settled yet fails with the reason (what the engine did
+        produce is settled first)."""
+        self._drain_outputs()
+        for key in list(self._jobs):
+            self._host.runner.refuse(key, why)
+            self._settled(key)
 
     def _finished(self) -> bool:
         """Done once nothing is live or in hand and nothing more will be taken."""

@@ -125,3 +125,18 @@ def test_a_job_that_must_run_alone_closes_the_run(runner, session):
     GenerationRun(host, _Queue(), MODEL, "generate").run(_Job(ids[0]))  # type: ignore[arg-type]
     assert host.started == [ids[0]]
     assert host.put_back_ids == [ids[1]]  # it waits in front, for a run of its own
+
+
+def test_an_engine_that_breaks_fails_the_runs_jobs_instead_of_hanging(runner, session):
+    """A request the engine cannot take (here a row written by hand with a number for `stop`)
+    raises in the engine thread: the desk fails what it holds and the run ends."""
+    job_runner, writer, sessions = runner
+    [bad] = store.insert_jobs(session, [make_job(request=GEN | {"stop": 5})])
+    host = ListHost(job_runner, [])
+    with pytest.raises(TypeError):
+        GenerationRun(host, _Queue(), MODEL, "generate").run(_Job(bad.id))  # type: ignore[arg-type]
+    assert writer.flush()
+    with sessions() as s:
+        row = store.get_job(s, bad.id)
+    assert row.status == "failed" and "engine failed: TypeError" in row.error
+    assert host.ended == [bad.id]
