@@ -9,6 +9,9 @@ and registry-cleaning lines, httpx's request lines, alembic's plugin lines. A li
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 QUIET_UNLESS_VERBOSE = (
@@ -18,6 +21,7 @@ QUIET_UNLESS_VERBOSE = (
     "httpx",
     "alembic.runtime.plugins",  # a line per plugin at each start
 )
+LEVEL_VARIABLE = "GPUQ_LOG_LEVEL"
 JOB_LINE_LOGGERS = ("worker.batching",)  # "queue: job_… (n running)" per job started
 
 
@@ -29,8 +33,8 @@ class NoDequeueLines(logging.Filter):
         return record.msg != "%s: %s"
 
 
-def configure_logging(*, verbose: bool, job_lines: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=FORMAT)
+def configure_logging(*, verbose: bool, job_lines: bool, level: str = "INFO") -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else level, format=FORMAT)
     if verbose:
         return
     for name in QUIET_UNLESS_VERBOSE:
@@ -39,3 +43,22 @@ def configure_logging(*, verbose: bool, job_lines: bool) -> None:
         for name in JOB_LINE_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
         logging.getLogger("worker.worker").addFilter(NoDequeueLines())
+
+
+@contextmanager
+def only_warnings() -> Iterator[None]:
+    """Warnings and errors only, here and in the processes started meanwhile (which read
+    GPUQ_LOG_LEVEL): for commands whose own output is the point (`gpuq demo`, `gpuq run-batch`),
+    so no worker's start-up line lands among the answers or across a progress bar."""
+    root = logging.getLogger()
+    was_level, was_env = root.level, os.environ.get(LEVEL_VARIABLE)
+    root.setLevel(max(root.level, logging.WARNING))
+    os.environ[LEVEL_VARIABLE] = "WARNING"
+    try:
+        yield
+    finally:
+        root.setLevel(was_level)
+        if was_env is None:
+            os.environ.pop(LEVEL_VARIABLE, None)
+        else:
+            os.environ[LEVEL_VARIABLE] = was_env

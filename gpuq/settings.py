@@ -96,6 +96,9 @@ class Settings(BaseSettings):
         description="keep a finished sequence's KV cells and reuse the start a new prompt shares with them "
         "(chat templates' system prompts, conversations); seeded jobs may then not repeat their text exactly",
     )
+    log_level: str = Field(
+        "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"
+    )
     log_job_lines: bool = Field(
         False, description="log a line per job a worker starts (its queue and id); off keeps `gpuq up`'s terminal quiet"
     )

@@ -22,7 +22,8 @@ from gpuq.settings import get_settings, refuse_unknown_variables
 def main(verbose: bool, url: str | None) -> None:
     """gpuq: durable priority queues for LLM generation and embedding jobs on GPUs."""
     refuse_unknown_variables(os.environ)  # before any command quietly runs on a default
-    configure_logging(verbose=verbose, job_lines=get_settings().log_job_lines)
+    settings = get_settings()
+    configure_logging(verbose=verbose, job_lines=settings.log_job_lines, level=settings.log_level)
 
 
 for command in (

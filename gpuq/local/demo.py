@@ -12,6 +12,7 @@ import click
 from gpuq.cli.client import GpuqClient
 from gpuq.local.embedded import embedded_system
 from gpuq.local.redis_server import free_port
+from gpuq.log_config import only_warnings
 from gpuq.registry.bundled import BUNDLED_MODEL_NAME
 from gpuq.settings import Settings
 
@@ -43,7 +44,7 @@ def serve_api(settings: Settings) -> Iterator[str]:
 
 def run_demo(settings: Settings, *, workers: int = 1) -> int:
     started = time.monotonic()
-    with embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
+    with only_warnings(), embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
         client = GpuqClient(url, api_key=system.api_key)
         client.wait_ready()
         click.echo(f"gpuq is up at {url} (database {system.settings.database_url}, Redis {system.settings.redis_url})")
