@@ -16,8 +16,11 @@ from gpuq.log_config import only_warnings
 from gpuq.registry.bundled import BUNDLED_MODEL_NAME
 from gpuq.settings import Settings
 
+# Asked greedily (temperature 0, a fixed seed), so a fresh clone sees the same answers. Worded
+# for a 135M model: "What is the capital of France?" greedily answers "L'Étoile, la Marseillaise,
+# la femme…"; "Which city is the capital of France?" answers "The capital of France is Paris."
 QUESTIONS = [
-    ("high", "What is the capital of France?"),
+    ("high", "Which city is the capital of France?"),
     ("normal", "Name three primary colours."),
     ("low", "Write one sentence about the sea."),
 ]
