@@ -97,6 +97,12 @@ class Settings(BaseSettings):
         "(whole 64-token prefill chunks: exact, a job's text does not depend on a hit); false: every prompt "
         "is evaluated whole",
     )
+    log_level: str = Field(
+        "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"
+    )
+    log_job_lines: bool = Field(
+        False, description="log a line per job a worker starts (its queue and id); off keeps `gpuq up`'s terminal quiet"
+    )
     worker_keep_alive_s: float = Field(
         300.0, description="idle time before a loaded model is unloaded (a job's keep_alive wins); < 0: never"
     )

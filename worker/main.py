@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.fleet import health
+from gpuq.llama_log import route_llama_log
 from gpuq.settings import Settings
 from gpuq.stats import metrics
 from gpuq.streams.publish import StreamPublisher
@@ -54,6 +55,7 @@ def run_worker(
 ) -> None:
     """One worker until it is told to stop; ``gpu_share`` workers share its GPUs (each budgets
     that share of their memory)."""
+    route_llama_log()  # before llama.cpp loads anything: its log through Python logging
     sessions = sync_sessions(sync_engine(settings.database_url))
     device = device_or_refuse(settings, sessions)
     redis = Redis.from_url(settings.require_redis_url())
@@ -149,7 +151,7 @@ def run_worker(
     )
     writer.start()
     try:
-        worker.work(burst=burst, logging_level="INFO")
+        worker.work(burst=burst, logging_level=None)  # levels from gpuq.log_config
     finally:
         writer.stop()
         cache.clear()

@@ -12,6 +12,7 @@ import click
 
 from gpuq.cli.client import GpuqClient
 from gpuq.cli.support import connect, url_option
+from gpuq.log_config import only_warnings
 from gpuq.settings import Settings, get_settings
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
@@ -26,21 +27,40 @@ def first_endpoint(path: str) -> str:
     raise click.ClickException(f"{path} has no lines")
 
 
+class Interrupted(Exception):
+    """Ctrl-C while following a batch; ``batch`` is how it stood when last read."""
+
+    def __init__(self, batch: dict) -> None:
+        super().__init__(batch["id"])
+        self.batch = batch
+
+
 def follow(client: GpuqClient, batch_id: str) -> dict:
-    """Poll the batch, drawing a progress bar of answered lines on stderr, until it ends."""
+    """Poll the batch, drawing a progress bar of answered lines on stderr, until it ends; its
+    estimate of the time left is labelled "ETA" (click prints a bare clock)."""
     batch = client.batch(batch_id)
     total = batch["request_counts"]["total"]
     shown = 0
-    with click.progressbar(length=total, label=batch_id, file=sys.stderr, show_pos=True, show_eta=True) as bar:
-        while True:
-            counts = batch["request_counts"]
-            done = counts["completed"] + counts["failed"]
-            bar.update(done - shown)
-            shown = done
-            if batch["status"] in FINAL:
-                return batch
-            time.sleep(0.5)
-            batch = client.batch(batch_id)
+    with click.progressbar(
+        length=total,
+        label=f"{batch_id} lines",
+        file=sys.stderr,
+        show_pos=True,
+        show_eta=False,
+        item_show_func=lambda eta: eta,
+    ) as bar:
+        try:
+            while True:
+                counts = batch["request_counts"]
+                done = counts["completed"] + counts["failed"]
+                bar.update(done - shown, current_item=f"ETA {bar.format_eta()}" if 0 < done < total else None)
+                shown = done
+                if batch["status"] in FINAL:
+                    return batch
+                time.sleep(0.5)
+                batch = client.batch(batch_id)
+        except KeyboardInterrupt:
+            raise Interrupted(batch) from None
 
 
 def summary(batch: dict) -> str:
@@ -69,6 +89,7 @@ def run_batch(settings: Settings, input_path: str, output_path: str, *, workers:
         if not {"data_dir", "database_url"} & settings.model_fields_set:  # nothing to keep: a throwaway database
             settings = settings.model_copy(update={"data_dir": Path(tmp), "database_url": f"sqlite:///{tmp}/gpuq.db"})
         with (
+            only_warnings(),
             embedded_system(settings, workers=workers) as system,
             serve_api(system.settings) as url,
             GpuqClient(url, api_key=system.api_key) as client,
@@ -76,7 +97,12 @@ def run_batch(settings: Settings, input_path: str, output_path: str, *, workers:
             client.wait_ready()
             file = client.upload(input_path)
             batch = client.create_batch(file["id"], endpoint=first_endpoint(input_path), priority="normal")
-            final = follow(client, batch["id"])
+            try:
+                final = follow(client, batch["id"])
+            except Interrupted as stopped:
+                so_far = summary(stopped.batch)
+                click.echo(f"\ninterrupted: {so_far} so far; nothing written to {output_path}", err=True)
+                return 130
             Path(output_path).write_text(client.batch_results(batch["id"]))
     click.echo(summary(final) + f"; results in {output_path}", err=True)
     return 0 if final["status"] == "completed" else 1

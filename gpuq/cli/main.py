@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 import click
@@ -13,7 +12,8 @@ from gpuq.cli.errors import GpuqGroup
 from gpuq.cli.keys import keys
 from gpuq.cli.rules import rules
 from gpuq.cli.schedules import schedules
-from gpuq.settings import refuse_unknown_variables
+from gpuq.log_config import configure_logging
+from gpuq.settings import get_settings, refuse_unknown_variables
 
 
 @click.group(cls=GpuqGroup)
@@ -22,12 +22,8 @@ from gpuq.settings import refuse_unknown_variables
 def main(verbose: bool, url: str | None) -> None:
     """gpuq: durable priority queues for LLM generation and embedding jobs on GPUs."""
     refuse_unknown_variables(os.environ)  # before any command quietly runs on a default
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    quiet = logging.DEBUG if verbose else logging.WARNING
-    logging.getLogger("httpx").setLevel(quiet)
-    logging.getLogger("alembic.runtime.plugins").setLevel(quiet)  # a line per plugin at each start
+    settings = get_settings()
+    configure_logging(verbose=verbose, job_lines=settings.log_job_lines, level=settings.log_level)
 
 
 for command in (

@@ -115,4 +115,7 @@ def _cancel_quietly(client: GpuqClient, job_id: str) -> None:
         if job["status"] != "cancelled":
             click.echo(f"stopped; job {job_id} had already ended ({job['status']})", err=True)
             return
-    click.echo(f"cancelled job {job_id} ({job['status']})", err=True)
+    # A running job's cancel is a request its worker acts on at the next token: "(running)" read
+    # as if the cancel had not worked.
+    stopping = " (it was running; its worker stops it now)" if job["status"] == "running" else ""
+    click.echo(f"cancelled job {job_id}{stopping}", err=True)

@@ -37,7 +37,7 @@ async def cancel_job(db: AsyncSession, redis: Redis, job_id: str) -> Job:
         await to_thread.run_sync(lambda: signal_worker(redis, job_id, job.worker))
         return await _get(db, job_id)
     job = await _get(db, job_id)
-    raise RequestError(409, f"job {job_id} has already {job.status}; only queued or running jobs can be cancelled")
+    raise RequestError(409, f"job {job_id} is already {job.status}; only queued or running jobs can be cancelled")
 
 
 def signal_worker(redis: Redis, job_id: str, worker: str | None) -> None:

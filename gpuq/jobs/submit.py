@@ -74,7 +74,7 @@ def check_against_model(
     if model is None:
         raise RequestError(
             404,
-            f"{where}model {spec.model!r} is not registered (see GET /v1/models)",
+            f"{where}model {spec.model!r} is not registered (`gpuq models` or GET /v1/models lists those that are)",
             param="model",
             code="model_not_found",
         )

@@ -12,11 +12,15 @@ import click
 from gpuq.cli.client import GpuqClient
 from gpuq.local.embedded import embedded_system
 from gpuq.local.redis_server import free_port
+from gpuq.log_config import only_warnings
 from gpuq.registry.bundled import BUNDLED_MODEL_NAME
 from gpuq.settings import Settings
 
+# Asked greedily (temperature 0, a fixed seed), so a fresh clone sees the same answers. Worded
+# for a 135M model: "What is the capital of France?" greedily answers "L'Étoile, la Marseillaise,
+# la femme…"; "Which city is the capital of France?" answers "The capital of France is Paris."
 QUESTIONS = [
-    ("high", "What is the capital of France?"),
+    ("high", "Which city is the capital of France?"),
     ("normal", "Name three primary colours."),
     ("low", "Write one sentence about the sea."),
 ]
@@ -43,7 +47,7 @@ def serve_api(settings: Settings) -> Iterator[str]:
 
 def run_demo(settings: Settings, *, workers: int = 1) -> int:
     started = time.monotonic()
-    with embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
+    with only_warnings(), embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
         client = GpuqClient(url, api_key=system.api_key)
         client.wait_ready()
         click.echo(f"gpuq is up at {url} (database {system.settings.database_url}, Redis {system.settings.redis_url})")

@@ -140,7 +140,7 @@ def test_cancelling_a_queued_job_removes_its_queue_entry_and_a_second_cancel_is_
     again = client.post(f"/v1/jobs/{job['id']}/cancel")
     assert again.status_code == 409
     assert (
-        again.json()["detail"] == f"job {job['id']} has already cancelled; only queued or running jobs can be cancelled"
+        again.json()["detail"] == f"job {job['id']} is already cancelled; only queued or running jobs can be cancelled"
     )
 
 

@@ -255,3 +255,50 @@ def test_run_batch_runs_a_file_without_a_server(tmp_path):
     assert sorted(rows) == ["x", "y", "z"]
     assert rows["y"]["response"]["body"]["data"] == rows["z"]["response"]["body"]["data"]
     assert "completed: 3 completed, 0 failed of 3" in done.stderr
+
+
+def test_run_batch_ctrl_c_says_how_far_it_got_and_that_nothing_was_written(tmp_path):
+    """In a terminal (a pty): the bar's time estimate is labelled ETA, no worker line crosses
+    it, and Ctrl-C ends the command with how far the batch got and what was written."""
+    import pty
+    import signal
+    import threading
+
+    path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    path.write_text("\n".join(chat(f"c{i}", f"Count to {i}.", max_tokens=64) for i in range(40)) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {"GPUQ_WORKER_THREADS": "2"}
+    primary, replica = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli", "run-batch", "-i", str(path), "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=replica,
+        env=env,
+        cwd=tmp_path,
+    )
+    os.close(replica)
+    shown: list[bytes] = []
+    progress = threading.Event()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+            if b"ETA " in b"".join(shown):
+                progress.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert progress.wait(timeout=240), b"".join(shown).decode(errors="replace")[-2000:]
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) == 130
+    reader.join(timeout=10)
+    text = b"".join(shown).decode(errors="replace")
+    stopped = r"interrupted: batch_\w+ \w+: \d+ completed, 0 failed of 40 so far; nothing written to"
+    assert re.search(stopped, text), text
+    assert not out.exists()
+    assert " INFO " not in text and "llama_" not in text, text

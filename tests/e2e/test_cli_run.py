@@ -108,6 +108,7 @@ def test_a_conversation_on_a_terminal_where_ctrl_c_cancels_the_answers_job(syste
         terminal.proc.send_signal(signal.SIGINT)  # Ctrl-C
         terminal.read_until("cancelled job")
         terminal.read_until(">>> ", times=3)
+        assert "(running)" not in terminal.seen
         stopped = _latest(system)
         deadline = time.monotonic() + 30
         while stopped["status"] == "running" and time.monotonic() < deadline:

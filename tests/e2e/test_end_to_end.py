@@ -146,7 +146,8 @@ def test_the_cli_submits_waits_and_lists(system, tmp_path):
     bad = subprocess.run(
         [*cli, "submit", "--url", system.url, "nope", "hi"], capture_output=True, text=True, timeout=60, env=env
     )
-    assert bad.returncode == 1 and "error: model 'nope' is not registered (see GET /v1/models) (HTTP 404)" in bad.stderr
+    unknown = "error: model 'nope' is not registered (`gpuq models` or GET /v1/models lists those that are) (HTTP 404)"
+    assert bad.returncode == 1 and unknown in bad.stderr
     anonymous = subprocess.run(
         [*cli, "jobs", "--url", system.url], capture_output=True, text=True, timeout=60, env=keyless
     )
