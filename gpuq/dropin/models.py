@@ -30,6 +30,13 @@ def _header(model: Model) -> tuple[dict[str, str], int]:
     return tokenizer.metadata(), tokenizer.n_params()
 
 
+async def embedding_length(model: Model) -> int | None:
+    """The length of the model's vectors (GGUF ``<arch>.embedding_length``); None when unknown."""
+    metadata, _ = await to_thread.run_sync(_header, model)
+    value = metadata.get(f"{model.architecture}.embedding_length", "")
+    return int(value) if value.isdigit() else None
+
+
 async def tags(db: AsyncSession) -> list[dict[str, Any]]:
     models = await db.run_sync(store.list_models)
     headers = await to_thread.run_sync(lambda: [_header(m) for m in models])
