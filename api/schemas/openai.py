@@ -95,7 +95,7 @@ class _Sampling(_Lenient):
         """gpuq's generation request for ``prompt`` (``prompt=`` or ``messages=``), OpenAI's
         defaults where a field is not given; a 400 naming the first value out of its range."""
         given = {
-            "max_tokens": self.max_completion_tokens or self.max_tokens,
+            "max_tokens": self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "seed": self.seed,

@@ -47,7 +47,9 @@ class _Sampling(_Body):
 
     def params(self, **prompt: Any) -> GenerationParams:
         given = {
-            "max_tokens": self.max_completion_tokens or self.max_tokens or MAX_TOKENS_DEFAULT,
+            "max_tokens": next(
+                (n for n in (self.max_completion_tokens, self.max_tokens) if n is not None), MAX_TOKENS_DEFAULT
+            ),
             "temperature": self.temperature,
             "top_p": self.top_p,
             "seed": self.seed,
