@@ -23,7 +23,6 @@ from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
-from gpuq.jobs.limits import admit
 from gpuq.jobs.prompt import vocab_tokenizer
 from gpuq.jobs.queues import Priority
 from gpuq.jobs.request import GenerationParams, JobParams
@@ -86,9 +85,9 @@ async def with_max_tokens(model: Model, request: GenerationParams, *, context: i
 
 async def submit_call(db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int) -> Job:
     """Queue the call's job as ``POST /v1/jobs`` would. Refusals are 400s, as OpenAI and Ollama
-    answer a request they cannot run (gpuq's own API says 422)."""
+    answer a request they cannot run (gpuq's own API says 422). ``submit_jobs`` applies the
+    key's limits once every check has passed: one submission per call, none for a refused one."""
     try:
-        await admit(db, redis, caller, queued_jobs=1, submissions=1)
         [accepted] = await submit_jobs(db, redis, [spec], timeout_s=timeout_s, caller=caller)
     except RequestError as exc:
         if exc.status != 422:
