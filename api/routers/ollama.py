@@ -149,10 +149,11 @@ async def list_tags(db: SessionDep) -> dict[str, Any]:
 
 
 @router.get("/ps", dependencies=keyed, responses={401: _ERRORS[401]})
-async def list_loaded(db: SessionDep, state: StateDep) -> dict[str, Any]:
-    """Models loaded now, one entry per worker holding one (with its `worker` and `host`), and
-    when each is unloaded if unused (`expires_at`; null while kept forever or in its first job)."""
-    return {"models": await models.loaded(db, state.redis)}
+async def list_loaded(db: SessionDep, state: StateDep, caller: CallerDep) -> dict[str, Any]:
+    """Models loaded now. Admins get one entry per worker holding one (with its `worker` and
+    `host`) and when each is unloaded if unused (`expires_at`; null while kept forever or in
+    its first job); submitters one entry per model, `expires_at` null."""
+    return {"models": await models.loaded(db, state.redis, admin=caller.is_admin)}
 
 
 @router.post("/show", dependencies=keyed, responses={401: _ERRORS[401], 404: _ERRORS[404]})

@@ -54,9 +54,11 @@ def _expiries(redis: Redis, workers: list[str]) -> list[dict[bytes, bytes]]:
         return cast(list[dict[bytes, bytes]], pipe.execute())
 
 
-async def loaded(db: AsyncSession, redis: Redis) -> list[dict[str, Any]]:
+async def loaded(db: AsyncSession, redis: Redis, *, admin: bool) -> list[dict[str, Any]]:
     """Every model loaded on a live worker, one entry per worker holding it, the model that
-    stays longest first (as Ollama orders /api/ps)."""
+    stays longest first (as Ollama orders /api/ps). Only admins see which worker and host
+    hold it and when it expires (which says when some tenant last used it): submitters see
+    what /v1/models shows them, the model itself."""
     workers = await to_thread.run_sync(live_workers, redis)
     expiries = await to_thread.run_sync(_expiries, redis, [w.name for w in workers])
     registry = {m.name: m for m in await db.run_sync(store.list_models)}
@@ -73,4 +75,9 @@ async def loaded(db: AsyncSession, redis: Redis) -> list[dict[str, Any]]:
                     model, *header, worker=worker.name, host=worker.host, expires_at=float(raw) if raw else None
                 )
             )
-    return sorted(entries, key=lambda e: e["expires_at"] or "9999", reverse=True)
+    entries.sort(key=lambda e: e["expires_at"] or "9999", reverse=True)
+    if admin:
+        return entries
+    hidden = ("worker", "host", "expires_at")
+    shown = [{k: v for k, v in e.items() if k not in hidden} | {"expires_at": None} for e in entries]
+    return list({e["name"]: e for e in shown}.values())  # one entry per model, not per worker

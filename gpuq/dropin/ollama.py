@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -265,7 +266,8 @@ def show(model: Model, metadata: dict[str, str], n_params: int) -> dict[str, Any
     info["general.parameter_count"] = n_params
     return {
         "license": metadata.get("general.license", ""),
-        "modelfile": f"# registered in gpuq from {model.path}\nFROM {model.path}\n",
+        # The file's name only: where the server keeps its files is not the caller's business.
+        "modelfile": f"# registered in gpuq\nFROM {os.path.basename(model.path)}\n",
         "parameters": f"num_ctx {model.context_length}",
         "template": metadata.get("tokenizer.chat_template", ""),
         "details": details(model, metadata, n_params),
