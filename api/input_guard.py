@@ -1,6 +1,6 @@
 """One check every route runs before its own: text the database could not store.
 
-A NUL character (U+0000) in a path parameter, a query parameter or anywhere in a JSON
+A NUL character (U+0000) or a lone UTF-16 surrogate in a path parameter, a query parameter or anywhere in a JSON
 body is refused with a 422 naming where it is, and so is a JSON body nested deeper than
 ``MAX_DEPTH`` (see gpuq/json_checks.py). Without it a NUL in a job id or a model name
 reaches PostgreSQL, which cannot hold it, and the request fails with a 500; SQLite would
@@ -18,18 +18,39 @@ from fastapi import Request
 from fastapi.dependencies.utils import get_flat_params
 
 from gpuq.errors import RequestError
-from gpuq.json_checks import NUL, NUL_ESCAPE, depth_message, may_be_too_deep, nul_location, nul_message, too_deep
+from gpuq.json_checks import (
+    NUL,
+    NUL_ESCAPE,
+    depth_message,
+    has_lone_surrogate,
+    may_be_too_deep,
+    may_hold_surrogate,
+    nul_location,
+    nul_message,
+    surrogate_location,
+    surrogate_message,
+    too_deep,
+)
+
+# The drop-in routes answer a bad value 400, as OpenAI and Ollama do; gpuq's own say 422.
+_DROP_IN = ("/api/", "/v1/chat/", "/v1/completions", "/v1/embeddings")
 
 
 def _refuse_nul(where: str, param: str) -> None:
     raise RequestError(422, nul_message(where), param=param, code="invalid_value")
 
 
+def _refuse_surrogate(request: Request, where: str, param: str) -> None:
+    status = 400 if request.url.path.startswith(_DROP_IN) else 422
+    raise RequestError(status, surrogate_message(where), param=param, code="invalid_value")
+
+
 async def _check_json_body(request: Request) -> None:
     if "json" not in request.headers.get("content-type", ""):
         return  # not JSON: form uploads check their own fields (file names: gpuq/batches/files.py)
     raw = await request.body()
-    if not (NUL_ESCAPE in raw or may_be_too_deep(raw)):
+    surrogate = may_hold_surrogate(raw)
+    if not (NUL_ESCAPE in raw or surrogate or may_be_too_deep(raw)):
         return
     try:
         body = await request.json()
@@ -40,6 +61,9 @@ async def _check_json_body(request: Request) -> None:
     where = nul_location(body)
     if where is not None:
         _refuse_nul(f"`{where}`" if where else "the request body", where or "body")
+    where = surrogate_location(body) if surrogate else None
+    if where is not None:
+        _refuse_surrogate(request, f"`{where}`" if where else "the request body", where or "body")
 
 
 def _declared_query_parameters(request: Request) -> set[str]:
@@ -54,8 +78,12 @@ async def refuse_unstorable_input(request: Request) -> None:
     for name, value in request.path_params.items():
         if NUL in str(value):
             _refuse_nul(f"the path parameter `{name}`", name)
+        if has_lone_surrogate(str(value)):
+            _refuse_surrogate(request, f"the path parameter `{name}`", name)
     declared = _declared_query_parameters(request)
     for name, value in request.query_params.multi_items():
         if name in declared and NUL in value:
             _refuse_nul(f"the query parameter `{name}`", name)
+        if name in declared and has_lone_surrogate(value):
+            _refuse_surrogate(request, f"the query parameter `{name}`", name)
     await _check_json_body(request)

@@ -40,9 +40,10 @@ from gpuq.dropin.call import (
     find_model,
     with_max_tokens,
 )
-from gpuq.dropin.vectors import shortened
+from gpuq.dropin.vectors import check_dimensions, shortened
 from gpuq.errors import RequestError
 from gpuq.fleet import workers
+from gpuq.jobs.request import EmbeddingParams, GenerationParams
 from gpuq.streams.events import End
 
 router = APIRouter(prefix="/api", tags=["ollama"])
@@ -107,8 +108,10 @@ async def embed(
     """L2-normalised vectors of one text or a list; `dimensions` shortens them (normalised again).
     Texts longer than the model's context are refused, not truncated."""
     started = time.perf_counter()
-    await find_model(db, body.name, not_found=ollama.not_found(body.model))
-    job, end, final = await _embed(body, body.texts(), request, db, state, caller, priority)
+    params = body.params()
+    model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
+    await check_dimensions(model, body.dimensions)
+    job, end, final = await _embed(body, params, request, db, state, caller, priority)
     if final is None:
         return Response(status_code=calls.CLIENT_GONE)
     vectors = shortened((final.result or {}).get("embeddings", []), body.dimensions)
@@ -132,7 +135,7 @@ async def embeddings(
     await find_model(db, body.name, not_found=ollama.not_found(body.model))
     if not body.prompt:
         return JSONResponse({"embedding": []})
-    job, _end, final = await _embed(body, [body.prompt], request, db, state, caller, priority)
+    job, _end, final = await _embed(body, body.params(), request, db, state, caller, priority)
     if final is None:
         return Response(status_code=calls.CLIENT_GONE)
     [vector] = (final.result or {}).get("embeddings", [[]])
@@ -146,10 +149,11 @@ async def list_tags(db: SessionDep) -> dict[str, Any]:
 
 
 @router.get("/ps", dependencies=keyed, responses={401: _ERRORS[401]})
-async def list_loaded(db: SessionDep, state: StateDep) -> dict[str, Any]:
-    """Models loaded now, one entry per worker holding one (with its `worker` and `host`), and
-    when each is unloaded if unused (`expires_at`; null while kept forever or in its first job)."""
-    return {"models": await models.loaded(db, state.redis)}
+async def list_loaded(db: SessionDep, state: StateDep, caller: CallerDep) -> dict[str, Any]:
+    """Models loaded now. Admins get one entry per worker holding one (with its `worker` and
+    `host`) and when each is unloaded if unused (`expires_at`; null while kept forever or in
+    its first job); submitters one entry per model, `expires_at` null."""
+    return {"models": await models.loaded(db, state.redis, admin=caller.is_admin)}
 
 
 @router.post("/show", dependencies=keyed, responses={401: _ERRORS[401], 404: _ERRORS[404]})
@@ -208,15 +212,13 @@ async def _generate(
     model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
     if empty:
         return await _load_or_unload(body.name, body.keep_alive_s(), request, db, state, caller, chat=chat)
-    job_request = body.to_request()
-    sampling, context = body.parsed_options().request(model)
+    params, context = body.parsed_options().params(model, body.to_request(), body.keep_alive_s())
     spec = call_spec(
         JobKind.GENERATE,
         model.name,
-        await with_max_tokens(model, job_request | sampling, context=context),
+        await with_max_tokens(model, params, context=context),
         priority=call_priority(priority, caller),
         stream=body.stream,
-        keep_alive=body.keep_alive_s(),
     )
     job = await calls.submit(db, state, caller, spec)
     if body.stream:
@@ -232,21 +234,14 @@ async def _generate(
 
 async def _embed(
     body: EmbedRequest | EmbeddingsRequest,
-    texts: list[str],
+    params: EmbeddingParams,
     request: Request,
     db: SessionDep,
     state: StateDep,
     caller: Caller,
     priority: str | None,
 ) -> tuple[Job, Any, Job | None]:
-    spec = call_spec(
-        JobKind.EMBED,
-        body.name,
-        {"input": texts},
-        priority=call_priority(priority, caller),
-        stream=False,
-        keep_alive=body.keep_alive_s(),
-    )
+    spec = call_spec(JobKind.EMBED, body.name, params, priority=call_priority(priority, caller), stream=False)
     job = await calls.submit(db, state, caller, spec)
     ended = await _ended_well(request, state, job)
     if ended is None:
@@ -285,10 +280,8 @@ async def _load_or_unload(
         if holders:
             await to_thread.run_sync(lambda: workers.request_unload(state.redis, holders, name))
         return JSONResponse(done | ollama.content("", chat) | {"done_reason": "unload"})
-    preload = {"prompt": "\n", "max_tokens": 1, "temperature": 0.0}
-    spec = call_spec(
-        JobKind.GENERATE, name, preload, priority=call_priority(None, caller), stream=False, keep_alive=keep_alive_s
-    )
+    preload = GenerationParams(prompt="\n", max_tokens=1, temperature=0.0, keep_alive=keep_alive_s)
+    spec = call_spec(JobKind.GENERATE, name, preload, priority=call_priority(None, caller), stream=False)
     job = await calls.submit(db, state, caller, spec)
     if await calls.until_end(request, state, job) is None:
         return Response(status_code=calls.CLIENT_GONE)

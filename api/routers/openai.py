@@ -28,7 +28,9 @@ from gpuq.dropin.call import (
     find_model,
     with_max_tokens,
 )
+from gpuq.dropin.vectors import check_dimensions
 from gpuq.errors import RequestError
+from gpuq.jobs.request import GenerationParams
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -91,15 +93,9 @@ async def embeddings(
 ) -> Response:
     """Mean-pooled, L2-normalised vectors; `encoding_format` float or base64, `dimensions` to shorten them."""
     job_request = body.to_request()
-    await find_model(db, body.model, not_found=openai.not_found(body.model))
-    spec = call_spec(
-        JobKind.EMBED,
-        body.model,
-        job_request,
-        priority=call_priority(priority, caller),
-        stream=False,
-        keep_alive=body.keep_alive,
-    )
+    model = await find_model(db, body.model, not_found=openai.not_found(body.model))
+    await check_dimensions(model, body.dimensions)
+    spec = call_spec(JobKind.EMBED, body.model, job_request, priority=call_priority(priority, caller), stream=False)
     job = await calls.submit(db, state, caller, spec)
     final = await _final(request, state, job)
     if final is None:
@@ -111,7 +107,7 @@ async def embeddings(
 async def _generate(
     endpoint: str,
     body: ChatCompletionCreate | CompletionCreate,
-    job_request: dict[str, Any],
+    job_request: GenerationParams,
     request: Request,
     db: SessionDep,
     state: StateDep,
@@ -125,7 +121,6 @@ async def _generate(
         await with_max_tokens(model, job_request),
         priority=call_priority(priority, caller),
         stream=body.stream,
-        keep_alive=body.keep_alive,
     )
     job = await calls.submit(db, state, caller, spec)
     if body.stream:

@@ -8,13 +8,13 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from gpuq.jobs.queues import Priority
+from gpuq.jobs.request import MAX_CONTEXT_TOKENS as MAX_CONTEXT_TOKENS
+from gpuq.jobs.request import MAX_EMBED_INPUTS as MAX_EMBED_INPUTS
+from gpuq.jobs.request import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES
 
-MAX_CONTEXT_TOKENS = 1 << 20
 # The largest value an INTEGER column holds on PostgreSQL (SQLite's go further): the bound
 # of every integer a request stores or looks up, so a larger one is a 422, not a 500.
 MAX_SQL_INT = 2**31 - 1
-MAX_EMBED_INPUTS = 2048
-MAX_STOP_SEQUENCES = 4
 
 
 class Strict(BaseModel):

@@ -7,53 +7,70 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 
-from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_EMBED_INPUTS, MAX_STOP_SEQUENCES, PriorityName, Strict
+from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
 from gpuq.db.tables import Job, JobKind
 from gpuq.jobs.queues import Priority
+from gpuq.jobs.request import (
+    MAX_EMBED_INPUTS,
+    MAX_STOP_SEQUENCES,
+    ChatMessage,
+    GenerationParams,
+    JobParams,
+    KeepAlive,
+    MaxTokens,
+    Penalty,
+    Probability,
+    RepeatPenalty,
+    Seed,
+    Stop,
+    Temperature,
+    TopK,
+    embedding,
+    generation,
+)
 from gpuq.jobs.submit import JobSpec
 
-
-class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+_DEFAULTS = GenerationParams(prompt="-")  # the jobs API's sampling defaults: llama.cpp's
 
 
 class JobBase(Strict):
     model: str = Field(min_length=1, max_length=128)
-    keep_alive: float | None = Field(
-        None,
-        ge=-1,
-        le=7 * 24 * 3600,
-        description="seconds the model stays loaded after this job (as Ollama's keep_alive); -1 forever, 0 unload now",
-    )
+    keep_alive: KeepAlive | None = None
     priority: PriorityName = Field("normal", validate_default=True, description="high, normal or low")
     idempotency_key: str | None = Field(None, min_length=1, max_length=255)
     webhook_url: HttpUrl | None = Field(None, description="POSTed a signed event when the job ends")
 
-    def spec(self, request: dict[str, Any], kind: JobKind) -> JobSpec:
-        if self.keep_alive is not None:
-            request = request | {"keep_alive": self.keep_alive}
-        if self.webhook_url is not None:
-            request = request | {"webhook_url": str(self.webhook_url)}
+    def common(self) -> dict[str, Any]:
+        """The fields every kind of job's request carries."""
+        return {"keep_alive": self.keep_alive, "webhook_url": str(self.webhook_url) if self.webhook_url else None}
+
+    def spec(self, request: JobParams, kind: JobKind) -> JobSpec:
         return JobSpec(
             kind=kind,
             model=self.model,
             priority=self.priority,
-            request=request,
+            request=request.stored(),
             idempotency_key=self.idempotency_key,
         )
 
 
 class GenerateJobCreate(JobBase):
+    """A generation; sampling defaults are llama.cpp's (gpuq/jobs/request.py says why)."""
+
     kind: Literal["generate"]
     prompt: str | None = Field(None, min_length=1)
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    max_tokens: int = Field(256, ge=1, le=MAX_CONTEXT_TOKENS)
-    temperature: float = Field(0.8, ge=0.0, le=2.0)
-    top_p: float = Field(0.9, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=2**32)
-    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
+    max_tokens: MaxTokens = 256
+    temperature: Temperature = _DEFAULTS.temperature
+    top_p: Probability = _DEFAULTS.top_p
+    top_k: TopK = _DEFAULTS.top_k
+    min_p: Probability = _DEFAULTS.min_p
+    repeat_penalty: RepeatPenalty = _DEFAULTS.repeat_penalty
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    seed: Seed | None = None
+    stop: list[Stop] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJobCreate:
@@ -64,18 +81,8 @@ class GenerateJobCreate(JobBase):
         return self
 
     def to_spec(self) -> JobSpec:
-        request: dict[str, Any] = {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "stop": self.stop,
-        }
-        if self.prompt is not None:
-            request["prompt"] = self.prompt
-        else:
-            request["messages"] = [m.model_dump() for m in self.messages or []]
-        return self.spec(request, JobKind.GENERATE)
+        fields = self.model_dump(include=set(GenerationParams.model_fields) - set(JobParams.model_fields))
+        return self.spec(generation(422, **fields, **self.common()), JobKind.GENERATE)
 
 
 class EmbedJobCreate(JobBase):
@@ -97,7 +104,7 @@ class EmbedJobCreate(JobBase):
 
     def to_spec(self) -> JobSpec:
         texts = [self.input] if isinstance(self.input, str) else self.input
-        return self.spec({"input": texts}, JobKind.EMBED)
+        return self.spec(embedding(422, input=texts, **self.common()), JobKind.EMBED)
 
 
 class NoopJobCreate(JobBase):
@@ -106,7 +113,7 @@ class NoopJobCreate(JobBase):
     kind: Literal["noop"]
 
     def to_spec(self) -> JobSpec:
-        return self.spec({}, JobKind.NOOP)
+        return self.spec(JobParams.model_validate(self.common()), JobKind.NOOP)
 
 
 JobCreate = Annotated[GenerateJobCreate | EmbedJobCreate | NoopJobCreate, Field(discriminator="kind")]

@@ -13,14 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuq.dropin.ollama import Options, keep_alive_seconds, refuse, strip_tag
 from gpuq.errors import RequestError
+from gpuq.jobs.request import MAX_EMBED_INPUTS, EmbeddingParams, embedding
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1, max_length=140)
-    keep_alive: float | str | None = Field(
-        None, description='how long the model stays loaded afterwards: seconds, or a duration ("5m"); negative: forever'
+    # Checked by keep_alive_seconds, so that a boolean or NaN is a 400 like any bad value here.
+    keep_alive: Any = Field(
+        None,
+        description='how long the model stays loaded afterwards: seconds, or a duration ("5m"); negative: forever',
+        json_schema_extra={"anyOf": [{"type": "number"}, {"type": "string"}, {"type": "null"}]},
     )
     options: dict[str, Any] | None = Field(
         None, description="num_predict, num_ctx, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, ..."
@@ -120,18 +124,23 @@ class EmbedRequest(_Request):
     truncate: bool = True
     dimensions: int | None = Field(None, ge=1)
 
-    def texts(self) -> list[str]:
+    def params(self) -> EmbeddingParams:
         texts = [self.input] if isinstance(self.input, str) else self.input
+        if len(texts) > MAX_EMBED_INPUTS:
+            raise RequestError(400, f"input has {len(texts)} texts; at most {MAX_EMBED_INPUTS}", param="input")
         for i, text in enumerate(texts):
             if not text:
                 raise RequestError(400, f"input[{i}] is empty")
-        return texts
+        return embedding(input=texts, keep_alive=self.keep_alive_s())
 
 
 class EmbeddingsRequest(_Request):
     """``POST /api/embeddings`` (Ollama's older embedding route: one prompt, one vector)."""
 
     prompt: str = ""
+
+    def params(self) -> EmbeddingParams:
+        return embedding(input=[self.prompt], keep_alive=self.keep_alive_s())
 
 
 class ShowRequest(BaseModel):

@@ -13,10 +13,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas.common import MAX_EMBED_INPUTS
 from gpuq.errors import RequestError
+from gpuq.jobs.request import (
+    MAX_EMBED_INPUTS,
+    OPENAI_DEFAULTS,
+    EmbeddingParams,
+    GenerationParams,
+    embedding,
+    generation,
+)
 
-MAX_STOP = 4
 # Accepted and ignored: they change nothing gpuq does (identifiers, storage, service tiers).
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
 
@@ -42,26 +48,32 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None  # OpenAI's padding of chunks; nothing to pad here
 
 
+# Numbers as JSON numbers (a boolean is not one); their ranges are checked where the request
+# is built (gpuq/jobs/request.py), a 400 as OpenAI answers.
+Number = Annotated[float, Field(strict=True)]
+Integer = Annotated[int, Field(strict=True)]
+
+
 class _Sampling(_Lenient):
     model: str = Field(min_length=1, max_length=128)
-    max_tokens: int | None = Field(None, ge=1, description="default: what the context leaves after the prompt")
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=2**32)
-    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    max_tokens: Integer | None = Field(None, description="default: what the context leaves after the prompt")
+    max_completion_tokens: Integer | None = None
+    temperature: Number | None = Field(None, description="0 to 2; default 1")
+    top_p: Number | None = Field(None, description="0 to 1; default 1")
+    seed: Integer | None = Field(None, description="0 to 2^32 - 1")
+    stop: str | list[str] | None = None
+    frequency_penalty: Number | None = Field(None, description="-2 to 2; default 0")
+    presence_penalty: Number | None = Field(None, description="-2 to 2; default 0")
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     logit_bias: dict[str, float] | None = None
-    top_k: int | None = Field(None, ge=0, description="gpuq extension (llama.cpp's sampler)")
-    min_p: float | None = Field(None, ge=0.0, le=1.0, description="gpuq extension (llama.cpp's sampler)")
-    repeat_penalty: float | None = Field(None, gt=0.0, description="gpuq extension (llama.cpp's sampler)")
-    keep_alive: float | None = Field(
-        None, ge=-1, le=7 * 24 * 3600, description="gpuq extension: seconds the model stays loaded afterwards"
+    top_k: Integer | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 0, off")
+    min_p: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 0, off")
+    repeat_penalty: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 1, off")
+    keep_alive: Number | None = Field(
+        None, description="gpuq extension: seconds the model stays loaded afterwards (-1 to 604800)"
     )
 
     @property
@@ -78,27 +90,25 @@ class _Sampling(_Lenient):
             raise unsupported("logit_bias", "the sampler takes no token biases")
         if self.stream_options is not None and not self.stream:
             raise RequestError(400, "stream_options is only allowed with stream: true", param="stream_options")
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if len(stops) > MAX_STOP:
-            raise RequestError(400, f"stop has {len(stops)} sequences; at most {MAX_STOP}", param="stop")
 
-    def sampling(self) -> dict[str, Any]:
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        request: dict[str, Any] = {
-            "max_tokens": self.max_completion_tokens or self.max_tokens,
+    def params(self, **prompt: Any) -> GenerationParams:
+        """gpuq's generation request for ``prompt`` (``prompt=`` or ``messages=``), OpenAI's
+        defaults where a field is not given; a 400 naming the first value out of its range."""
+        given = {
+            "max_tokens": self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "seed": self.seed,
-            "stop": stops,
-        }
-        extras = {
-            "frequency_penalty": self.frequency_penalty or None,
-            "presence_penalty": self.presence_penalty or None,
+            "stop": [self.stop] if isinstance(self.stop, str) else self.stop,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
             "top_k": self.top_k,
             "min_p": self.min_p,
             "repeat_penalty": self.repeat_penalty,
+            "keep_alive": self.keep_alive,
         }
-        return request | {k: v for k, v in extras.items() if v is not None}
+        chosen = OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None}
+        return generation(**chosen, **prompt)
 
 
 class TextPart(BaseModel):
@@ -143,7 +153,7 @@ class ChatCompletionCreate(_Sampling):
     prediction: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
 
-    def to_request(self) -> dict[str, Any]:
+    def to_request(self) -> GenerationParams:
         """gpuq's generation request; a 400 naming the first parameter gpuq cannot honour."""
         self._check_sampling()
         for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
@@ -165,7 +175,7 @@ class ChatCompletionCreate(_Sampling):
         ]
         if not any(m["content"] for m in messages):
             raise RequestError(400, "messages are all empty: at least one needs content", param="messages")
-        return {"messages": messages} | self.sampling()
+        return self.params(messages=messages)
 
 
 class CompletionCreate(_Sampling):
@@ -176,7 +186,7 @@ class CompletionCreate(_Sampling):
     suffix: str | None = None
     best_of: int | None = None
 
-    def to_request(self) -> dict[str, Any]:
+    def to_request(self) -> GenerationParams:
         self._check_sampling()
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise unsupported("prompt", "one prompt per request (send one request per prompt)")
@@ -189,7 +199,7 @@ class CompletionCreate(_Sampling):
         prompt = self.prompt[0] if isinstance(self.prompt, list) else self.prompt
         if not prompt:
             raise RequestError(400, "prompt is empty", param="prompt")
-        return {"prompt": prompt} | self.sampling()
+        return self.params(prompt=prompt)
 
 
 class EmbeddingCreate(_Lenient):
@@ -198,10 +208,10 @@ class EmbeddingCreate(_Lenient):
     model: str = Field(min_length=1, max_length=128)
     input: str | list[str] = Field(description="one text or a list of texts (token arrays are not taken)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1, description="the vectors' first N dimensions, normalised again")
-    keep_alive: float | None = Field(None, ge=-1, le=7 * 24 * 3600, description="gpuq extension")
+    dimensions: Integer | None = Field(None, ge=1, description="the vectors' first N dimensions, normalised again")
+    keep_alive: Number | None = Field(None, description="gpuq extension (-1 to 604800)")
 
-    def to_request(self) -> dict[str, Any]:
+    def to_request(self) -> EmbeddingParams:
         self._refuse_unknown()
         texts = [self.input] if isinstance(self.input, str) else self.input
         if not texts:
@@ -211,7 +221,7 @@ class EmbeddingCreate(_Lenient):
         for i, text in enumerate(texts):
             if not text:
                 raise RequestError(400, f"input[{i}] is empty", param="input")
-        return {"input": texts}
+        return embedding(input=texts, keep_alive=self.keep_alive)
 
 
 class FileDeleted(BaseModel):

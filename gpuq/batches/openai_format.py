@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuq.db.tables import Job, JobKind
+from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, refusal
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -26,24 +27,39 @@ class _Body(BaseModel):
     model: str = Field(min_length=1, max_length=128)
 
 
+Number = Annotated[float, Field(strict=True)]
+Integer = Annotated[int, Field(strict=True)]
+
+
 class _Sampling(_Body):
-    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=2**32)
-    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
+    """The sampling fields a line may set; their ranges are the job request's own
+    (gpuq/jobs/request.py), OpenAI's defaults where a field is not given."""
+
+    max_tokens: Integer | None = None
+    max_completion_tokens: Integer | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    seed: Integer | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: Number | None = None
+    presence_penalty: Number | None = None
     n: Literal[1] = 1
 
-    def sampling(self) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return {
-            "max_tokens": self.max_completion_tokens or self.max_tokens or MAX_TOKENS_DEFAULT,
+    def params(self, **prompt: Any) -> GenerationParams:
+        given = {
+            "max_tokens": next(
+                (n for n in (self.max_completion_tokens, self.max_tokens) if n is not None), MAX_TOKENS_DEFAULT
+            ),
             "temperature": self.temperature,
             "top_p": self.top_p,
             "seed": self.seed,
-            "stop": stop[:4],
+            "stop": [self.stop] if isinstance(self.stop, str) else self.stop,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
         }
+        return GenerationParams.model_validate(
+            OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None} | prompt
+        )
 
 
 class _Message(BaseModel):
@@ -55,32 +71,26 @@ class _Message(BaseModel):
 class ChatBody(_Sampling):
     messages: list[_Message] = Field(min_length=1)
 
-    def request(self) -> dict[str, Any]:
+    def request(self) -> JobParams:
         messages = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in self.messages
         ]
-        return {"messages": messages} | self.sampling()
+        return self.params(messages=messages)
 
 
 class CompletionBody(_Sampling):
     prompt: str = Field(min_length=1)
 
-    def request(self) -> dict[str, Any]:
-        return {"prompt": self.prompt} | self.sampling()
+    def request(self) -> JobParams:
+        return self.params(prompt=self.prompt)
 
 
 class EmbeddingBody(_Body):
-    input: str | list[Annotated[str, Field(min_length=1)]]
+    input: str | list[str]
     encoding_format: Literal["float"] = "float"
 
-    @model_validator(mode="after")
-    def _some_input(self) -> EmbeddingBody:
-        if not self.input:
-            raise ValueError("`input` is empty")
-        return self
-
-    def request(self) -> dict[str, Any]:
-        return {"input": [self.input] if isinstance(self.input, str) else list(self.input)}
+    def request(self) -> JobParams:
+        return EmbeddingParams(input=[self.input] if isinstance(self.input, str) else list(self.input))
 
 
 BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody]] = {
@@ -91,16 +101,14 @@ BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody]] =
 
 
 def parse_body(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
-    """(model, gpuq request) for one line's body; ValueError says what is wrong."""
+    """(model, gpuq request as stored) for one line's body; ValueError says what is wrong."""
     try:
         parsed = BODIES[endpoint].model_validate(body)
+        request = parsed.request()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(
-            f"body.{where}: {first['msg'].removeprefix('Value error, ')}" if where else first["msg"]
-        ) from None
-    return parsed.model, parsed.request()
+        refused = refusal(exc, prefix="body.")
+        raise ValueError(refused.message) from None
+    return parsed.model, request.stored()
 
 
 def token_usage(prompt: int | None, completion: int | None, cached: int | None) -> dict[str, Any]:

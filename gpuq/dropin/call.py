@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import anyio
 from anyio import to_thread
@@ -24,9 +23,9 @@ from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
-from gpuq.jobs.limits import admit
 from gpuq.jobs.prompt import vocab_tokenizer
 from gpuq.jobs.queues import Priority
+from gpuq.jobs.request import GenerationParams, JobParams
 from gpuq.jobs.submit import JobSpec, submit_jobs
 from gpuq.streams.events import END_ONLY, REQUEST_FIELD, TOKENS, End, Event
 
@@ -45,14 +44,10 @@ def call_priority(header: str | None, caller: Caller) -> Priority:
     return Priority(caller.priority_or(Priority.HIGH))
 
 
-def call_spec(
-    kind: JobKind, model: str, request: dict[str, Any], *, priority: Priority, stream: bool, keep_alive: float | None
-) -> JobSpec:
+def call_spec(kind: JobKind, model: str, request: JobParams, *, priority: Priority, stream: bool) -> JobSpec:
     """The job of a call: its request asks for every token (streaming) or only the end."""
-    request = request | {REQUEST_FIELD: TOKENS if stream else END_ONLY}
-    if keep_alive is not None:
-        request["keep_alive"] = keep_alive
-    return JobSpec(kind=kind, model=model, priority=priority, request=request)
+    request = request.model_copy(update={REQUEST_FIELD: TOKENS if stream else END_ONLY})
+    return JobSpec(kind=kind, model=model, priority=priority, request=request.stored())
 
 
 async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
@@ -62,21 +57,21 @@ async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
     return model
 
 
-async def with_max_tokens(model: Model, request: dict[str, Any], *, context: int | None = None) -> dict[str, Any]:
+async def with_max_tokens(model: Model, request: GenerationParams, *, context: int | None = None) -> GenerationParams:
     """A generation request without ``max_tokens`` may fill what its context leaves after the
     prompt, as OpenAI and Ollama allow; ``context`` narrows the model's (Ollama's num_ctx),
     and then an explicit ``max_tokens`` must fit it too."""
     limit = model.context_length if context is None else context
-    if request.get("max_tokens") is not None and limit == model.context_length:
+    wanted = request.max_tokens
+    if wanted is not None and limit == model.context_length:
         return request
     if not model.can_generate:
-        return request | {"max_tokens": request.get("max_tokens") or 1}  # submit refuses the kind
+        return request.model_copy(update={"max_tokens": wanted or 1})  # submit refuses the kind
     try:
         tokenizer = await to_thread.run_sync(vocab_tokenizer, model.path)
-        prompt_tokens = await to_thread.run_sync(tokenizer.count_request_tokens, request)
+        prompt_tokens = await to_thread.run_sync(tokenizer.count_request_tokens, request.stored())
     except ValueError as exc:
         raise RequestError(400, str(exc)) from None
-    wanted = request.get("max_tokens")
     if wanted is not None and prompt_tokens + wanted > limit:
         raise RequestError(
             400,
@@ -85,14 +80,14 @@ async def with_max_tokens(model: Model, request: dict[str, Any], *, context: int
             param="options.num_ctx",
             code="context_length_exceeded",
         )
-    return request | {"max_tokens": wanted if wanted is not None else max(1, limit - prompt_tokens)}
+    return request.model_copy(update={"max_tokens": wanted if wanted is not None else max(1, limit - prompt_tokens)})
 
 
 async def submit_call(db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int) -> Job:
     """Queue the call's job as ``POST /v1/jobs`` would. Refusals are 400s, as OpenAI and Ollama
-    answer a request they cannot run (gpuq's own API says 422)."""
+    answer a request they cannot run (gpuq's own API says 422). ``submit_jobs`` applies the
+    key's limits once every check has passed: one submission per call, none for a refused one."""
     try:
-        await admit(db, redis, caller, queued_jobs=1, submissions=1)
         [accepted] = await submit_jobs(db, redis, [spec], timeout_s=timeout_s, caller=caller)
     except RequestError as exc:
         if exc.status != 422:

@@ -30,6 +30,13 @@ def _header(model: Model) -> tuple[dict[str, str], int]:
     return tokenizer.metadata(), tokenizer.n_params()
 
 
+async def embedding_length(model: Model) -> int | None:
+    """The length of the model's vectors (GGUF ``<arch>.embedding_length``); None when unknown."""
+    metadata, _ = await to_thread.run_sync(_header, model)
+    value = metadata.get(f"{model.architecture}.embedding_length", "")
+    return int(value) if value.isdigit() else None
+
+
 async def tags(db: AsyncSession) -> list[dict[str, Any]]:
     models = await db.run_sync(store.list_models)
     headers = await to_thread.run_sync(lambda: [_header(m) for m in models])
@@ -47,9 +54,11 @@ def _expiries(redis: Redis, workers: list[str]) -> list[dict[bytes, bytes]]:
         return cast(list[dict[bytes, bytes]], pipe.execute())
 
 
-async def loaded(db: AsyncSession, redis: Redis) -> list[dict[str, Any]]:
+async def loaded(db: AsyncSession, redis: Redis, *, admin: bool) -> list[dict[str, Any]]:
     """Every model loaded on a live worker, one entry per worker holding it, the model that
-    stays longest first (as Ollama orders /api/ps)."""
+    stays longest first (as Ollama orders /api/ps). Only admins see which worker and host
+    hold it and when it expires (which says when some tenant last used it): submitters see
+    what /v1/models shows them, the model itself."""
     workers = await to_thread.run_sync(live_workers, redis)
     expiries = await to_thread.run_sync(_expiries, redis, [w.name for w in workers])
     registry = {m.name: m for m in await db.run_sync(store.list_models)}
@@ -66,4 +75,9 @@ async def loaded(db: AsyncSession, redis: Redis) -> list[dict[str, Any]]:
                     model, *header, worker=worker.name, host=worker.host, expires_at=float(raw) if raw else None
                 )
             )
-    return sorted(entries, key=lambda e: e["expires_at"] or "9999", reverse=True)
+    entries.sort(key=lambda e: e["expires_at"] or "9999", reverse=True)
+    if admin:
+        return entries
+    hidden = ("worker", "host", "expires_at")
+    shown = [{k: v for k, v in e.items() if k not in hidden} | {"expires_at": None} for e in entries]
+    return list({e["name"]: e for e in shown}.values())  # one entry per model, not per worker

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -17,15 +19,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuq.db.tables import Model, ModelKind
 from gpuq.errors import RequestError
+from gpuq.jobs.request import MAX_KEEP_ALIVE_S, OLLAMA_DEFAULTS, GenerationParams, refusal
 from gpuq.streams.events import Delta, End, Event, Start
 
 NS_PER_MS = 1_000_000
 KEEP_FOREVER = -1.0
-MAX_KEEP_ALIVE_S = 7 * 24 * 3600.0
-# Ollama's defaults where they differ from gpuq's own (api/types.go DefaultOptions).
-DEFAULTS = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "repeat_penalty": 1.1, "min_p": 0.0}
 # Options fixed when a model loads; gpuq's workers load models for the whole fleet by its own settings.
 LOAD_OPTIONS = frozenset(
     {"num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "num_thread", "numa", "low_vram", "f16_kv"}
@@ -53,11 +55,14 @@ def refuse(param: str, why: str) -> RequestError:
     return RequestError(400, f"{param} is not supported by gpuq: {why}", param=param)
 
 
-def keep_alive_seconds(value: float | str | None) -> float | None:
+def keep_alive_seconds(value: object) -> float | None:
     """Ollama's keep_alive (seconds, or a Go duration such as "5m" or "1h30m"; negative keeps
-    the model loaded until evicted) as gpuq's seconds (-1: forever)."""
+    the model loaded until evicted) as gpuq's seconds (-1: forever). NaN, infinity and
+    booleans are refused (``false`` is not 0, as Go's decoder would not read it as one)."""
     if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise RequestError(400, 'keep_alive must be a number of seconds or a duration (say "5m")', param="keep_alive")
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -68,6 +73,8 @@ def keep_alive_seconds(value: float | str | None) -> float | None:
             if not parts or "".join(n + u for n, u in parts) != body:
                 raise RequestError(400, f'keep_alive {text!r} is not a duration (say "5m", "1h" or 300)') from None
             value = (-1.0 if text.startswith("-") else 1.0) * sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if not math.isfinite(value):
+        raise RequestError(400, f"keep_alive {value} is not a finite number of seconds", param="keep_alive")
     if value < 0:
         return KEEP_FOREVER
     return min(float(value), MAX_KEEP_ALIVE_S)
@@ -83,19 +90,23 @@ class Options:
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> Options:
-        sampling = dict(DEFAULTS)
+        sampling = dict(OLLAMA_DEFAULTS)
         for name, value in options.items():
             if name not in LOAD_OPTIONS and name not in ("num_predict", "num_ctx") and value is not None:
                 _set_option(sampling, name, value)
-        _check_ranges(sampling)
+        if sampling.get("seed") is not None and sampling["seed"] < 0:
+            sampling["seed"] = None  # Ollama's -1: a random seed
         num_predict = _number("num_predict", options["num_predict"], int) if "num_predict" in options else None
-        num_ctx = _number("num_ctx", options["num_ctx"], int) if options.get("num_ctx") else None
+        num_ctx = _number("num_ctx", options["num_ctx"], int) if options.get("num_ctx") is not None else None
         if num_ctx is not None and num_ctx < 1:
             raise RequestError(400, "options.num_ctx must be at least 1", param="options.num_ctx")
         return cls(sampling, num_predict if num_predict is not None and num_predict > 0 else None, num_ctx)
 
-    def request(self, model: Model) -> tuple[dict[str, Any], int | None]:
-        """The sampling part of the request, and the context to fit in (None: the model's)."""
+    def params(
+        self, model: Model, prompt: dict[str, Any], keep_alive: float | None
+    ) -> tuple[GenerationParams, int | None]:
+        """The generation request (``max_tokens`` None: what the context leaves), and the
+        context to fit in (None: the model's); a 400 naming the first option out of range."""
         if self.num_ctx is not None and self.num_ctx > model.context_length:
             raise RequestError(
                 400,
@@ -103,7 +114,13 @@ class Options:
                 f"{model.context_length} tokens (an admin registers it again with a larger context_length)",
                 param="options.num_ctx",
             )
-        return self.sampling | {"max_tokens": self.num_predict}, self.num_ctx
+        fields = prompt | self.sampling | {"max_tokens": self.num_predict, "keep_alive": keep_alive}
+        try:
+            return GenerationParams.model_validate(fields), self.num_ctx
+        except ValidationError as exc:
+            loc = exc.errors()[0]["loc"]
+            option = bool(loc) and (loc[0] in self.sampling or loc[0] == "max_tokens")
+            raise refusal(exc, prefix="options." if option else "") from None
 
 
 def _set_option(sampling: dict[str, Any], name: str, value: Any) -> None:
@@ -124,24 +141,16 @@ def _set_option(sampling: dict[str, Any], name: str, value: Any) -> None:
 
 
 def _number(name: str, value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError(400, f"options.{name} must be a number", param=f"options.{name}")
+    """A number as Ollama's Go decoder reads one: no booleans, no NaN or infinity (which
+    JSON cannot spell, though Python's parser reads them)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(400, f"options.{name} must be a finite number", param=f"options.{name}")
     return kind(value)
 
 
 def _is_neutral(name: str, value: Any) -> bool:
     neutral = {"repeat_last_n": 64, "typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0}
     return name not in neutral or value == neutral[name]
-
-
-def _check_ranges(sampling: dict[str, Any]) -> None:
-    bounds = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "seed": (0, 2**32 - 1)}
-    for name, (low, high) in bounds.items():
-        value = sampling.get(name)
-        if value is not None and not low <= value <= high:
-            raise RequestError(400, f"options.{name} must be within {low} and {high}", param=f"options.{name}")
-    if sampling.get("seed") is not None and sampling["seed"] < 0:
-        sampling["seed"] = None  # Ollama's -1: a random seed
 
 
 def timestamp() -> str:
@@ -258,7 +267,8 @@ def show(model: Model, metadata: dict[str, str], n_params: int) -> dict[str, Any
     info["general.parameter_count"] = n_params
     return {
         "license": metadata.get("general.license", ""),
-        "modelfile": f"# registered in gpuq from {model.path}\nFROM {model.path}\n",
+        # The file's name only: where the server keeps its files is not the caller's business.
+        "modelfile": f"# registered in gpuq\nFROM {os.path.basename(model.path)}\n",
         "parameters": f"num_ctx {model.context_length}",
         "template": metadata.get("tokenizer.chat_template", ""),
         "details": details(model, metadata, n_params),

@@ -5,7 +5,20 @@ from __future__ import annotations
 import base64
 import struct
 
+from gpuq.db.tables import Model
+from gpuq.dropin.models import embedding_length
 from gpuq.errors import RequestError
+
+
+async def check_dimensions(model: Model, dimensions: int | None) -> None:
+    """Refuse ``dimensions`` longer than the model's vectors before any job embeds anything."""
+    if dimensions is None:
+        return
+    length = await embedding_length(model)
+    if length is not None and dimensions > length:
+        raise RequestError(
+            400, f"dimensions is {dimensions} but {model.name!r} makes vectors of {length}", param="dimensions"
+        )
 
 
 def shortened(vectors: list[list[float]], dimensions: int | None) -> list[list[float]]:

@@ -1,0 +1,177 @@
+"""A job's request, typed: what a generation or an embedding job asks of its worker.
+
+Four producers build these (gpuq's jobs API, the OpenAI routes, the Ollama routes, batch
+lines and so schedules' inline lines); the job row stores :meth:`JobParams.stored`, and the
+worker reads a claimed row back with ``GenerationParams.model_validate(row.request)``. The
+stored keys are the ones rows have always held, so every row written before reads too.
+
+Validation lives here, once for every producer: each float finite (JSON's ``Infinity`` and
+``1e400`` parse to infinity, and PostgreSQL's JSON column refuses NaN), each number within
+the range its API documents, each integer within what llama.cpp's C ``int`` takes, booleans
+refused where a number is meant (pydantic would read ``false`` as 0). A producer turns a
+``ValidationError`` into its route's refusal with :func:`refusal`.
+
+**Defaults.** A field's default is llama.cpp's own (its ``common_params_sampling``, which
+``create_completion`` uses): what a row without the key has always got from the worker.
+Each API's documented defaults differ, and its users expect them, so each producer passes
+its own set: :data:`OPENAI_DEFAULTS` (OpenAI documents temperature 1 and top_p 1, and no
+top_k, min_p or repeat penalty: those are off; batch lines too, being OpenAI's Batch API),
+:data:`OLLAMA_DEFAULTS` (its api/types.go DefaultOptions: temperature 0.8, top_p 0.9, top_k
+40, repeat_penalty 1.1, min_p 0). gpuq's own jobs API takes llama.cpp's, the fields' own:
+it is a queue in front of llama.cpp, and its users read llama.cpp's documentation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpuq.errors import RequestError
+
+MAX_CONTEXT_TOKENS = 1 << 20
+MAX_EMBED_INPUTS = 2048  # OpenAI's limit on /v1/embeddings; the same on every route
+MAX_STOP_SEQUENCES = 4
+MAX_KEEP_ALIVE_S = 7 * 24 * 3600.0
+MAX_SAMPLES = 128
+C_INT_MAX = 2**31 - 1  # llama.cpp takes top_k as a C int
+
+# Booleans are refused (strict), integers taken as floats, non-finite values refused.
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Int = Annotated[int, Field(strict=True)]
+Temperature = Annotated[Float, Field(ge=0.0, le=2.0)]
+Probability = Annotated[Float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[Float, Field(ge=-2.0, le=2.0)]
+RepeatPenalty = Annotated[Float, Field(gt=0.0, le=100.0)]
+TopK = Annotated[Int, Field(ge=0, le=C_INT_MAX, description="0: off (every token a candidate)")]
+Seed = Annotated[Int, Field(ge=0, le=2**32 - 1)]
+MaxTokens = Annotated[Int, Field(ge=1, le=MAX_CONTEXT_TOKENS)]
+KeepAlive = Annotated[
+    Float,
+    Field(
+        ge=-1,
+        le=MAX_KEEP_ALIVE_S,
+        description="seconds the model stays loaded after this job (as Ollama's keep_alive); -1 forever, 0 unload now",
+    ),
+]
+Stop = Annotated[str, Field(min_length=1)]
+Text = Annotated[str, Field(min_length=1)]
+
+OPENAI_DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repeat_penalty": 1.0,
+}
+OLLAMA_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.8,
+    "top_p": 0.9,
+    "top_k": 40,
+    "min_p": 0.0,
+    "repeat_penalty": 1.1,
+}
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class JobParams(BaseModel):
+    """What every job's request may carry (a noop job's whole request)."""
+
+    # Rows are read back by the worker: a key a newer API added is ignored, not fatal.
+    model_config = ConfigDict(extra="ignore")
+
+    keep_alive: KeepAlive | None = None
+    webhook_url: str | None = Field(None, description="POSTed a signed event when the job ends")
+    events: Literal["tokens", "end"] | None = Field(
+        None, description="gpuq.streams: every piece of text (a streamed call), or only the end"
+    )
+
+    def stored(self) -> dict[str, Any]:
+        """The job row's ``request``: JSON, unset fields left out."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class GenerationParams(JobParams):
+    """One generation: a prompt (or chat messages) and how to sample its continuation."""
+
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: MaxTokens | None = Field(None, description="None only before a drop-in call fills it from the context")
+    temperature: Temperature = 0.8
+    top_p: Probability = 0.95
+    top_k: TopK = 40
+    min_p: Probability = 0.05
+    repeat_penalty: RepeatPenalty = 1.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    seed: Seed | None = None
+    stop: list[Stop] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
+    n: Annotated[Int, Field(ge=1, le=MAX_SAMPLES)] = 1
+    endpoint: str | None = Field(None, description="a batch line's URL (its output line's shape)")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerationParams:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of `prompt` (text) or `messages` (chat)")
+        if self.prompt is not None and not self.prompt:
+            raise ValueError("`prompt` is empty")
+        if self.messages is not None and not any(m.content for m in self.messages):
+            raise ValueError("`messages` are all empty: at least one needs content")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int:
+        """``max_tokens`` of a stored request, where it is always set."""
+        if self.max_tokens is None:
+            raise ValueError("the request has no max_tokens")
+        return self.max_tokens
+
+    def text_bytes(self) -> int:
+        """The prompt's or messages' text in bytes (a bound on its tokens, before any template)."""
+        if self.prompt is not None:
+            return len(self.prompt.encode("utf-8"))
+        return sum(len(m.content.encode("utf-8")) for m in self.messages or [])
+
+
+class EmbeddingParams(JobParams):
+    """Texts to embed; a batch's grouped lines also carry which texts are whose."""
+
+    input: list[Text] = Field(min_length=1, max_length=MAX_EMBED_INPUTS)
+    custom_ids: list[str] | None = Field(None, description="a grouped batch job: each line's custom_id")
+    input_counts: list[int] | None = Field(None, description="a grouped batch job: each line's number of texts")
+    endpoint: str | None = None
+
+    @model_validator(mode="after")
+    def _counts_match(self) -> EmbeddingParams:
+        if self.input_counts is not None and sum(self.input_counts) != len(self.input):
+            raise ValueError("`input_counts` does not add up to the number of texts")
+        return self
+
+
+def refusal(exc: ValidationError, *, status: int = 400, prefix: str = "") -> RequestError:
+    """A producer's answer to a request that fails validation: the first error, naming its field."""
+    first = exc.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"])
+    where = prefix + loc if loc else prefix.rstrip(".")
+    message = first["msg"].removeprefix("Value error, ")
+    return RequestError(status, f"{where}: {message}" if where else message, param=where or None, code="invalid_value")
+
+
+def generation(status: int = 400, prefix: str = "", **fields: Any) -> GenerationParams:
+    """A generation request from a producer's fields, or its route's refusal."""
+    try:
+        return GenerationParams.model_validate(fields)
+    except ValidationError as exc:
+        raise refusal(exc, status=status, prefix=prefix) from None
+
+
+def embedding(status: int = 400, prefix: str = "", **fields: Any) -> EmbeddingParams:
+    try:
+        return EmbeddingParams.model_validate(fields)
+    except ValidationError as exc:
+        raise refusal(exc, status=status, prefix=prefix) from None
