@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
-from gpuq.streams.events import wants_tokens
+from gpuq.jobs.request import GenerationParams
+from gpuq.streams.events import TOKENS
 from worker.decoding import BatchDecoder, DamagedModel, Sampling
 
 EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
@@ -32,7 +33,7 @@ class Prepared:
     """A generation ready for the decoder: what ``BatchDecoder.admit`` takes, in memory."""
 
     key: str
-    request: dict[str, Any]
+    params: GenerationParams
     tokens: list[int]
     cancel: threading.Event
     deadline: float | None
@@ -41,22 +42,22 @@ class Prepared:
     @property
     def n(self) -> int:
         """Samples wanted: the slots it takes."""
-        return int(self.request.get("n") or 1)
+        return self.params.n
 
     def admit(self) -> int:
         """Into the decoder's free slots (ValueError: it cannot run there); returns the prompt
         tokens it took from the cache."""
-        request = self.request
+        params = self.params
         return self.decoder.admit(
             self.key,
             self.tokens,
-            max_tokens=request["max_tokens"],
-            sampling=Sampling.of(request),
-            stop=request.get("stop") or [],
+            max_tokens=params.max_new_tokens,
+            sampling=Sampling.of(params),
+            stop=params.stop,
             cancel=self.cancel,
             deadline=self.deadline,
-            stream=wants_tokens(request),
-            n=self.n,
+            stream=params.events == TOKENS,
+            n=params.n,
         )
 
 
@@ -107,7 +108,8 @@ class LoadedModel:
         """A generation made ready to admit: its prompt tokenised (beside the engine: the
         vocabulary is only read, and llama.cpp's tokenizer releases the GIL)."""
         assert self.decoder is not None, "an embedding model does not generate"
-        return Prepared(key, request, self.prompt_tokens(request), cancel, deadline, self.decoder)
+        params = GenerationParams.model_validate(request)
+        return Prepared(key, params, self.prompt_tokens(request), cancel, deadline, self.decoder)
 
     def tokens_decoded(self) -> int:
         assert self.decoder is not None

@@ -128,15 +128,31 @@ def test_a_job_that_must_run_alone_closes_the_run(runner, session):
 
 
 def test_an_engine_that_breaks_fails_the_runs_jobs_instead_of_hanging(runner, session):
-    """A request the engine cannot take (here a row written by hand with a number for `stop`)
-    raises in the engine thread: the desk fails what it holds and the run ends."""
+    """A defect in the engine thread (caused here: the decoder's step raises after two steps)
+    must not leave the desk waiting for outputs that never come: it fails what it holds and
+    the run ends, with the error raised for the worker's log."""
     job_runner, writer, sessions = runner
-    [bad] = store.insert_jobs(session, [make_job(request=GEN | {"stop": 5})])
+    jobs = store.insert_jobs(session, [make_job(request=GEN | {"max_tokens": 50}) for _ in range(2)])
+    prepared = job_runner.prepare_generation(job_runner.claim(jobs[0].id), threading.Event(), None)
+    decoder = prepared.decoder  # the model's decoder, loaded: break its step
+    job_runner.refuse(jobs[0].id, "not this one")
+    real_step, steps = decoder.step, []
+
+    def breaking_step():
+        steps.append(1)
+        if len(steps) > 2:
+            raise RuntimeError("a defect in the engine")
+        return real_step()
+
+    decoder.step = breaking_step
     host = ListHost(job_runner, [])
-    with pytest.raises(TypeError):
-        GenerationRun(host, _Queue(), MODEL, "generate").run(_Job(bad.id))  # type: ignore[arg-type]
+    try:
+        with pytest.raises(RuntimeError, match="a defect"):
+            GenerationRun(host, _Queue(), MODEL, "generate").run(_Job(jobs[1].id))  # type: ignore[arg-type]
+    finally:
+        decoder.step = real_step
     assert writer.flush()
     with sessions() as s:
-        row = store.get_job(s, bad.id)
-    assert row.status == "failed" and "engine failed: TypeError" in row.error
-    assert host.ended == [bad.id]
+        row = store.get_job(s, jobs[1].id)
+    assert row.status == "failed" and "engine failed: RuntimeError: a defect" in row.error
+    assert host.ended == [jobs[1].id]

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuq.jobs.request import GenerationParams
 from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Trim
 from worker.decoding.plan import N_BATCH, Chunk, Live, StepPlan, plan_step
 from worker.decoding.text import HELD, CompletionText
@@ -83,7 +84,8 @@ class Piece:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """The knobs of create_completion's sampler chain that gpuq exposes, with its defaults."""
+    """The knobs of create_completion's sampler chain that gpuq exposes, with llama.cpp's
+    defaults (a request's own, typed, come from ``GenerationParams``)."""
 
     temperature: float = 0.8
     top_p: float = 0.95
@@ -95,17 +97,16 @@ class Sampling:
     seed: int | None = None
 
     @classmethod
-    def of(cls, request: dict[str, Any]) -> Sampling:
-        defaults = cls()
+    def of(cls, params: GenerationParams) -> Sampling:
         return cls(
-            temperature=request.get("temperature", defaults.temperature),
-            top_p=request.get("top_p", defaults.top_p),
-            top_k=request.get("top_k") or defaults.top_k,
-            min_p=request.get("min_p", defaults.min_p),
-            repeat_penalty=request.get("repeat_penalty") or defaults.repeat_penalty,
-            frequency_penalty=request.get("frequency_penalty") or defaults.frequency_penalty,
-            presence_penalty=request.get("presence_penalty") or defaults.presence_penalty,
-            seed=request.get("seed"),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            repeat_penalty=params.repeat_penalty,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            seed=params.seed,
         )
 
 
