@@ -49,6 +49,7 @@ ERROR_DESCRIPTIONS = {
     429: "Over the key's limits; `Retry-After` says when trying again can succeed",
     500: "A fault in gpuq, not in the request; the details are in the server's log",
     503: "The job queue (Redis) is unavailable; nothing was queued",
+    507: "The server's disk is full; nothing was stored",
 }
 
 

@@ -34,6 +34,7 @@ from api.routers import (
     workers,
 )
 from gpuq.batches.destinations import DestinationPolicy, Resolve, system_resolve
+from gpuq.batches.files import files_dir, remove_stale_uploads
 from gpuq.db.engine import async_engine, async_sessions, sync_engine, sync_sessions
 from gpuq.llama_log import route_llama_log
 from gpuq.private_files import warn_if_open_to_others
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warn_if_open_to_others(settings.data_dir)
         route_llama_log()  # the prompt tokenizer loads llama.cpp (vocab only): its log through Python logging
+        remove_stale_uploads(files_dir(settings.data_dir))  # left by an API killed mid-upload
         engine = async_engine(settings.database_url)
         blocking_engine = sync_engine(settings.database_url)
         redis = Redis.from_url(settings.require_redis_url(), socket_timeout=30, socket_connect_timeout=5)

@@ -131,7 +131,7 @@ class GpuqProcesses:
         label and GPU inventory) and waits until ``expected_workers`` workers, all hosts'
         together, have registered with RQ."""
         redis = Redis.from_url(self.redis_url)
-        process = self._spawn(f"supervisor-{len(self.processes)}", ["supervisor"], settings)
+        process = self.spawn_supervisor(settings)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while time.monotonic() < deadline:
@@ -144,6 +144,10 @@ class GpuqProcesses:
         finally:
             redis.close()
         raise RuntimeError(f"supervisor did not start {expected_workers} workers:\n{process.tail()}")
+
+    def spawn_supervisor(self, settings: dict[str, str] | None = None) -> Process:
+        """A supervisor, not waited for (Redis or the database may be down)."""
+        return self._spawn(f"supervisor-{len(self.processes)}", ["supervisor"], settings)
 
     def start_scheduler(self) -> Process:
         return self._spawn(f"scheduler-{len(self.processes)}", ["scheduler"])

@@ -1,4 +1,8 @@
-"""Wiring a worker process together from settings, and running it until it is told to stop."""
+"""Wiring a worker process together from settings, and running it until it is told to stop.
+
+A worker starts only once the database and Redis both answer (it waits for them); a start
+that fails all the same because one of them went away exits with ``EXIT_OUTAGE``, which the
+supervisor restarts without holding it against the GPU (``worker/outages.py``)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from worker.engine import LoadedModel
 from worker.faults import GpuHealth, StepBack, hand_back_to_queue, send_back_to_queue
 from worker.gpu_memory import GpuMemory
 from worker.model_cache import ModelCache, ModelSpec
+from worker.outages import EXIT_OUTAGE, is_outage, wait_for_dependencies
 from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
 from worker.worker import GpuqWorker
@@ -57,8 +62,28 @@ def run_worker(
     that share of their memory)."""
     route_llama_log()  # before llama.cpp loads anything: its log through Python logging
     sessions = sync_sessions(sync_engine(settings.database_url))
-    device = device_or_refuse(settings, sessions)
     redis = Redis.from_url(settings.require_redis_url())
+    wait_for_dependencies(sessions, redis)
+    try:
+        _run_worker(settings, sessions, redis, slot=slot, models=models, burst=burst, gpu_share=gpu_share)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        log.error("Redis or the database went away while this worker started or ran; exiting to be restarted: %s", exc)
+        raise SystemExit(EXIT_OUTAGE) from None
+
+
+def _run_worker(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    redis: Redis,
+    *,
+    slot: str,
+    models: list[str] | None,
+    burst: bool,
+    gpu_share: int,
+) -> None:
+    device = device_or_refuse(settings, sessions)
     memory = GpuMemory(device.gpu_uuids)
 
     def load(spec: ModelSpec) -> LoadedModel:

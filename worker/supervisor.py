@@ -17,7 +17,13 @@ GPU health, as only the supervisor can see it (``gpuq/fleet/health.py``):
   instead, and ``ABNORMAL_EXITS_UNHEALTHY`` of them within ``ABNORMAL_EXIT_WINDOW_S`` mark
   the slot's GPUs unhealthy;
 * a worker that refused to start on its GPUs (``EXIT_DEVICE_UNUSABLE``) has marked them
-  itself, with the reason.
+  itself, with the reason;
+* a worker that could not reach Redis or the database (``EXIT_OUTAGE``) says nothing about
+  its GPU: it is restarted after its backoff and never counted.
+
+Outages of the database or Redis do not stop the supervisor: it waits for both before its
+first start (a host booting during a failover), and a mark it cannot write yet (the
+database is down) is kept and written when the database answers.
 
 Telemetry goes two ways: live readings to Redis every ``TELEMETRY_INTERVAL_S`` (short TTL,
 for the API and ``/metrics``), and history to SQL (``gpu_samples``) every
@@ -61,6 +67,7 @@ from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.redis_keys import GPUS_FIELD, LOADED_FIELD
 from gpuq.settings import ENV_PREFIX, Settings
 from worker.device import EXIT_DEVICE_UNUSABLE
+from worker.outages import EXIT_OUTAGE, is_outage, wait_for_dependencies
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +170,7 @@ class Supervisor:
     _retired: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _failed: set[str] = field(default_factory=set)  # GPUs this supervisor saw NVML lose
+    _unwritten_marks: list[tuple[tuple[str, ...], str]] = field(default_factory=list)  # (GPUs, reason), SQL down
 
     def record_inventory(self) -> None:
         rows = [
@@ -180,6 +188,8 @@ class Supervisor:
             store.upsert_gpus(session, rows)
 
     def start(self) -> None:
+        if not wait_for_dependencies(self.sessions, self.redis, self._stop):
+            return
         self.record_inventory()
         self.mark_unreadable(self.inventory.unreadable)
         slots = plan_slots(self.inventory, slots_per_gpu=self.slots_per_gpu, cpu_workers=self.cpu_workers)
@@ -231,9 +241,24 @@ class Supervisor:
                 continue
             self._failed.add(uuid)
             log.error("GPU %d (%s) is unusable: %s; marking it unhealthy", gpu.index, uuid, gpu.error)
-            health.mark_unhealthy(
-                self.sessions, [uuid], f"{gpu.error} (seen by the supervisor on {self.inventory.host})"
-            )
+            self.mark_unhealthy((uuid,), f"{gpu.error} (seen by the supervisor on {self.inventory.host})")
+
+    def mark_unhealthy(self, gpu_uuids: tuple[str, ...], reason: str) -> None:
+        """The mark in SQL now, or, while the database is down, kept and written once it answers."""
+        self._unwritten_marks.append((gpu_uuids, reason))
+        self.write_marks()
+
+    def write_marks(self) -> None:
+        while self._unwritten_marks:
+            gpu_uuids, reason = self._unwritten_marks[0]
+            try:
+                health.mark_unhealthy(self.sessions, gpu_uuids, reason)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                log.warning("could not mark %s unhealthy yet (the database is down); will retry", ",".join(gpu_uuids))
+                return
+            self._unwritten_marks.pop(0)
 
     def _uuid_at(self, index: int) -> str | None:
         """The whole GPU (not a MIG device) at an NVML index, as discovered at start."""
@@ -275,6 +300,9 @@ class Supervisor:
         if returncode == EXIT_DEVICE_UNUSABLE:
             log.error("worker %s refused to start on its GPUs; it marked them unhealthy (see its log)", child.slot.name)
             return
+        if returncode == EXIT_OUTAGE:
+            log.warning("worker %s could not reach Redis or the database; not counted as a crash", child.slot.name)
+            return
         if returncode == 0 or not child.slot.gpu_uuids:
             child.abnormal_exits.clear()
             return
@@ -286,10 +314,10 @@ class Supervisor:
             reason = (
                 f"its worker ({child.slot.name} on {self.inventory.host}) exited abnormally "
                 f"{ABNORMAL_EXITS_UNHEALTHY} times within {ABNORMAL_EXIT_WINDOW_S:.0f} s, the last "
-                f"{_exit_status(returncode)} (a CUDA error aborts the process)"
+                f"{_exit_status(returncode)}{_what_it_suggests(returncode)}"
             )
             log.error("marking %s unhealthy: %s", ",".join(child.slot.gpu_uuids), reason)
-            health.mark_unhealthy(self.sessions, child.slot.gpu_uuids, reason)
+            self.mark_unhealthy(child.slot.gpu_uuids, reason)
 
     def read_gpus(self) -> tuple[tuple[GpuInfo, ...], dict[str, list[str]]]:
         """Fresh readings of this host's GPUs, and the models loaded on each. A GPU NVML no
@@ -347,6 +375,7 @@ class Supervisor:
         next_telemetry = next_sample = 0.0
         while not self._stop.wait(LOOP_INTERVAL_S):
             self.check()
+            self.write_marks()
             now = time.monotonic()
             telemetry_due, sample_due = now >= next_telemetry, now >= next_sample
             if not (telemetry_due or sample_due):
@@ -379,6 +408,14 @@ class Supervisor:
                 log.warning("worker pid %d did not finish in time; killing it", process.pid)
                 process.kill()
                 process.wait()
+
+
+def _what_it_suggests(returncode: int) -> str:
+    """What an abnormal exit points to, for the unhealthy mark: only an abort is ggml's way of
+    dying on a CUDA error; the worker's log says what any other exit was."""
+    if returncode == -signal.SIGABRT:
+        return " (ggml aborts the process on a CUDA error)"
+    return " (see the worker's log for its cause)"
 
 
 def _exit_status(returncode: int) -> str:

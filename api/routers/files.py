@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1/files", tags=["files"])
 CHUNK_BYTES = 1 << 20
 
 
-@router.post("", response_model=FileObject)
+@router.post("", response_model=FileObject, responses=errors(507))
 async def upload_file(
     file: UploadFile, purpose: Annotated[str, Form()], db: SessionDep, state: StateDep, caller: CallerDep
 ) -> FileObject:

@@ -9,9 +9,13 @@ Deleting a file removes its row, then its bytes.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +30,11 @@ from gpuq.errors import RequestError
 from gpuq.json_checks import NUL, NUL_ESCAPE, depth_message, may_be_too_deep, nul_location, nul_message, too_deep
 from gpuq.private_files import DIR_MODE, open_private, open_to_others, private_dir
 
+log = logging.getLogger(__name__)
+
 PURPOSE_BATCH = "batch"
+STALE_UPLOAD_S = 600.0
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 PURPOSE_OUTPUT = "batch_output"
 MAX_ERRORS_REPORTED = 20
 MAX_LINES = 50_000
@@ -34,6 +42,22 @@ MAX_LINES = 50_000
 
 def new_file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
+
+
+def remove_stale_uploads(directory: Path, *, untouched_s: float = STALE_UPLOAD_S) -> list[Path]:
+    """Removes the ``.part`` files of uploads nobody is writing any more (an API killed while
+    it stored one leaves its file, with no row); returns them. An upload in progress writes
+    every chunk, so one untouched for ``untouched_s`` has no writer left."""
+    cutoff = time.time() - untouched_s
+    removed = []
+    for partial in directory.glob(".file-*.part"):
+        with contextlib.suppress(FileNotFoundError):
+            if partial.stat().st_mtime < cutoff:
+                partial.unlink()
+                removed.append(partial)
+    if removed:
+        log.warning("removed %d upload(s) left unfinished by a stopped API: %s", len(removed), removed)
+    return removed
 
 
 def files_dir(data_dir: Path) -> Path:
@@ -146,7 +170,8 @@ def delete_stored_file(session: Session, file: File) -> None:
 
 async def store_upload(chunks: AsyncIterator[bytes], *, filename: str, purpose: str, directory: Path) -> File:
     """Stream an upload to disk, checking it; returns the (unsaved) File row. Every refusal
-    is a 422 (what a bad value is everywhere in gpuq), with nothing left on disk."""
+    is a 422 (what a bad value is everywhere in gpuq), with nothing left on disk; a full
+    disk is a 507 saying so, with nothing left either."""
     if purpose != PURPOSE_BATCH:
         raise RequestError(
             422, f"purpose {purpose!r} is not supported; gpuq stores files with purpose 'batch'", param="purpose"
@@ -177,6 +202,12 @@ async def store_upload(chunks: AsyncIterator[bytes], *, filename: str, purpose: 
         if scanner.lines == 0:
             raise RequestError(422, "the file has no lines; a batch file has one JSON request per line")
         os.replace(partial, final)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        raise RequestError(
+            507, "the server's disk is full: the file was not stored; try again later, or ask its operator"
+        ) from None
     finally:
         partial.unlink(missing_ok=True)
     return File(

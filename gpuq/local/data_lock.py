@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpuq.private_files import private_dir
+
 LOCK_FILE = "gpuq.lock"
 
 
@@ -25,8 +27,9 @@ class DataDirInUse(Exception):
 
 @contextmanager
 def data_dir_lock(data_dir: Path) -> Iterator[int]:
-    """Holds the data directory's lock; yields its descriptor, for children to inherit."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    """Holds the data directory's lock; yields its descriptor, for children to inherit. A new
+    data directory is created 0700 here, the first thing ``gpuq up`` writes."""
+    private_dir(data_dir)
     path = data_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -12,6 +12,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from gpuq.children import spawn_child
+from gpuq.private_files import private_dir
 
 START_TIMEOUT_S = 10.0
 
@@ -35,7 +36,9 @@ def free_port() -> int:
 
 class PrivateRedis:
     """redis-server on a free loopback port, with its append-only file in ``data_dir``
-    so queued work survives a restart (the reconciler would rebuild it anyway). It gets
+    so queued work survives a restart (the reconciler would rebuild it anyway). That file holds
+    every tenant's streamed text, so its directory is 0700 and redis-server runs under umask
+    077: the append-only files are 0600 from their creation. It gets
     SIGTERM if the process that started it dies; ``inherit_fds`` are passed on to it (the
     data directory's lock, held until this Redis has exited too)."""
 
@@ -52,7 +55,7 @@ class PrivateRedis:
 
     def start(self, *, port: int | None = None) -> str:
         """Starts it on a free port, or on ``port`` (to come back where clients look for it)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
         self.port = port or free_port()
         args = [
             find_redis_server(),
@@ -70,7 +73,7 @@ class PrivateRedis:
             str((self.data_dir / "redis.log").resolve()),
         ]
         self._process = spawn_child(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=self.inherit_fds
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=self.inherit_fds, umask=0o077
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         client = Redis.from_url(self.url)

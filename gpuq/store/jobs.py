@@ -302,6 +302,11 @@ class Outcome:
     gpu_seconds: float | None = None
     energy_j: float | None = None
     energy_share: float | None = None  # < 1 when other jobs shared the GPU (continuous batching)
+    # The attempt that ran it (``ClaimedJob.attempts``): the write is fenced by it, so the
+    # outcome of an earlier run of the job never lands on a later one, even on the same
+    # worker. None writes unfenced (by status and worker only), as outcomes spooled before
+    # the field existed do.
+    attempt: int | None = None
 
     def as_values(self) -> dict[str, Any]:
         values = {
@@ -323,8 +328,9 @@ class Outcome:
 
 
 def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
-    """Write final states in one transaction. Only rows still running on that worker change,
-    so a job the reconciler has meanwhile handed to another worker is not overwritten."""
+    """Write final states in one transaction. Only rows still running on that worker, in the
+    attempt that produced the outcome, change: a job the reconciler has meanwhile handed to
+    another worker, or queued again and handed back to this one, is not overwritten."""
     return len(record_outcomes_written(session, outcomes))
 
 
@@ -332,12 +338,12 @@ def record_outcomes_written(session: Session, outcomes: Sequence[Outcome]) -> se
     """``record_outcomes``, returning the ids of the rows it changed (the metrics count only those)."""
     written: set[str] = set()
     for outcome in outcomes:
+        held = [Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker]
+        if outcome.attempt is not None:
+            held.append(Job.attempts == outcome.attempt)
         changed = rows_changed(
             session,
-            update(Job)
-            .execution_options(**NO_SYNC)
-            .where(Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker)
-            .values(**outcome.as_values()),
+            update(Job).execution_options(**NO_SYNC).where(*held).values(**outcome.as_values()),
         )
         if changed:
             written.add(outcome.job_id)

@@ -3,6 +3,7 @@ readable by gpuq's own user only, whatever the umask."""
 
 import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,3 +82,32 @@ def test_a_data_directory_open_to_others_is_left_as_it_is_but_reported(tmp_path,
     tmp_path.chmod(0o700)
     warn_if_open_to_others(tmp_path)
     assert caplog.text == ""
+
+
+def test_gpuq_ups_new_data_directory_and_its_private_redis_files_are_private_from_the_first_start(tmp_path):
+    from redis import Redis
+
+    from gpuq.local.data_lock import data_dir_lock
+    from gpuq.local.redis_server import PrivateRedis
+
+    data_dir = tmp_path / "new" / "data"
+    with data_dir_lock(data_dir) as lock_fd:  # the first thing `gpuq up` does
+        assert mode(data_dir) == 0o700 and mode(data_dir.parent) == 0o700
+        redis = PrivateRedis(data_dir / "redis", inherit_fds=(lock_fd,))
+        client = Redis.from_url(redis.start())
+        try:
+            client.set("stream", "a tenant's streamed text")
+            client.execute_command("BGREWRITEAOF")
+            while (
+                client.info("persistence")["aof_rewrite_in_progress"]
+                or client.info("persistence")["aof_rewrite_scheduled"]
+            ):
+                time.sleep(0.05)
+            files = [p for p in (data_dir / "redis").rglob("*") if p.is_file()]
+        finally:
+            client.close()
+            redis.stop()
+    assert mode(data_dir / "redis") == 0o700
+    assert any("appendonly" in p.name for p in files)
+    assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
+    assert {mode(p) for p in (data_dir / "redis").rglob("*") if p.is_dir()} <= {0o700}

@@ -18,6 +18,7 @@ from gpuq.fleet.gpus import Inventory, discover_gpus, simulated_inventory
 from gpuq.settings import Settings
 from tests.nvml_standin import StandinMig, gpu_uuid, mig_uuid
 from worker.device import EXIT_DEVICE_UNUSABLE
+from worker.outages import EXIT_OUTAGE
 from worker.supervisor import (
     SlotPlan,
     Supervisor,
@@ -229,8 +230,8 @@ def test_a_worker_aborting_three_times_marks_its_gpu_unhealthy(database_url, red
     engine.dispose()
 
 
-@pytest.mark.parametrize("code", [0, EXIT_DEVICE_UNUSABLE])
-def test_clean_exits_and_refusals_are_not_counted_as_crashes(database_url, redis, code):
+@pytest.mark.parametrize("code", [0, EXIT_DEVICE_UNUSABLE, EXIT_OUTAGE])
+def test_clean_exits_refusals_and_outages_are_not_counted_as_crashes(database_url, redis, code):
     supervisor, spawned, engine = make_supervisor(
         database_url, redis, f"import sys; sys.exit({code})", backoff_start_s=0.05
     )

@@ -60,6 +60,24 @@ def test_outcomes_are_written_only_for_the_worker_that_holds_the_job(session):
 
 
 @both_databases
+def test_an_outcome_of_an_earlier_attempt_never_overwrites_a_later_run_on_the_same_worker(session):
+    [job] = store.insert_jobs(session, [make_job()])
+    first = store.claim_job(session, job.id, worker="w1", device="cpu")
+    assert store.return_to_queue(session, job.id, worker="w1")  # the reconciler queued it again
+    second = store.claim_job(session, job.id, worker="w1", device="cpu")  # and w1 took it back
+    assert (first.attempts, second.attempts) == (1, 2)
+    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, attempt=1)
+    fresh = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "ok"}, attempt=2)
+    assert store.record_outcomes(session, [stale]) == 0
+    session.expire_all()
+    assert store.get_job(session, job.id).status == "running"
+    assert store.record_outcomes(session, [fresh]) == 1
+    session.expire_all()
+    row = store.get_job(session, job.id)
+    assert (row.status, row.result, row.attempts) == ("succeeded", {"text": "ok"}, 2)
+
+
+@both_databases
 def test_an_idempotency_key_can_be_stored_once_and_is_found_only_by_its_tenant(session):
     store.insert_jobs(session, [make_job(idempotency_key="k1", owner="acme")])
     with pytest.raises(IntegrityError):
