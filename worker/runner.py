@@ -312,6 +312,7 @@ class JobRunner:
             finished_at=utcnow(),
             webhook_url=claimed.request.get("webhook_url"),
             owner=claimed.owner,
+            attempt=claimed.attempts,  # written only while the row is still at this attempt
         )
         # Measured around the whole job, model load included; two NVML reads per job (or a
         # sampling thread on GPUs without an energy counter), nothing per token.

@@ -61,7 +61,11 @@ def test_an_unknown_model_is_a_404_in_each_apis_own_shape(client, job_rows):
         ("/api/generate", {"prompt": "hi", "keep_alive": "soon"}, "keep_alive 'soon' is not a duration"),
         ("/api/generate", {"prompt": "hi", "options": {"mirostat": 2}}, "options.mirostat is not supported"),
         ("/api/generate", {"prompt": "hi", "options": {"num_ctx": 4096}}, "num_ctx is 4096"),
-        ("/api/generate", {"prompt": "hi", "options": {"temperature": 7}}, "options.temperature: Input should be less than or equal to 2"),
+        (
+            "/api/generate",
+            {"prompt": "hi", "options": {"temperature": 7}},
+            "options.temperature: Input should be less than or equal to 2",
+        ),
         ("/api/chat", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role is not supported"),
     ],
 )
