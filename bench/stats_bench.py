@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import utcnow
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 from gpuq.stats import queries as stats
 from gpuq.stats.filters import MAX_WINDOW, StatsFilter, Window
 from gpuq.stats.rollups import refresh

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 
 MAX_CONTEXT_TOKENS = 1 << 20
 # The largest value an INTEGER column holds on PostgreSQL (SQLite's go further): the bound

@@ -15,7 +15,8 @@ from redis import Redis
 from rq.utils import now as rq_now
 from rq.utils import utcformat
 
-from gpuq.jobs.queues import JOB_FUNC, QueueEntry
+from gpuq.jobs.queues import JOB_FUNC
+from gpuq.queue_names import QueueEntry
 from gpuq.redis_keys import RQ_JOB_PREFIX, RQ_QUEUES, rq_job_key, rq_queue_key
 
 FAILURE_TTL_S = 7 * 24 * 3600
