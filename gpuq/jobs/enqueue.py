@@ -72,11 +72,3 @@ def remove_queued(redis: Redis, entries: Iterable[QueueEntry]) -> None:
             pipe.lrem(rq_queue_key(e.queue), 0, e.job_id)
             pipe.delete(rq_job_key(e.job_id))
         pipe.execute()
-
-
-def job_keys_exist(redis: Redis, job_ids: list[str]) -> list[bool]:
-    """Which jobs still have an RQ job hash (and so a queue entry or a running execution)."""
-    with redis.pipeline(transaction=False) as pipe:
-        for job_id in job_ids:
-            pipe.exists(rq_job_key(job_id))
-        return [bool(n) for n in pipe.execute()]
