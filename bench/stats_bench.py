@@ -102,8 +102,8 @@ def seed(url: str, rows: int, now: datetime) -> Seeded:
     with psycopg.connect(url, autocommit=True) as conn:
         started = time.perf_counter()
         conn.execute("SELECT setseed(0.42)")
-        conn.execute(_SEED_JOBS, params)  # type: ignore[arg-type]
-        conn.execute(_SEED_SAMPLES, params)  # type: ignore[arg-type]
+        conn.execute(_SEED_JOBS, params)
+        conn.execute(_SEED_SAMPLES, params)
         seeded = time.perf_counter()
         conn.execute("ANALYZE")
         analyzed = time.perf_counter()
