@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import llama_cpp
 import openai
