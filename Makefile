@@ -17,6 +17,7 @@ lint:
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
 	.venv/bin/mypy
+	.venv/bin/python scripts/check_docs.py
 
 test: install-test lint
 	.venv/bin/pytest

@@ -10,15 +10,15 @@ says ``http.disconnect`` the moment the client closes its connection.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import anyio
-from fastapi import Header, Request
+from fastapi import Depends, Header, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.types import Receive, Scope, Send
 
-from api.deps import AppState
+from api.deps import AppState, CallerDep, SessionDep, StateDep
 from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job
@@ -31,6 +31,25 @@ PriorityHeader = Annotated[
     str | None,
     Header(alias=PRIORITY_HEADER, description="high, normal or low; default: the key's default priority, else high"),
 ]
+
+
+class DropinCall(NamedTuple):
+    """What every drop-in route takes besides its body (a route unpacks it in this order)."""
+
+    request: Request
+    db: AsyncSession
+    state: AppState
+    caller: Caller
+    priority: str | None  # the X-Gpuq-Priority header
+
+
+def _dropin_call(
+    request: Request, db: SessionDep, state: StateDep, caller: CallerDep, priority: PriorityHeader = None
+) -> DropinCall:
+    return DropinCall(request, db, state, caller, priority)
+
+
+DropinCallDep = Annotated[DropinCall, Depends(_dropin_call)]
 
 CLIENT_GONE = 499  # nginx's "client closed request": the status of an answer nobody reads
 

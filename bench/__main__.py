@@ -191,7 +191,9 @@ def bench_batch_accept(args: argparse.Namespace) -> None:
 
 def bench_embeddings(args: argparse.Namespace) -> None:
     texts = [batch_bench.text(i) for i in range(args.embed_texts)]
-    direct, grouped, single = [], [], []
+    direct: list[float] = []
+    grouped: list[float] = []
+    single: list[float] = []
     for _ in range(args.rounds):
         direct.append(batch_bench.embed_direct(texts, args.threads).texts_per_s)
         for results, is_grouped in ((grouped, True), (single, False)):

@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 import httpx
 import llama_cpp
 from redis import Redis
-from sqlalchemy import func, insert, select
+from sqlalchemy import Table, func, insert, select
 
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job, utcnow
@@ -100,11 +101,11 @@ def accept_bare(database_url: str, redis_url: str, lines: int) -> AcceptResult:
         for i in range(lines)
     ]
     with sync_sessions(engine)() as session:
-        session.execute(insert(Job.__table__), rows)  # the same Core insert gpuq uses
+        session.execute(insert(cast(Table, Job.__table__)), rows)  # the same Core insert gpuq uses
         session.commit()
     with redis.pipeline(transaction=False) as pipe:
         for row in rows:
-            pipe.rpush("bench:bare-queue", row["id"])
+            pipe.rpush("bench:bare-queue", str(row["id"]))
         pipe.execute()
     elapsed = time.perf_counter() - started
     with sync_sessions(engine)() as session:
@@ -155,7 +156,7 @@ def _wait_finished(database_url: str, *, batch_id: str | None = None, ids: list[
         while True:
             with sessions() as session:
                 if session.scalar(query) == 0:
-                    return session.scalar(last)  # type: ignore[return-value]
+                    return session.scalar(last)
             time.sleep(0.5)
     finally:
         engine.dispose()

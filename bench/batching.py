@@ -72,6 +72,7 @@ def run_sequential(*, threads: int, max_tokens: int, gpu_layers: int = 0) -> Run
     started = time.perf_counter()
     for prompt in PROMPTS:
         out = llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=7)
+        assert isinstance(out, dict)  # not streamed
         tokens += out["usage"]["completion_tokens"]
         latencies.append(time.perf_counter() - started)
     elapsed = time.perf_counter() - started

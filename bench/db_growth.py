@@ -44,12 +44,12 @@ from gpuq import store
 from gpuq.auth.admin_key import ensure_admin_key, read_key_file
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.db.retention import prune
 from gpuq.db.tables import GpuSample, Job, JobStatus, utcnow
 from gpuq.jobs.enqueue import enqueue_jobs
-from gpuq.jobs.queues import QueueEntry
 from gpuq.local.redis_server import PrivateRedis
+from gpuq.queue_names import QueueEntry
 from gpuq.registry.models import register_bundled_model
+from gpuq.retention import prune
 from gpuq.settings import Settings
 
 MODEL = "smollm2-135m"

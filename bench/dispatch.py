@@ -89,14 +89,14 @@ def run_gpuq(database_url: str, redis_url: str, workdir: Path, jobs: int) -> Dis
         with processes.client(url) as client:
             client.wait(client.submit({"kind": "noop", "model": BUNDLED_MODEL_NAME})["id"])  # warm both
             with sessions() as session:
-                before = session.scalar(select(func.count()).select_from(Job).where(Job.status == "succeeded"))
+                before = session.scalar(select(func.count()).select_from(Job).where(Job.status == "succeeded")) or 0
             started = time.perf_counter()
             for offset in range(0, jobs, BULK_SIZE):
                 n = min(BULK_SIZE, jobs - offset)
                 client.submit_many([{"kind": "noop", "model": BUNDLED_MODEL_NAME}] * n)
             while True:
                 with sessions() as session:
-                    done = session.scalar(select(func.count()).select_from(Job).where(Job.status == "succeeded"))
+                    done = session.scalar(select(func.count()).select_from(Job).where(Job.status == "succeeded")) or 0
                 if done - before >= jobs:
                     break
                 time.sleep(POLL_S)

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import utcnow
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 from gpuq.stats import queries as stats
 from gpuq.stats.filters import MAX_WINDOW, StatsFilter, Window
 from gpuq.stats.rollups import refresh
@@ -102,8 +102,8 @@ def seed(url: str, rows: int, now: datetime) -> Seeded:
     with psycopg.connect(url, autocommit=True) as conn:
         started = time.perf_counter()
         conn.execute("SELECT setseed(0.42)")
-        conn.execute(_SEED_JOBS, params)  # type: ignore[arg-type]
-        conn.execute(_SEED_SAMPLES, params)  # type: ignore[arg-type]
+        conn.execute(_SEED_JOBS, params)
+        conn.execute(_SEED_SAMPLES, params)
         seeded = time.perf_counter()
         conn.execute("ANALYZE")
         analyzed = time.perf_counter()

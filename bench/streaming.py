@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import llama_cpp
 import openai
@@ -43,7 +44,7 @@ class Run:
         return self.tokens / self.seconds
 
 
-def _messages(prompt: str) -> list[dict[str, str]]:
+def _messages(prompt: str) -> list[Any]:  # each client types its messages its own way
     return [{"role": "user", "content": prompt}]
 
 
@@ -67,8 +68,8 @@ def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
             messages=_messages(prompt), max_tokens=max_tokens, temperature=0.0, seed=SEED, stream=True
         )
         for chunk in stream:
-            content = chunk["choices"][0]["delta"].get("content")  # type: ignore[index]
-            if content:
+            content = chunk["choices"][0]["delta"].get("content")  # type: ignore[index, union-attr]
+            if isinstance(content, str) and content:
                 if not pieces:
                     run.first_token_s.append(time.perf_counter() - asked)
                 pieces.append(content)
@@ -101,7 +102,7 @@ def _stream_all(client: openai.OpenAI, max_tokens: int) -> Run:
         pieces: list[str] = []
         stream = client.chat.completions.create(
             model=BUNDLED_MODEL_NAME,
-            messages=_messages(prompt),  # type: ignore[arg-type]
+            messages=_messages(prompt),
             max_tokens=max_tokens,
             temperature=0.0,
             seed=SEED,

@@ -138,7 +138,8 @@ def job_stream_key(job_id: str) -> str:
 
 def loaded_expiry_key(worker: str) -> str:
     """When each model a worker holds will be unloaded if unused (a hash: model -> unix time,
-    or "" for never), for Ollama's /api/ps; it expires with the worker's TTL."""
+    or "" for never), for Ollama's /api/ps; it expires ``CANCEL_FLAG_TTL_S`` after its last write
+    (/api/ps reads only live workers' hashes, so a dead worker's is never shown)."""
     return f"{PREFIX}:loaded-expiry:{worker}"
 
 

@@ -19,8 +19,8 @@ from gpuq.db.tables import JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.position import job_position_async
-from gpuq.jobs.queues import Priority
 from gpuq.jobs.submit import JobSpec, submit_jobs
+from gpuq.queue_names import Priority
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -17,8 +17,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import calls
-from api.calls import PriorityHeader
-from api.deps import CallerDep, SessionDep, StateDep, get_caller
+from api.calls import DropinCallDep
+from api.deps import SessionDep, StateDep, get_caller
 from api.schemas.ollama import (
     ChatRequest,
     EmbeddingsRequest,
@@ -73,40 +73,31 @@ _ANSWERED = {200: {"description": "the answer (header X-Gpuq-Job-Id: its job)"},
 @router.post("/generate", response_model=None, responses=_STREAMED, dependencies=keyed)
 async def generate(
     body: GenerateRequest,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: CallerDep,
-    priority: PriorityHeader = None,
+    call: DropinCallDep,
 ) -> Response:
     """A completion of `prompt` (with `system`), rendered with the model's chat template unless `raw`."""
+    request, db, state, caller, priority = call
     return await _generate(body, not body.prompt, request, db, state, caller, priority, chat=False)
 
 
 @router.post("/chat", response_model=None, responses=_STREAMED, dependencies=keyed)
 async def chat(
     body: ChatRequest,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: CallerDep,
-    priority: PriorityHeader = None,
+    call: DropinCallDep,
 ) -> Response:
     """The next assistant message of `messages`, rendered with the model's chat template."""
+    request, db, state, caller, priority = call
     return await _generate(body, not body.messages, request, db, state, caller, priority, chat=True)
 
 
 @router.post("/embed", response_model=None, responses=_ANSWERED, dependencies=keyed)
 async def embed(
     body: EmbedRequest,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: CallerDep,
-    priority: PriorityHeader = None,
+    call: DropinCallDep,
 ) -> Response:
     """L2-normalised vectors of one text or a list; `dimensions` shortens them (normalised again).
     Texts longer than the model's context are refused, not truncated."""
+    request, db, state, caller, priority = call
     started = time.perf_counter()
     params = body.params()
     model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
@@ -125,13 +116,10 @@ _EMBED_METRICS = ("total_duration", "load_duration", "prompt_eval_count")
 @router.post("/embeddings", response_model=None, responses=_ANSWERED, dependencies=keyed)
 async def embeddings(
     body: EmbeddingsRequest,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: CallerDep,
-    priority: PriorityHeader = None,
+    call: DropinCallDep,
 ) -> Response:
     """Ollama's older route: one `prompt`, one vector (normalised, as /api/embed's)."""
+    request, db, state, caller, priority = call
     await find_model(db, body.name, not_found=ollama.not_found(body.model))
     if not body.prompt:
         return JSONResponse({"embedding": []})

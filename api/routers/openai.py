@@ -13,8 +13,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import calls
-from api.calls import PriorityHeader
-from api.deps import CallerDep, SessionDep, StateDep
+from api.calls import DropinCallDep
+from api.deps import SessionDep, StateDep
 from api.schemas import ErrorBody
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, EmbeddingCreate
 from gpuq.auth.access import Caller
@@ -59,39 +59,30 @@ _STREAMED = "with stream: true, OpenAI's chunks as server-sent events, ending wi
 @router.post("/chat/completions", response_model=None, responses=_answers(_STREAMED))
 async def chat_completions(
     body: ChatCompletionCreate,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: CallerDep,
-    priority: PriorityHeader = None,
+    call: DropinCallDep,
 ) -> Response:
     """OpenAI's chat completion, rendered with the model's own chat template."""
+    request, db, state, caller, priority = call
     return await _generate(CHAT, body, body.to_request(), request, db, state, caller, priority)
 
 
 @router.post("/completions", response_model=None, responses=_answers(_STREAMED))
 async def completions(
     body: CompletionCreate,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: CallerDep,
-    priority: PriorityHeader = None,
+    call: DropinCallDep,
 ) -> Response:
     """OpenAI's (legacy) text completion: the prompt as given, no chat template."""
+    request, db, state, caller, priority = call
     return await _generate(COMPLETIONS, body, body.to_request(), request, db, state, caller, priority)
 
 
 @router.post("/embeddings", response_model=None, responses=_answers(None))
 async def embeddings(
     body: EmbeddingCreate,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: CallerDep,
-    priority: PriorityHeader = None,
+    call: DropinCallDep,
 ) -> Response:
     """Mean-pooled, L2-normalised vectors; `encoding_format` float or base64, `dimensions` to shorten them."""
+    request, db, state, caller, priority = call
     job_request = body.to_request()
     model = await find_model(db, body.model, not_found=openai.not_found(body.model))
     await check_dimensions(model, body.dimensions)

@@ -7,10 +7,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
-from gpuq.jobs.queues import Priority
 from gpuq.jobs.request import MAX_CONTEXT_TOKENS as MAX_CONTEXT_TOKENS
 from gpuq.jobs.request import MAX_EMBED_INPUTS as MAX_EMBED_INPUTS
 from gpuq.jobs.request import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES
+from gpuq.queue_names import Priority
 
 # The largest value an INTEGER column holds on PostgreSQL (SQLite's go further): the bound
 # of every integer a request stores or looks up, so a larger one is a 422, not a 500.

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from api.schemas.common import MAX_SQL_INT, PriorityName, Strict
 from gpuq.db.tables import ApiKey, Role
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 
 
 class KeyCreate(Strict):

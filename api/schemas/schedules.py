@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 from api.schemas.batches import BatchEndpoint
 from api.schemas.common import PriorityName, Strict
 from gpuq.db.tables import Schedule, ScheduleRun
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 
 
 class ScheduleCreate(Strict):

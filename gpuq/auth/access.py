@@ -8,22 +8,10 @@ tenant's object answers 404, exactly like one that does not exist, so ids leak n
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from dataclasses import dataclass
 
 from gpuq.db.tables import ApiKey, Role
 from gpuq.errors import RequestError
-
-KEY_PREFIX = "gpuq_"
-
-
-def new_secret() -> str:
-    return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,16 +38,16 @@ from gpuq import store
 from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, read_lines
 from gpuq.batches.gc_pause import gc_paused
 from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
-from gpuq.batches.webhooks import new_delivery
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
 from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.snapshot import Fleet, load_fleet
 from gpuq.jobs.cancel import signal_worker
-from gpuq.jobs.enqueue import QueueEntry, enqueue_jobs, remove_queued
-from gpuq.jobs.queues import Priority
+from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
 from gpuq.jobs.submit import JobSpec, check_against_model, check_placeable
 from gpuq.private_files import open_private
+from gpuq.queue_names import Priority, QueueEntry
 from gpuq.stats import metrics
+from gpuq.store.webhooks import new_delivery
 
 log = logging.getLogger(__name__)
 

@@ -32,16 +32,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
 
 import httpx
-from sqlalchemy import select, update
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq.batches.destinations import Destination, DestinationPolicy, RefusedDestination, redact_url
-from gpuq.db.tables import DeliveryStatus, WebhookDelivery, utcnow
+from gpuq.db.tables import utcnow
 from gpuq.private_files import private_dir, write_private
+from gpuq.store import webhooks as store
 
 log = logging.getLogger(__name__)
 
@@ -50,31 +48,6 @@ MAX_BACKOFF_S = 3600
 TIMEOUT_S = 10.0
 CLAIM_S = 60  # an attempt in flight is not picked up again for this long
 BATCH_SIZE = 50
-
-
-def new_delivery(
-    event: str,
-    url: str,
-    payload: dict[str, Any],
-    *,
-    job_id: str | None = None,
-    batch_id: str | None = None,
-    owner: str | None = None,
-) -> WebhookDelivery:
-    now = utcnow()
-    return WebhookDelivery(
-        id=f"whd_{secrets.token_hex(10)}",
-        event=event,
-        url=url,
-        job_id=job_id,
-        batch_id=batch_id,
-        owner=owner,
-        payload=payload,
-        status=DeliveryStatus.PENDING.value,
-        attempts=0,
-        next_attempt_at=now,
-        created_at=now,
-    )
 
 
 def load_secret(configured: str, data_dir: Path) -> bytes:
@@ -96,36 +69,10 @@ def backoff_s(attempts: int) -> int:
     return int(min(MAX_BACKOFF_S, 2**attempts))
 
 
-def _claim(session: Session, delivery: WebhookDelivery, now: datetime) -> bool:
-    # An UPDATE gives a CursorResult (it has the row count); Session.execute is typed as its base, Result.
-    changed = cast(
-        CursorResult[Any],
-        session.execute(
-            update(WebhookDelivery)
-            .execution_options(synchronize_session=False)
-            .where(
-                WebhookDelivery.id == delivery.id,
-                WebhookDelivery.attempts == delivery.attempts,
-                WebhookDelivery.status == DeliveryStatus.PENDING,
-            )
-            .values(attempts=delivery.attempts + 1, next_attempt_at=now + timedelta(seconds=CLAIM_S))
-        ),
-    ).rowcount
-    session.commit()
-    return bool(changed)
-
-
 def claim_due(session: Session, *, now: datetime | None = None, limit: int = BATCH_SIZE) -> list[str]:
     """Claim up to ``limit`` due deliveries for one attempt each; returns their ids. A claimed
     delivery is not due again for ``CLAIM_S``, so its attempt must start within that time."""
-    now = now or utcnow()
-    due = session.scalars(
-        select(WebhookDelivery)
-        .where(WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.next_attempt_at <= now)
-        .order_by(WebhookDelivery.next_attempt_at)
-        .limit(limit)
-    ).all()
-    return [delivery.id for delivery in due if _claim(session, delivery, now)]  # lost claims: another scheduler's
+    return store.claim_due_deliveries(session, now=now or utcnow(), limit=limit, claim_for=timedelta(seconds=CLAIM_S))
 
 
 def deliver_due(
@@ -206,16 +153,14 @@ def send(
     outcome (delivered, retried after a backoff, or failed for good). Returns whether the
     receiver accepted it."""
     now = now or utcnow()
-    delivery = session.get(WebhookDelivery, delivery_id, populate_existing=True)
+    delivery = store.delivery_to_send(session, delivery_id)
     if delivery is None:
         return False  # deleted since it was claimed
     try:
         destination = policy.check(delivery.url)
     except RefusedDestination as exc:
-        delivery.status, delivery.last_status_code = DeliveryStatus.FAILED.value, None
-        delivery.last_error = f"destination refused: {exc}"
         log.warning("webhook %s to %s refused: %s", delivery.id, redact_url(delivery.url), exc)
-        session.commit()
+        store.record_delivery_failed(session, delivery, status_code=None, error=f"destination refused: {exc}")
         return False
     body = json.dumps(
         {"id": delivery.id, "event": delivery.event, "data": delivery.payload}, separators=(",", ":")
@@ -229,15 +174,15 @@ def send(
         "X-Gpuq-Timestamp": timestamp,
         "X-Gpuq-Signature": sign(secret, timestamp, body),
     }
-    ok, delivery.last_status_code, delivery.last_error = _attempt(destination, body, headers, client)
+    ok, status_code, error = _attempt(destination, body, headers, client)
     if ok:
-        delivery.status, delivery.delivered_at = DeliveryStatus.DELIVERED.value, now
+        store.record_delivered(session, delivery, status_code=status_code, at=now)
     elif delivery.attempts >= MAX_ATTEMPTS:
-        delivery.status = DeliveryStatus.FAILED.value
-        log.warning("webhook %s to %s failed for good: %s", delivery.id, redact_url(delivery.url), delivery.last_error)
+        log.warning("webhook %s to %s failed for good: %s", delivery.id, redact_url(delivery.url), error)
+        store.record_delivery_failed(session, delivery, status_code=status_code, error=error)
     else:
-        delivery.next_attempt_at = now + timedelta(seconds=backoff_s(delivery.attempts))
-    session.commit()
+        retry_at = now + timedelta(seconds=backoff_s(delivery.attempts))
+        store.record_delivery_retry(session, delivery, status_code=status_code, error=error, at=retry_at)
     return ok
 
 

@@ -82,7 +82,7 @@ def submit(url: str, path: str, *, wait: bool, priority: str) -> None:
 
 def run_batch(settings: Settings, input_path: str, output_path: str, *, workers: int) -> int:
     """Run a whole file on embedded defaults, without a server: like `vllm run-batch`."""
-    from gpuq.local.demo import serve_api
+    from gpuq.cli.demo import serve_api
     from gpuq.local.embedded import embedded_system
 
     with tempfile.TemporaryDirectory(prefix="gpuq-run-batch-") as tmp:

@@ -114,9 +114,6 @@ class GpuqClient:
         """``{"matched", "changed"}`` for the jobs selected (status, model, kind, priority, owner, created_*)."""
         return self._call("POST", "/v1/jobs/retry", json=selection)
 
-    def cancel_jobs(self, **selection: Any) -> dict[str, int]:
-        return self._call("POST", "/v1/jobs/cancel", json=selection)
-
     def workers(self) -> dict[str, Any]:
         return self._call("GET", "/v1/workers")
 

@@ -10,7 +10,7 @@ from gpuq.cli.errors import stop
 from gpuq.settings import get_settings
 
 if TYPE_CHECKING:
-    from gpuq.db.retention import Pruned
+    from gpuq.retention import Pruned
 
 
 @click.group()
@@ -50,7 +50,7 @@ def db_prune(older_than: str, dry_run: bool) -> None:
     deliveries, GPU samples and schedule runs that ended longer ago than --older-than, in
     short transactions. The stats rollups are kept, so /v1/stats still counts them."""
     from gpuq.db.engine import sync_engine, sync_sessions
-    from gpuq.db.retention import parse_age, prune
+    from gpuq.retention import parse_age, prune
 
     try:
         age = parse_age(older_than)

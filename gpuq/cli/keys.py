@@ -71,7 +71,7 @@ def keys_create(
     """Create a key and print its secret (shown this once)."""
     from gpuq import store
     from gpuq.db.tables import Role
-    from gpuq.jobs.queues import Priority
+    from gpuq.queue_names import Priority
 
     with _session() as session:
         key, secret = store.create_api_key(

@@ -97,7 +97,7 @@ def scheduler() -> None:
 @click.option("--workers", default=1, show_default=True)
 def demo(workers: int) -> None:
     """Start gpuq on embedded defaults, run sample generation and embedding jobs, print them, stop."""
-    from gpuq.local.demo import run_demo
+    from gpuq.cli.demo import run_demo
 
     sys.exit(run_demo(get_settings(), workers=workers))
 

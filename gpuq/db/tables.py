@@ -205,13 +205,8 @@ class Gpu(Base):
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class RuleEffect(enum.StrEnum):
-    ALLOW = "allow"
-    DENY = "deny"
-
-
 class AffinityRule(Base):
-    """Where a model may run. See ``gpuq/affinity.py`` for how rules combine."""
+    """Where a model may run. See ``gpuq/fleet/affinity.py`` for how rules combine."""
 
     __tablename__ = "affinity_rules"
 

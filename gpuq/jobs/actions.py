@@ -32,7 +32,7 @@ from gpuq.errors import RequestError, unavailable
 from gpuq.fleet.workers import stop_requeued_job
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
-from gpuq.jobs.queues import QueueEntry
+from gpuq.queue_names import QueueEntry
 from gpuq.redis_keys import rq_job_key, rq_queue_key
 from gpuq.stats import metrics
 from gpuq.store.job_actions import RETRYABLE

@@ -19,7 +19,7 @@ from redis import Redis
 from rq.utils import utcformat, utcparse
 
 from gpuq.db.tables import utcnow
-from gpuq.jobs.queues import Priority, parse_queue_name, queue_name
+from gpuq.queue_names import Priority, parse_queue_name, queue_name
 from gpuq.redis_keys import RQ_QUEUE_PREFIX, RQ_QUEUES, rq_job_key, rq_queue_key
 
 SCAN_DEPTH = 100  # oldest entries looked at per queue and tick

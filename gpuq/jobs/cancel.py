@@ -16,7 +16,7 @@ from gpuq import store
 from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.enqueue import remove_queued
-from gpuq.jobs.queues import QueueEntry
+from gpuq.queue_names import QueueEntry
 from gpuq.redis_keys import CANCEL_FLAG_TTL_S, cancel_flag_key, rq_worker_channel
 from gpuq.stats import metrics
 

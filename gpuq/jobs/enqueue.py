@@ -15,7 +15,8 @@ from redis import Redis
 from rq.utils import now as rq_now
 from rq.utils import utcformat
 
-from gpuq.jobs.queues import JOB_FUNC, QueueEntry
+from gpuq.jobs.queues import JOB_FUNC
+from gpuq.queue_names import QueueEntry
 from gpuq.redis_keys import RQ_JOB_PREFIX, RQ_QUEUES, rq_job_key, rq_queue_key
 
 FAILURE_TTL_S = 7 * 24 * 3600
@@ -71,11 +72,3 @@ def remove_queued(redis: Redis, entries: Iterable[QueueEntry]) -> None:
             pipe.lrem(rq_queue_key(e.queue), 0, e.job_id)
             pipe.delete(rq_job_key(e.job_id))
         pipe.execute()
-
-
-def job_keys_exist(redis: Redis, job_ids: list[str]) -> list[bool]:
-    """Which jobs still have an RQ job hash (and so a queue entry or a running execution)."""
-    with redis.pipeline(transaction=False) as pipe:
-        for job_id in job_ids:
-            pipe.exists(rq_job_key(job_id))
-        return [bool(n) for n in pipe.execute()]

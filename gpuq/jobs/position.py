@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from gpuq import store
 from gpuq.db.tables import Job, JobStatus, utcnow
 from gpuq.jobs.aging import gpuq_queues
-from gpuq.jobs.queues import Priority, queue_name
+from gpuq.queue_names import Priority, queue_name
 from gpuq.redis_keys import rq_queue_key
 from gpuq.stats.filters import StatsFilter
 

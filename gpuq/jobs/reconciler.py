@@ -42,7 +42,7 @@ from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
 from gpuq.jobs import outcome_spool
 from gpuq.jobs.enqueue import enqueue_jobs
-from gpuq.jobs.queues import QueueEntry
+from gpuq.queue_names import QueueEntry
 from gpuq.redis_keys import (
     LOST_SUSPECTS_KEY,
     ORPHAN_SUSPECTS_KEY,

@@ -31,7 +31,7 @@ from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.limits import admit
 from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
-from gpuq.jobs.queues import Priority, QueueEntry
+from gpuq.queue_names import Priority, QueueEntry
 
 log = logging.getLogger(__name__)
 

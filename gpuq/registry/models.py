@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from gpuq import store
 from gpuq.db.tables import Model, ModelKind
 from gpuq.fleet.vram import ModelShape, VramEstimate, estimate_embedding, estimate_generation
-from gpuq.jobs.queues import is_valid_model_name
+from gpuq.queue_names import is_valid_model_name
 from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, bundled_model_path
 from gpuq.registry.gguf import NotAGgufFile, read_metadata
 from gpuq.settings import get_settings

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from gpuq import store
 from gpuq.db.tables import ApiKey, Gpu, Job, JobKind, Model, utcnow
 from gpuq.errors import RequestError
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 
 DEFAULT_WINDOW = timedelta(hours=1)
 # Long enough for a quarter's trend, short enough that no query reads unbounded history.

@@ -46,7 +46,7 @@ from redis.client import Pipeline
 from gpuq.db.tables import Gpu, utcnow
 from gpuq.fleet import telemetry
 from gpuq.fleet.workers import live_workers
-from gpuq.jobs.queues import Priority, queue_name
+from gpuq.queue_names import Priority, queue_name
 from gpuq.redis_keys import (
     METRICS_JOBS,
     METRICS_LOAD_TIME,

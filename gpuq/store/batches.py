@@ -16,7 +16,7 @@ from gpuq.db.tables import (
     JobStatus,
     utcnow,
 )
-from gpuq.jobs.queues import QueueEntry
+from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
 from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, NewJob, _job_rows, queue_entry
 

@@ -4,16 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Protocol
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import GpuSample
-from gpuq.fleet.gpus import GpuInfo
 from gpuq.store._sql import rows_changed
 
 
-def record_gpu_samples(session: Session, host: str, gpus: Sequence[GpuInfo], *, at: datetime) -> int:
+class GpuReading(Protocol):
+    """What a sample records of a GPU (``gpuq.fleet.gpus.GpuInfo`` is one)."""
+
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def memory_total_mib(self) -> int: ...
+    @property
+    def memory_free_mib(self) -> int: ...
+    @property
+    def utilisation_pct(self) -> int | None: ...
+    @property
+    def temperature_c(self) -> int | None: ...
+    @property
+    def power_w(self) -> float | None: ...
+
+
+def record_gpu_samples(session: Session, host: str, gpus: Sequence[GpuReading], *, at: datetime) -> int:
     """One row per GPU, in one statement. A reading the GPU does not give (anything but memory,
     on a simulated GPU) is stored as NULL, never as a made-up number."""
     rows = [

@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import Batch, BatchStatus, Job, JobStatus, utcnow
-from gpuq.jobs.queues import QueueEntry
+from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed
 from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, JobFilter, job_conditions, queue_entry
 

@@ -12,14 +12,14 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Table, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpuq.batches.webhooks import new_delivery
 from gpuq.db.tables import (
     Job,
     JobStatus,
     utcnow,
 )
-from gpuq.jobs.queues import QueueEntry
+from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
+from gpuq.store.webhooks import new_delivery
 
 
 def new_job_id() -> str:

@@ -18,7 +18,7 @@ branch_labels = None
 depends_on = None
 
 
-def _key_columns() -> list[sa.Column]:  # type: ignore[type-arg]
+def _key_columns() -> list[sa.Column]:
     return [
         sa.Column("day", UTCDateTime(), primary_key=True),
         sa.Column("model", sa.String(128), primary_key=True),

@@ -249,7 +249,7 @@ def test_a_key_with_a_queued_jobs_limit_starts_a_batch_that_fits_it(as_key, make
 
 
 def test_a_tenant_reads_only_its_own_webhook_deliveries(as_key, make_key, client, session):
-    from gpuq.batches.webhooks import new_delivery
+    from gpuq.store.webhooks import new_delivery
 
     session.add_all(
         [

@@ -41,7 +41,8 @@ def refused(response, *words: str) -> str:
 )
 def test_an_id_past_the_columns_range_is_a_422(client, method, path):
     body = {"model_pattern": "*", "effect": "allow"} if method == "PUT" else {} if method == "PATCH" else None
-    refused(client.request(method, path, json=body), "less than or equal to 2147483647" if "-1" not in path else "")
+    bound = "greater than or equal to 1" if path.endswith("/-1") else "less than or equal to 2147483647"
+    refused(client.request(method, path, json=body), "_id: Input should be", bound)  # names the id, says the bound
 
 
 @both_databases

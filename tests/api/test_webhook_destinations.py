@@ -17,8 +17,9 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from gpuq import store
 from gpuq.batches.destinations import DestinationPolicy
-from gpuq.batches.webhooks import deliver_due, new_delivery
+from gpuq.batches.webhooks import deliver_due
 from gpuq.db.tables import Job, JobStatus, WebhookDelivery, utcnow
+from gpuq.store.webhooks import new_delivery
 from tests.api.conftest import bearer
 from tests.api.test_batches_api import line, upload
 from tests.conftest import both_databases

@@ -15,7 +15,7 @@ from gpuq.cli.main import main
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Role
 from gpuq.jobs.enqueue import remove_queued
-from gpuq.jobs.queues import Priority, QueueEntry, queue_name
+from gpuq.queue_names import Priority, QueueEntry, queue_name
 from tests.e2e.conftest import until
 
 MODEL = "smollm2-135m"

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from gpuq.cli.client import GpuqClient
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job
-from gpuq.jobs.queues import Priority, queue_name
+from gpuq.queue_names import Priority, queue_name
 from gpuq.redis_keys import rq_queue_key
 from gpuq.testing import GpuqProcesses, Process
 

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gpuq import store
+from gpuq.cli.demo import serve_api
 from gpuq.cli.main import main
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Role
-from gpuq.local.demo import serve_api
 from gpuq.settings import Settings
 from tests.conftest import RedisDbs, Template, redis_db
 

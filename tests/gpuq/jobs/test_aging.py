@@ -7,7 +7,7 @@ from rq.job import Job as RQJob
 from gpuq.db.tables import utcnow
 from gpuq.jobs.aging import promote_aged_jobs
 from gpuq.jobs.enqueue import enqueue_jobs
-from gpuq.jobs.queues import Priority, QueueEntry
+from gpuq.queue_names import Priority, QueueEntry
 
 
 def queue(redis, priority: str) -> list[str]:

@@ -1,6 +1,7 @@
 import pytest
 
-from gpuq.jobs.queues import Priority, parse_queue_name, queue_name, worker_queue_names
+from gpuq.jobs.queues import worker_queue_names
+from gpuq.queue_names import Priority, parse_queue_name, queue_name
 
 
 def test_priority_names_parse_case_insensitively_and_order_high_first():

@@ -10,8 +10,8 @@ from rq.worker import Worker
 from gpuq import store
 from gpuq.db.tables import utcnow
 from gpuq.jobs.enqueue import enqueue_jobs
-from gpuq.jobs.queues import QueueEntry
 from gpuq.jobs.reconciler import reconcile_once
+from gpuq.queue_names import QueueEntry
 from tests.conftest import both_databases
 from tests.gpuq.store.test_store import make_job
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from gpuq.db.tables import GpuSample, GpuSampleHourly, Job, JobStatsHourly
 from gpuq.errors import RequestError
 from gpuq.jobs.position import job_position, queue_depths
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 from gpuq.stats import queries as stats
 from gpuq.stats.filters import MAX_WINDOW, StatsFilter, Window, parse_filter, parse_window
 from gpuq.stats.rollups import (

@@ -8,7 +8,7 @@ from redis.asyncio import Redis as AsyncRedis
 from gpuq import store
 from gpuq.db.engine import async_engine, async_sessions
 from gpuq.db.tables import JobStatus
-from gpuq.jobs.queues import Priority
+from gpuq.queue_names import Priority
 from gpuq.redis_keys import STREAM_DONE_TTL_S, job_stream_key
 from gpuq.streams.events import Delta, End, Start
 from gpuq.streams.follow import follow_job

@@ -13,7 +13,6 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from gpuq.cli.main import main as gpuq_cli
-from gpuq.db.retention import parse_age, prune
 from gpuq.db.tables import (
     Batch,
     File,
@@ -24,6 +23,7 @@ from gpuq.db.tables import (
     WebhookDelivery,
     utcnow,
 )
+from gpuq.retention import parse_age, prune
 from gpuq.stats import queries as stats
 from gpuq.stats.filters import StatsFilter, Window
 from gpuq.stats.rollups import day_start
