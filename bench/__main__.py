@@ -298,8 +298,8 @@ def bench_peer(args: argparse.Namespace) -> None:
     for k in args.slots:
         w1 = jobs_s(("W1", "gpuq", k)) / jobs_s(("W1", "llama-server", k))
         w2 = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "llama-server", k))
-        reuse = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
-        print(f"  K={k}: W2 gpuq with reuse / without {reuse:.2f}x")
+        gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
+        print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
         print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 gpuq/llama-server {w2:.2f}x")
 
 

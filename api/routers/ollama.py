@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from api import calls
 from api.calls import DropinCallDep
-from api.deps import SessionDep, StateDep, get_caller
+from api.deps import CallerDep, SessionDep, StateDep, get_caller
 from api.schemas.ollama import (
     ChatRequest,
     EmbeddingsRequest,
