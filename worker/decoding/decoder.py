@@ -84,17 +84,17 @@ class Piece:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """The knobs of create_completion's sampler chain that gpuq exposes, with llama.cpp's
-    defaults (a request's own, typed, come from ``GenerationParams``)."""
+    """The knobs of create_completion's sampler chain that gpuq exposes. No defaults here:
+    they live once, with their reasons, in ``GenerationParams`` (gpuq/jobs/request.py)."""
 
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int | None = None
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repeat_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    seed: int | None
 
     @classmethod
     def of(cls, params: GenerationParams) -> Sampling:
