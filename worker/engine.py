@@ -58,6 +58,8 @@ class Prepared:
             deadline=self.deadline,
             stream=params.events == TOKENS,
             n=params.n,
+            logprobs=params.logprobs,
+            echo=params.echo,
         )
 
 
