@@ -210,6 +210,7 @@ class BatchDecoder:
         threads: int,
         prompt_cache: bool = True,
         chunk_tokens: int = PREFILL_CHUNK_TOKENS,
+        flash_attn: bool = False,
     ) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaContext
@@ -225,7 +226,10 @@ class BatchDecoder:
         params.n_seq_max = slots
         params.kv_unified = False  # a KV stream per sequence: outputs do not depend on neighbours
         params.n_threads = params.n_threads_batch = threads
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as Llama's default
+        # Off by default, as Llama has it: with it on, a seeded text can change with a cache hit.
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         params.no_perf = True
         self._ctx = LlamaContext(model=model, params=params, verbose=False)
         self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
