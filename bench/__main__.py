@@ -275,7 +275,14 @@ def bench_peer(args: argparse.Namespace) -> None:
                             run = peer.run_llama_server(binary, prompts, slots=k, threads=args.threads, workdir=workdir)
                         else:
                             run = peer.run_gpuq(
-                                db, redis_url, workdir, prompts, slots=k, threads=args.threads, reuse=reuse
+                                db,
+                                redis_url,
+                                workdir,
+                                prompts,
+                                slots=k,
+                                threads=args.threads,
+                                reuse=reuse,
+                                flash_attn=args.flash_attn,
                             )
                     runs.setdefault((name, side, k), []).append(run)
                     print(
@@ -289,7 +296,8 @@ def bench_peer(args: argparse.Namespace) -> None:
 
     print(
         f"\npeer: 64 jobs a workload, greedy, {peer.MAX_TOKENS} tokens, {args.threads} threads, "
-        f"median of {args.rounds} rounds (reuse off: one round)"
+        f"median of {args.rounds} rounds (reuse off: one round); gpuq's flash attention "
+        f"{'on' if args.flash_attn else 'off'}, llama-server's its default (on)"
     )
     print("  K  workload  side              jobs/s   tok/s")
     for (name, side, k), side_runs in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0], item[0][1])):
@@ -368,6 +376,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--flash-attn", action="store_true", help="peer: gpuq's workers with GPUQ_WORKER_FLASH_ATTN=true"
+    )
     parser.add_argument(
         "--slots",
         type=lambda text: [int(k) for k in text.split(",")],

@@ -12,7 +12,9 @@ is on, as it is by default. Two workloads of 64 jobs, greedy, 64 tokens each:
 gpuq gets each workload as one bulk submission to one worker with ``GPUQ_WORKER_SLOTS=K``;
 llama-server gets K concurrent clients, each taking the next prompt when its last answer
 came. The clock runs from the first submission to the last answer (gpuq: the last recorded
-finish). W2 also runs through gpuq with prompt reuse off.
+finish). W2 also runs through gpuq with prompt reuse off. llama-server runs with its own
+default, flash attention on where the backend has it; gpuq with its default, off (a seeded
+text must not depend on a cache hit), or on with ``--flash-attn``.
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ def run_gpuq(
     threads: int,
     reuse: bool,
     gpus: str | None = None,
+    flash_attn: bool = False,
 ) -> Run:
     body = {"kind": "generate", "model": BUNDLED_MODEL_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0}
     jobs = [body | {"prompt": p, "top_p": 1.0, "seed": 7} for p in prompts]
@@ -184,6 +187,7 @@ def run_gpuq(
         "GPUQ_WORKER_THREADS": str(threads),
         "GPUQ_WORKER_SLOTS": str(slots),
         "GPUQ_WORKER_PROMPT_CACHE": "true" if reuse else "false",
+        "GPUQ_WORKER_FLASH_ATTN": "true" if flash_attn else "false",
     }
     started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings, gpus=gpus)
     elapsed = (max(datetime.fromisoformat(j["finished_at"]) for j in done) - started).total_seconds()

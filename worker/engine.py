@@ -58,6 +58,8 @@ class Prepared:
             deadline=self.deadline,
             stream=params.events == TOKENS,
             n=params.n,
+            logprobs=params.logprobs,
+            echo=params.echo,
         )
 
 
@@ -79,6 +81,7 @@ class LoadedModel:
         tensor_split: list[float] | None = None,
         slots: int = 1,
         prompt_cache: bool = True,
+        flash_attn: bool = False,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -89,7 +92,12 @@ class LoadedModel:
         self.model = _load_weights(path, gpu_layers, tensor_split)
         self.formatter = chat_formatter(self.model)
         self.decoder = BatchDecoder(
-            self.model, slots=slots, n_ctx_per_seq=n_ctx, threads=threads, prompt_cache=prompt_cache
+            self.model,
+            slots=slots,
+            n_ctx_per_seq=n_ctx,
+            threads=threads,
+            prompt_cache=prompt_cache,
+            flash_attn=flash_attn,
         )
 
     def close(self) -> None:

@@ -98,6 +98,7 @@ def _run_worker(
             tensor_split=memory.tensor_split(spec, totals) if group else None,
             slots=settings.slots_for(on_gpu=device.on_gpu),
             prompt_cache=settings.worker_prompt_cache,
+            flash_attn=settings.worker_flash_attn,
         )
         memory.cuda_started = device.on_gpu
         return loaded

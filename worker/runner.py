@@ -21,13 +21,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus, utcnow
 from gpuq.stats.metrics import FinishedJob
-from gpuq.streams.events import Delta, End, Start, wants_end, wants_tokens
+from gpuq.streams.events import End, Start, wants_end, wants_tokens
 from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelInfo
 from worker.decoding import BatchDecoder, Finished, Generation, Piece
 from worker.energy import NOT_MEASURED, EnergyMeter, JobEnergy, Measurement
 from worker.engine import JobCancelled, LoadedModel, Prepared
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
+from worker.generation_result import delta_of, result_of
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outages import Dependency
 from worker.outcome_writer import OutcomeWriter
@@ -202,7 +203,8 @@ class JobRunner:
         claimed = running.claimed
         if self._streams is not None and wants_tokens(claimed.request):
             start = Start(claimed.attempts, running.outcome.prompt_tokens, running.outcome.load_ms)
-            self._streams.start(claimed.id, start, max_tokens=claimed.request["max_tokens"])
+            samples = claimed.request.get("n", 1)
+            self._streams.start(claimed.id, start, max_tokens=claimed.request["max_tokens"] * samples)
 
     def refuse(self, job_id: str, why: str) -> None:
         """The decoder could not take the job's request (its prompt does not fit, say): it fails."""
@@ -214,7 +216,14 @@ class JobRunner:
         """Streaming sequences' text of one decoder step (``ended``: some sequence ended in it,
         so everything held is sent now, before any end)."""
         if self._streams is not None and (pieces or ended):
-            self._streams.deltas([(piece.key, Delta(piece.text, piece.tokens)) for piece in pieces], now=ended)
+            deltas = [(piece.key, delta_of(piece, self._token_bytes(piece.key))) for piece in pieces]
+            self._streams.deltas(deltas, now=ended)
+
+    def _token_bytes(self, job_id: str) -> Callable[[int], bytes]:
+        running = self._generating.get(job_id)
+        if running is None or running.decoder is None:
+            return lambda token: b""
+        return running.decoder.token_bytes
 
     def finish_generation(self, finished: Finished) -> None:
         """A request left the decoder: record its outcome, or send its job back to its queue."""
@@ -234,7 +243,8 @@ class JobRunner:
         if not finished.generations:
             outcome.status, outcome.error = JobStatus.FAILED, finished.error
         else:
-            self._record_generation(finished.generations, outcome)
+            assert running.decoder is not None
+            self._record_generation(finished.generations, outcome, running.decoder)
             running.generation = finished.generations[0]
             own = outcome.prompt_tokens or 0
             own += sum(g.completion_tokens for g in finished.generations)
@@ -371,22 +381,10 @@ class JobRunner:
             raise
 
     @staticmethod
-    def _record_generation(generations: tuple[Generation, ...], outcome: store.Outcome) -> None:
-        """The first sample's text and reason at the top (what a one-sample job has always
-        had), every sample under ``choices`` when there are several; usage counts the prompt
-        once and every sample's completion."""
+    def _record_generation(generations: tuple[Generation, ...], outcome: store.Outcome, decoder: BatchDecoder) -> None:
+        """Usage counts the prompt once and every sample's completion."""
         first = generations[0]
-        outcome.result = {"text": first.text, "finish_reason": first.finish_reason}
-        if len(generations) > 1:
-            outcome.result["choices"] = [
-                {
-                    "index": g.index,
-                    "text": g.text,
-                    "finish_reason": g.finish_reason,
-                    "completion_tokens": g.completion_tokens,
-                }
-                for g in generations
-            ]
+        outcome.result = result_of(generations, decoder.token_bytes)
         outcome.prompt_tokens = first.prompt_tokens
         outcome.completion_tokens = sum(g.completion_tokens for g in generations)
         outcome.cached_tokens = first.cached_tokens
@@ -412,6 +410,7 @@ def _end(outcome: store.Outcome, generation: Generation | None) -> End:
     return End(
         status=outcome.status.value,
         finish_reason=(outcome.result or {}).get("finish_reason"),
+        finish_reasons=[c["finish_reason"] for c in (outcome.result or {}).get("choices", [])] or None,
         error=outcome.error,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,

@@ -216,8 +216,11 @@ async def _generate(
     if ended is None:
         return Response(status_code=calls.CLIENT_GONE)
     end, final = ended
-    text = (final.result or {}).get("text", "")
-    return JSONResponse(ollama.final(body.model, end, started, chat=chat, text=text), headers={JOB_ID_HEADER: job.id})
+    result = final.result or {}
+    answer = ollama.final(
+        body.model, end, started, chat=chat, text=result.get("text", ""), logprobs=result.get("logprobs")
+    )
+    return JSONResponse(answer, headers={JOB_ID_HEADER: job.id})
 
 
 async def _embed(

@@ -71,6 +71,11 @@ class GenerateJobCreate(JobBase):
     presence_penalty: Penalty = 0.0
     seed: Seed | None = None
     stop: list[Stop] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
+    n: int = Field(1, description="samples of the one prompt (evaluated once), 1 to 128: result.choices")
+    logprobs: int | None = Field(
+        None, description="0 to 20: each token's log-probability and this many alternatives (result.logprobs)"
+    )
+    echo: bool = Field(False, description="with logprobs: the prompt's tokens' too (result.prompt_logprobs)")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJobCreate:

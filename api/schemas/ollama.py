@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuq.dropin.ollama import Options, keep_alive_seconds, refuse, strip_tag
 from gpuq.errors import RequestError
-from gpuq.jobs.request import MAX_EMBED_INPUTS, EmbeddingParams, embedding
+from gpuq.jobs.request import MAX_EMBED_INPUTS, MAX_TOP_LOGPROBS, EmbeddingParams, embedding
 
 
 class _Request(BaseModel):
@@ -46,14 +46,19 @@ class _Generating(_Request):
     format: Any = None
     think: bool | str | None = None
     logprobs: bool = False
+    top_logprobs: int | None = Field(None, description="0 to 20: the most likely tokens at each place too")
 
     def _check(self) -> None:
         if self.format not in (None, ""):
             raise refuse("format", "structured (JSON) output is not supported")
         if self.think not in (None, False):
             raise refuse("think", "no thinking models")
-        if self.logprobs:
-            raise refuse("logprobs", "log probabilities are not returned")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+
+    def _logprobs(self) -> dict[str, Any]:
+        """Ollama's: ``logprobs`` for each token's, ``top_logprobs`` for alternatives (with logprobs)."""
+        return {"logprobs": self.top_logprobs or 0} if self.logprobs else {}
 
 
 class GenerateRequest(_Generating):
@@ -80,9 +85,9 @@ class GenerateRequest(_Generating):
         if self.raw:
             if self.system:
                 raise RequestError(400, "raw mode does not support template, system, or context")
-            return {"prompt": self.prompt}
+            return {"prompt": self.prompt, **self._logprobs()}
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return {"messages": [*system, {"role": "user", "content": self.prompt}]}
+        return {"messages": [*system, {"role": "user", "content": self.prompt}], **self._logprobs()}
 
 
 class Message(BaseModel):
@@ -114,7 +119,7 @@ class ChatRequest(_Generating):
             if message.tool_calls:
                 raise refuse(f"messages[{i}].tool_calls", "gpuq runs no tools")
             messages.append({"role": role, "content": message.content})
-        return {"messages": messages}
+        return {"messages": messages, **self._logprobs()}
 
 
 class EmbedRequest(_Request):

@@ -1,9 +1,9 @@
 """OpenAI's request bodies for chat completions, completions and embeddings, as gpuq takes them.
 
 Fields gpuq honours are declared. Fields that change nothing when left at their defaults
-(``user``, ``store``, ``logprobs: false``, ...) are accepted and ignored, as OpenAI-compatible
-servers do; a field that asks for something gpuq cannot do (``n > 1``, ``tools``, JSON mode,
-log probabilities) is a 400 naming it, never silently dropped. llama.cpp's own sampling knobs
+(``user``, ``store``, ...) are accepted and ignored, as OpenAI-compatible servers do; a field
+that asks for something gpuq cannot do (``tools``, JSON mode, ``logit_bias``) is a 400 naming
+it, never silently dropped. llama.cpp's own sampling knobs
 (``top_k``, ``min_p``, ``repeat_penalty``) are accepted as extensions, as llama.cpp's server does.
 """
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuq.errors import RequestError
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
+    MAX_TOP_LOGPROBS,
     OPENAI_DEFAULTS,
     EmbeddingParams,
     GenerationParams,
@@ -64,10 +65,9 @@ class _Sampling(_Lenient):
     stop: str | list[str] | None = None
     frequency_penalty: Number | None = Field(None, description="-2 to 2; default 0")
     presence_penalty: Number | None = Field(None, description="-2 to 2; default 0")
-    n: int = Field(1, ge=1)
+    n: Integer = Field(1, description="choices to generate from the one prompt (evaluated once), 1 to 128")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
     logit_bias: dict[str, float] | None = None
     top_k: Integer | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 0, off")
     min_p: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 0, off")
@@ -82,19 +82,17 @@ class _Sampling(_Lenient):
 
     def _check_sampling(self) -> None:
         self._refuse_unknown()
-        if self.n != 1:
-            raise unsupported("n", "one choice per request (send n requests; each is its own job)")
-        if self.logprobs:
-            raise unsupported("logprobs", "log probabilities are not returned")
         if self.logit_bias:
             raise unsupported("logit_bias", "the sampler takes no token biases")
         if self.stream_options is not None and not self.stream:
             raise RequestError(400, "stream_options is only allowed with stream: true", param="stream_options")
 
     def params(self, **prompt: Any) -> GenerationParams:
-        """gpuq's generation request for ``prompt`` (``prompt=`` or ``messages=``), OpenAI's
-        defaults where a field is not given; a 400 naming the first value out of its range."""
+        """gpuq's generation request for ``prompt`` (``prompt=`` or ``messages=``, and
+        ``logprobs=``/``echo=``), OpenAI's defaults where a field is not given; a 400 naming
+        the first value out of its range."""
         given = {
+            "n": self.n,
             "max_tokens": self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -146,7 +144,8 @@ class ChatCompletionCreate(_Sampling):
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = Field(None, description="each answer token's log-probability (choices[].logprobs.content)")
+    top_logprobs: Integer | None = Field(None, description="0 to 20: the most likely tokens at each place too")
     modalities: list[str] | None = None
     reasoning_effort: str | None = None
     audio: dict[str, Any] | None = None
@@ -163,8 +162,10 @@ class ChatCompletionCreate(_Sampling):
             raise unsupported("tool_choice" if self.tool_choice not in (None, "none") else "function_call", "no tools")
         if self.response_format and self.response_format.get("type") != "text":
             raise unsupported("response_format", f"{self.response_format.get('type')!r} (only text)")
-        if self.top_logprobs:
-            raise unsupported("top_logprobs", "log probabilities are not returned")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(400, f"top_logprobs: 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
         if self.modalities and self.modalities != ["text"]:
             raise unsupported("modalities", "text only")
         if self.reasoning_effort is not None:
@@ -175,14 +176,18 @@ class ChatCompletionCreate(_Sampling):
         ]
         if not any(m["content"] for m in messages):
             raise RequestError(400, "messages are all empty: at least one needs content", param="messages")
-        return self.params(messages=messages)
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self.params(messages=messages, logprobs=logprobs)
 
 
 class CompletionCreate(_Sampling):
     """``POST /v1/completions`` (the legacy completions API)."""
 
     prompt: str | list[str] = Field(description="one prompt (a list of one is taken too)")
-    echo: bool = False
+    logprobs: Integer | None = Field(
+        None, description="0 to 20: each token's log-probability and this many alternatives (choices[].logprobs)"
+    )
+    echo: bool = Field(False, description="the answer repeats the prompt first (with logprobs: its tokens' too)")
     suffix: str | None = None
     best_of: int | None = None
 
@@ -190,8 +195,8 @@ class CompletionCreate(_Sampling):
         self._check_sampling()
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise unsupported("prompt", "one prompt per request (send one request per prompt)")
-        if self.echo:
-            raise unsupported("echo", "the prompt is not repeated in the answer")
+        if self.echo and self.stream:
+            raise unsupported("echo", "with stream: true (the prompt's tokens come in the answer: ask without stream)")
         if self.suffix:
             raise unsupported("suffix", "no fill-in-the-middle")
         if self.best_of not in (None, 1):
@@ -199,7 +204,7 @@ class CompletionCreate(_Sampling):
         prompt = self.prompt[0] if isinstance(self.prompt, list) else self.prompt
         if not prompt:
             raise RequestError(400, "prompt is empty", param="prompt")
-        return self.params(prompt=prompt)
+        return self.params(prompt=prompt, logprobs=self.logprobs, echo=self.echo)
 
 
 class EmbeddingCreate(_Lenient):

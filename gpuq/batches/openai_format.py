@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuq.batches.openai_choices import choices
 from gpuq.db.tables import Job, JobKind
 from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, refusal
 
@@ -43,10 +44,11 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     frequency_penalty: Number | None = None
     presence_penalty: Number | None = None
-    n: Literal[1] = 1
+    n: Integer | None = None
 
     def params(self, **prompt: Any) -> GenerationParams:
         given = {
+            "n": self.n,
             "max_tokens": next(
                 (n for n in (self.max_completion_tokens, self.max_tokens) if n is not None), MAX_TOKENS_DEFAULT
             ),
@@ -70,19 +72,25 @@ class _Message(BaseModel):
 
 class ChatBody(_Sampling):
     messages: list[_Message] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: Integer | None = None
 
     def request(self) -> JobParams:
         messages = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in self.messages
         ]
-        return self.params(messages=messages)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("body.top_logprobs needs body.logprobs: true")
+        return self.params(messages=messages, logprobs=(self.top_logprobs or 0) if self.logprobs else None)
 
 
 class CompletionBody(_Sampling):
     prompt: str = Field(min_length=1)
+    logprobs: Integer | None = None
+    echo: bool = False
 
     def request(self) -> JobParams:
-        return self.params(prompt=self.prompt)
+        return self.params(prompt=self.prompt, logprobs=self.logprobs, echo=self.echo)
 
 
 class EmbeddingBody(_Body):
@@ -137,27 +145,12 @@ def response_body(endpoint: str, job: Job, *, vectors: list[list[float]] | None 
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         }
     usage = token_usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)
-    finish = result.get("finish_reason", "stop")
-    if endpoint == CHAT:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": result.get("text", "")},
-            "finish_reason": finish,
-        }
-        return {
-            "id": f"chatcmpl-{job.id}",
-            "object": "chat.completion",
-            "created": created,
-            "model": job.model,
-            "choices": [choice],
-            "usage": usage,
-        }
-    choice = {"index": 0, "text": result.get("text", ""), "finish_reason": finish, "logprobs": None}
+    chat = endpoint == CHAT
     return {
-        "id": f"cmpl-{job.id}",
-        "object": "text_completion",
+        "id": f"chatcmpl-{job.id}" if chat else f"cmpl-{job.id}",
+        "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": job.model,
-        "choices": [choice],
+        "choices": choices(job.request or {}, result, chat=chat),
         "usage": usage,
     }

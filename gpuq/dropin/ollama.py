@@ -180,10 +180,23 @@ def ended_badly(job_id: str, end: End) -> str | None:
     return f"job {job_id} failed: {end.error or 'no reason recorded'}"
 
 
-def final(model: str, end: End, started: float, *, chat: bool, text: str = "") -> dict[str, Any]:
-    """The last chunk (or, with its text, the whole non-streamed answer)."""
-    body = {"model": model, "created_at": timestamp(), **content(text, chat)}
+def final(
+    model: str, end: End, started: float, *, chat: bool, text: str = "", logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The last chunk (or, with its text and log-probabilities, the whole non-streamed answer)."""
+    body = {"model": model, "created_at": timestamp(), **content(text, chat), **logprobs_field(logprobs)}
     return body | {"done": True, "done_reason": end.finish_reason or "stop"} | metrics(end, started)
+
+
+def logprobs_field(entries: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Ollama's ``logprobs``: ``[{token, logprob, bytes, top_logprobs}]``, left out when not asked."""
+    if entries is None:
+        return {}
+    return {"logprobs": [_token(e) | {"top_logprobs": [_token(t) for t in e["top_logprobs"]]} for e in entries]}
+
+
+def _token(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
 
 
 def content(text: str, chat: bool) -> dict[str, Any]:
@@ -204,9 +217,10 @@ async def stream(
         if isinstance(event, Start) and sent_text:
             yield _line({"error": f"the worker running job {job_id} stopped; the job runs again from its start"})
             return
-        if isinstance(event, Delta) and event.text:
+        if isinstance(event, Delta) and (event.text or event.logprobs):
             sent_text = True
-            yield _line({"model": model, "created_at": timestamp(), **content(event.text, chat), "done": False})
+            chunk = {"model": model, "created_at": timestamp(), **content(event.text, chat)}
+            yield _line(chunk | logprobs_field(event.logprobs) | {"done": False})
         if isinstance(event, End):
             problem = ended_badly(job_id, event)
             yield _line({"error": problem} if problem else final(model, event, started, chat=chat))

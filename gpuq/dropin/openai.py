@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gpuq.batches.openai_choices import chat_logprobs, echoed_prompt, legacy_logprobs
 from gpuq.batches.openai_format import CHAT, EMBEDDINGS, response_body, token_usage
 from gpuq.db.tables import Job, JobStatus
 from gpuq.dropin.vectors import as_base64, shortened
@@ -61,6 +62,12 @@ class _Chunks:
     def __init__(self, endpoint: str, job: Job, *, include_usage: bool) -> None:
         self.chat = endpoint == CHAT
         self.include_usage = include_usage
+        self.job_id = job.id
+        request = job.request or {}
+        self.samples = int(request.get("n", 1))
+        self.logprobs = request.get("logprobs") is not None
+        # Legacy logprobs give each token's character offset in the text, which starts after the prompt.
+        self._offsets = [len(echoed_prompt(request, {}))] * self.samples
         self.head = {
             "id": f"chatcmpl-{job.id}" if self.chat else f"cmpl-{job.id}",
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -69,15 +76,44 @@ class _Chunks:
             "system_fingerprint": None,
         }
 
-    def choice(self, *, text: str | None = None, role: bool = False, finish: str | None = None) -> bytes:
+    def choice(
+        self,
+        index: int = 0,
+        *,
+        text: str | None = None,
+        role: bool = False,
+        finish: str | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
+    ) -> bytes:
+        shown = logprobs if self.logprobs else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            lp = chat_logprobs(shown) if shown else None
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            lp = None
+            if shown:
+                lp = legacy_logprobs(shown, offset=self._offsets[index])
+                self._offsets[index] += sum(len(e["token"]) for e in shown)
+            choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return sse(self.head | {"choices": [choice]} | ({"usage": None} if self.include_usage else {}))
+
+    def roles(self) -> list[bytes]:
+        return [self.choice(i, role=True) for i in range(self.samples)]
+
+    def ending(self, end: End, *, roles: bool) -> list[bytes]:
+        """The last chunks: each choice's finish reason, the usage if asked, ``[DONE]``; or the
+        error object of a job that did not succeed. ``roles``: none was sent yet."""
+        problem = ended_badly(self.job_id, end)
+        if problem is not None:
+            return [error_event(problem, code=f"job_{end.status}")]
+        out = self.roles() if roles else []
+        out += [self.choice(i, finish=r) for i, r in enumerate(end.finish_reasons or [end.finish_reason or "stop"])]
+        if self.include_usage:
+            out.append(self.usage(end))
+        return [*out, DONE]
 
     def usage(self, end: End) -> bytes:
         usage = token_usage(end.prompt_tokens, end.completion_tokens, end.cached_tokens)
@@ -100,19 +136,12 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
             return
         if isinstance(event, Start | Delta) and chunks.chat and not started:
             started = True
-            yield chunks.choice(role=True)
-        if isinstance(event, Delta) and event.text:
+            for role in chunks.roles():
+                yield role
+        if isinstance(event, Delta) and (event.text or event.logprobs):
             sent_text = True
-            yield chunks.choice(text=event.text)
+            yield chunks.choice(event.index, text=event.text, logprobs=event.logprobs)
         if isinstance(event, End):
-            problem = ended_badly(job.id, event)
-            if problem is not None:
-                yield error_event(problem, code=f"job_{event.status}")
-                return
-            if chunks.chat and not started:
-                yield chunks.choice(role=True)
-            yield chunks.choice(finish=event.finish_reason or "stop")
-            if include_usage:
-                yield chunks.usage(event)
-            yield DONE
+            for chunk in chunks.ending(event, roles=chunks.chat and not started):
+                yield chunk
             return

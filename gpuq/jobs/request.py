@@ -34,6 +34,7 @@ MAX_EMBED_INPUTS = 2048  # OpenAI's limit on /v1/embeddings; the same on every r
 MAX_STOP_SEQUENCES = 4
 MAX_KEEP_ALIVE_S = 7 * 24 * 3600.0
 MAX_SAMPLES = 128
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 C_INT_MAX = 2**31 - 1  # llama.cpp takes top_k as a C int
 
 # Booleans are refused (strict), integers taken as floats, non-finite values refused.
@@ -112,6 +113,10 @@ class GenerationParams(JobParams):
     seed: Seed | None = None
     stop: list[Stop] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
     n: Annotated[Int, Field(ge=1, le=MAX_SAMPLES)] = 1
+    logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description="each completion token's log-probability and this many best alternatives (None: none)"
+    )
+    echo: bool = Field(False, description="with logprobs: the prompt's tokens and their log-probabilities too")
     endpoint: str | None = Field(None, description="a batch line's URL (its output line's shape)")
 
     @model_validator(mode="after")

@@ -9,7 +9,8 @@ worker then publishes, in this order, into ``gpuq:stream:<job id>``:
   attempt after a dead worker never mixes with the first);
 * :class:`Delta` per piece of text, in order, each covering one token or more (text that
   could still turn out to be the start of a stop string, or half a UTF-8 character, waits
-  for the next token), so the deltas add up to the job's final text and token count;
+  for the next token), so the deltas add up to the job's final text and token count; a
+  request of several samples (``n``) interleaves its samples' deltas, each with its ``index``;
 * :class:`End` once the outcome is committed to SQL, with the usage figures, so whoever
   reads the end may read the job's row and find it final.
 
@@ -47,12 +48,24 @@ class Start:
 class Delta:
     text: str
     tokens: int  # how many completion tokens this piece of text covers
+    index: int = 0  # which of the request's samples (``n``) it belongs to
+    logprobs: list[dict[str, Any]] | None = None  # its tokens' log-probabilities, when asked
+
+    def then(self, later: Delta) -> Delta:
+        """This delta and a later one of the same sample, as one."""
+        logprobs = (
+            None
+            if self.logprobs is None and later.logprobs is None
+            else [*(self.logprobs or []), *(later.logprobs or [])]
+        )
+        return Delta(self.text + later.text, self.tokens + later.tokens, self.index, logprobs)
 
 
 @dataclass(frozen=True, slots=True)
 class End:
     status: str  # succeeded, failed or cancelled
     finish_reason: str | None = None  # stop, length or cancelled (generations)
+    finish_reasons: list[str] | None = None  # each sample's, in index order (a request of n > 1)
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

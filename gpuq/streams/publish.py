@@ -36,16 +36,17 @@ class StreamPublisher:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
         self._bounds: dict[str, int] = {}  # job id -> most events its stream may hold
-        self._held: dict[str, Delta] = {}  # text not sent yet, per job
+        self._held: dict[tuple[str, int], Delta] = {}  # text not sent yet, per job and sample
         self._spoke: set[str] = set()  # jobs whose first text is out
         self._sent_at = float("-inf")
 
     def start(self, job_id: str, event: Start, *, max_tokens: int) -> None:
-        """A new attempt: the stream starts afresh, so it never mixes two attempts' text."""
+        """A new attempt: the stream starts afresh, so it never mixes two attempts' text.
+        ``max_tokens``: of all its samples together."""
         bound = max_tokens + _EVENTS_BESIDE_TOKENS
         self._bounds[job_id] = bound
         self._spoke.discard(job_id)  # a new attempt's first text goes out at once too
-        self._held.pop(job_id, None)
+        self._drop_held(job_id)
         key = job_stream_key(job_id)
         try:
             with self._redis.pipeline(transaction=False) as pipe:
@@ -60,17 +61,17 @@ class StreamPublisher:
         """Text of several jobs, in order per job: sent at once if ``now`` (a sequence ended) or
         a job's first text is among it, else when ``FLUSH_INTERVAL_S`` has passed since the last send."""
         for job_id, delta in deltas:
-            before = self._held.get(job_id)
-            self._held[job_id] = Delta(before.text + delta.text, before.tokens + delta.tokens) if before else delta
+            before = self._held.get((job_id, delta.index))
+            self._held[job_id, delta.index] = before.then(delta) if before else delta
             now = now or job_id not in self._spoke
         if not self._held or not (now or time.monotonic() - self._sent_at >= FLUSH_INTERVAL_S):
             return
         held, self._held = self._held, {}
-        self._spoke |= held.keys()
+        self._spoke |= {job_id for job_id, _ in held}
         self._sent_at = time.monotonic()
         try:
             with self._redis.pipeline(transaction=False) as pipe:
-                for job_id, delta in held.items():
+                for (job_id, _), delta in held.items():
                     key = job_stream_key(job_id)
                     pipe.xadd(key, {FIELD: encode(delta)}, maxlen=self._bounds.get(job_id), approximate=False)
                     pipe.expire(key, STREAM_TTL_S)
@@ -81,8 +82,12 @@ class StreamPublisher:
     def forget(self, job_id: str) -> None:
         """A job that leaves this worker without an end (handed back to its queue)."""
         self._bounds.pop(job_id, None)
-        self._held.pop(job_id, None)
+        self._drop_held(job_id)
         self._spoke.discard(job_id)
+
+    def _drop_held(self, job_id: str) -> None:
+        for key in [k for k in self._held if k[0] == job_id]:
+            del self._held[key]
 
     def ends(self, ends: Sequence[tuple[str, End]]) -> None:
         """Jobs whose outcome is now in SQL (the outcome writer calls this after its commit)."""

@@ -15,9 +15,13 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 @pytest.mark.parametrize(
     ("path", "body", "param", "message"),
     [
-        ("/v1/chat/completions", CHAT | {"n": 2}, "n", "n is not supported by gpuq"),
+        ("/v1/chat/completions", CHAT | {"n": 0}, "n", "n: Input should be greater than or equal to 1"),
+        ("/v1/chat/completions", CHAT | {"n": 129}, "n", "n: Input should be less than or equal to 128"),
         ("/v1/chat/completions", CHAT | {"tools": [{"type": "function"}]}, "tools", "tools is not supported"),
-        ("/v1/chat/completions", CHAT | {"logprobs": True}, "logprobs", "logprobs is not supported"),
+        ("/v1/chat/completions", CHAT | {"top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs: true"),
+        ("/v1/chat/completions", CHAT | {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
+        ("/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
+        ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True, "stream": True}, "echo", "with stream"),
         (
             "/v1/chat/completions",
             CHAT | {"response_format": {"type": "json_object"}},
@@ -27,7 +31,6 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
         ("/v1/chat/completions", CHAT | {"frobnicate": 1}, "frobnicate", "unrecognized request argument"),
         ("/v1/chat/completions", CHAT | {"max_tokens": 9999}, "max_tokens", "has a context of 2048 tokens"),
         ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, "prompt", "one prompt per request"),
-        ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True}, "echo", "echo is not supported"),
         ("/v1/embeddings", {"model": MODEL, "input": ["a", ""]}, "input", "input[1] is empty"),
     ],
 )

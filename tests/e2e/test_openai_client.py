@@ -112,8 +112,8 @@ def test_refusals_raise_the_clients_own_errors_with_gpuqs_message(client):
     with pytest.raises(openai.BadRequestError, match="context of 2048 tokens") as too_long:
         client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=5000)
     assert too_long.value.code == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError, match="n is not supported") as many:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, n=2)
+    with pytest.raises(openai.BadRequestError, match="less than or equal to 128") as many:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, n=500)
     assert many.value.param == "n"
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     with pytest.raises(openai.BadRequestError, match="tools is not supported"):

@@ -2,7 +2,8 @@
 
 ``decoder.py`` (the step loop: plan, decode, commit), ``plan.py`` (a step as data),
 ``kv_streams.py`` (which prefix each KV stream holds, reuse and moves), ``text.py`` (a
-completion's text, token by token, with the end rules).
+completion's text, token by token, with the end rules), ``logprobs.py`` (tokens'
+log-probabilities from a logits row).
 """
 
 from worker.decoding.decoder import (
@@ -16,6 +17,7 @@ from worker.decoding.decoder import (
     Piece,
     Sampling,
 )
+from worker.decoding.logprobs import TokenLogprob
 
 __all__ = [
     "DAMAGED_LOGITS",
@@ -27,4 +29,5 @@ __all__ = [
     "Generation",
     "Piece",
     "Sampling",
+    "TokenLogprob",
 ]

@@ -43,6 +43,7 @@ import numpy as np
 
 from gpuq.jobs.request import GenerationParams
 from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Trim
+from worker.decoding.logprobs import TokenLogprob, token_logprob
 from worker.decoding.plan import N_BATCH, Chunk, Live, StepPlan, plan_step
 from worker.decoding.text import HELD, CompletionText
 
@@ -62,6 +63,11 @@ class Generation:
     completion_tokens: int
     token_ids: tuple[int, ...] = ()
     index: int = 0  # which of the request's n samples
+    # Asked for only: each completion token's log-probability (as many as token_ids, less
+    # those a stop string cut off), and with echo the prompt's (the first token has no
+    # log-probability: nothing comes before it).
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     # How it was computed, not what it is: the same text is the same generation.
     cached_tokens: int = field(default=0, compare=False)  # prompt tokens taken from a KV stream
     prompt_ms: int | None = field(default=None, compare=False)  # admission to the first token
@@ -80,6 +86,7 @@ class Piece:
     text: str
     tokens: int
     index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens it covers, when the request asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +165,8 @@ class _Sequence:
     cut: int | None = None  # where a stop string cut the text
     unsent_tokens: int = 0  # streaming: tokens not yet covered by a piece
     first_token_at: float | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
+    starts: list[int] = field(default_factory=list)  # ... and where each token's bytes start
 
     @property
     def position(self) -> int:
@@ -177,6 +186,9 @@ class _Request:
     deadline: float | None
     stream: bool
     admitted: int  # admission order: the newest request is the one sent back when KV runs out
+    logprobs: int | None = None  # None: none wanted; k: each token's and its k best alternatives'
+    echo: bool = False  # the prompt's log-probabilities too (every prompt row decoded with logits)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     cached: int = 0
     admitted_at: float = field(default_factory=time.perf_counter)
     sequences: list[_Sequence] = field(default_factory=list)
@@ -198,6 +210,7 @@ class BatchDecoder:
         threads: int,
         prompt_cache: bool = True,
         chunk_tokens: int = PREFILL_CHUNK_TOKENS,
+        flash_attn: bool = False,
     ) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaContext
@@ -213,7 +226,10 @@ class BatchDecoder:
         params.n_seq_max = slots
         params.kv_unified = False  # a KV stream per sequence: outputs do not depend on neighbours
         params.n_threads = params.n_threads_batch = threads
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as Llama's default
+        # Off by default, as Llama has it: with it on, a seeded text can change with a cache hit.
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         params.no_perf = True
         self._ctx = LlamaContext(model=model, params=params, verbose=False)
         self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
@@ -278,10 +294,14 @@ class BatchDecoder:
         deadline: float | None = None,
         stream: bool = False,
         n: int = 1,
+        logprobs: int | None = None,
+        echo: bool = False,
     ) -> int:
         """Adds a request; its prompt goes in from the next step. Needs ``n`` free slots.
         Returns how many prompt tokens it takes from the cache. A ``stream`` request's text is
-        also handed out piece by piece (``take_pieces``)."""
+        also handed out piece by piece (``take_pieces``). ``logprobs``: each sampled token's
+        log-probability and its ``logprobs`` best alternatives; with ``echo`` the prompt's
+        too, so its prompt is decoded whole (no cache: reused cells have no logits)."""
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
@@ -305,9 +325,13 @@ class BatchDecoder:
             deadline=deadline,
             stream=stream,
             admitted=self._admitted,
+            logprobs=logprobs,
+            echo=echo and logprobs is not None,
         )
+        if request.echo:
+            request.prompt_logprobs = [TokenLogprob(request.prompt[0], None)]
         seq_id = next(self._ids)
-        placement = self.kv.place(seq_id, request.prompt)
+        placement = self.kv.place(seq_id, request.prompt, reuse=not request.echo)
         self._apply(placement.ops)
         request.cached = placement.reused
         self.reused_tokens += placement.reused
@@ -344,6 +368,7 @@ class BatchDecoder:
                 fed=seq.fed,
                 pending=seq.completion[-1] if seq.state is State.DECODING else None,
                 position=seq.position,
+                prompt_logits=seq.request.echo,
             )
             for seq in self._live.values()
         ]
@@ -364,7 +389,7 @@ class BatchDecoder:
                 continue
             prompt = seq.request.prompt
             code = self._decode(
-                [(prompt[p], p, chunk.stream, chunk.last and p == chunk.end - 1) for p in range(chunk.start, chunk.end)]
+                [(prompt[p], p, chunk.stream, chunk.wants_logits(p)) for p in range(chunk.start, chunk.end)]
             )
             if code == 1:
                 return [*finished, self._evict_newest()]
@@ -396,6 +421,8 @@ class BatchDecoder:
         if chunk.end - chunk.start == self.chunk_tokens:  # a whole chunk: reusable by later prompts
             self.kv.computed(seq.stream, request.prompt[chunk.start : chunk.end])
         seq.fed = chunk.end
+        if request.echo:
+            self._prompt_logprobs(request, chunk)
         if not chunk.last:
             return []
         last_row = chunk.end - chunk.start - 1
@@ -435,6 +462,9 @@ class BatchDecoder:
             return self._end(seq, "stop")
         seq.completion.append(token)
         seq.unsent_tokens += 1
+        if request.logprobs is not None:
+            seq.logprobs.append(token_logprob(self._logits(row), token, request.logprobs))
+            seq.starts.append(len(seq.text.data))
         cut = seq.text.append(self._piece(token, first=len(seq.completion) == 1))
         if cut == HELD:
             return []
@@ -455,10 +485,25 @@ class BatchDecoder:
         piece: bytes = buffer.raw[:n]
         return piece[1:] if first and token == self._bos and piece[:1] == b" " else piece
 
+    def _logits(self, row: int) -> np.ndarray:
+        """The logits llama.cpp computed for a row of the last decode (a view, valid until the next)."""
+        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, row)
+        return np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
+
     def _logits_finite(self, row: int) -> bool:
         """NaN logits would still sample some token (often end-of-text): an empty "success"."""
-        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, row)
-        return bool(np.isfinite(np.ctypeslib.as_array(logits, shape=(self._n_vocab,))).all())
+        return bool(np.isfinite(self._logits(row)).all())
+
+    def _prompt_logprobs(self, request: _Request, chunk: Chunk) -> None:
+        """Each row of the chunk gives the next prompt token's log-probability (the prompt's
+        last row gives the first sampled token's, in ``_sample``)."""
+        prompt, top = request.prompt, request.logprobs or 0
+        for row, position in enumerate(range(chunk.start, min(chunk.end, len(prompt) - 1))):
+            request.prompt_logprobs.append(token_logprob(self._logits(row), prompt[position + 1], top))
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes, as the vocabulary has them."""
+        return self._piece(token, first=False)
 
     # ------------------------------------------------------------- endings
 
@@ -520,6 +565,10 @@ class BatchDecoder:
         request = seq.request
         now = time.perf_counter()
         first = seq.first_token_at
+        logprobs = None
+        if request.logprobs is not None:
+            kept = len(seq.logprobs) if seq.cut is None else sum(1 for at in seq.starts if at < seq.cut)
+            logprobs = tuple(seq.logprobs[:kept])
         return Generation(
             text=self._text_bytes(seq).decode("utf-8", errors="ignore"),
             finish_reason=seq.finish_reason or "stop",
@@ -527,6 +576,8 @@ class BatchDecoder:
             completion_tokens=len(seq.completion),
             token_ids=tuple(seq.completion),
             index=seq.index,
+            logprobs=logprobs,
+            prompt_logprobs=tuple(request.prompt_logprobs) if request.echo else None,
             cached_tokens=request.cached,
             prompt_ms=int((first - request.admitted_at) * 1000) if first is not None else None,
             eval_ms=int((now - first) * 1000) if first is not None else None,
@@ -540,7 +591,8 @@ class BatchDecoder:
     def _hand_out(self, seq: _Sequence, upto: int, *, final: bool = False) -> None:
         chunk = seq.text.take(upto, final=final)
         if chunk or (final and seq.unsent_tokens):
-            self._pieces.append(Piece(seq.request.key, chunk, seq.unsent_tokens, seq.index))
+            covered = seq.logprobs[len(seq.logprobs) - seq.unsent_tokens :] if seq.request.logprobs is not None else []
+            self._pieces.append(Piece(seq.request.key, chunk, seq.unsent_tokens, seq.index, tuple(covered)))
             seq.unsent_tokens = 0
 
     # ------------------------------------------------------------- streams and samplers

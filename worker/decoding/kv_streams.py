@@ -83,10 +83,11 @@ class KvStreams:
         """The reusable tokens the stream holds now."""
         return list(self._streams[stream].reusable)
 
-    def place(self, sequence: int, prompt: list[int]) -> Placement:
-        """The stream a new sequence takes (StopIteration: none free) and what it reuses."""
+    def place(self, sequence: int, prompt: list[int], *, reuse: bool = True) -> Placement:
+        """The stream a new sequence takes (StopIteration: none free) and what it reuses
+        (nothing when not ``reuse``: a prompt whose every row's logits are wanted)."""
         target = next(i for i, s in enumerate(self._streams) if s.owner is None)
-        source, reused = self._best_source(prompt, target)
+        source, reused = self._best_source(prompt, target) if reuse else (None, 0)
         ops: list[KvOp] = []
         if source is not None and source != target:
             ops.append(Copy(source, target))

@@ -5,6 +5,8 @@ the plan (``decoder.py``) and commits what came out (sampled tokens, states adva
 
 - **Decode rows**: the last sampled token of every decoding sequence, in stream order (with a
   KV stream per sequence llama.cpp puts only consecutive sequence ids in one micro-batch).
+- **Logits rows**: every decode row, and the last row of a prompt's last chunk (its first
+  token), or every prompt row of a request that asked for its prompt's log-probabilities.
 - **Prefill chunks**: a prompt is fed in chunks with fixed boundaries, ``[k * C, (k + 1) * C)``,
   each chunk decoded by itself in its own ``llama_decode``. So a prompt position's KV is
   always computed the same way, whatever else runs and whatever was reused before it: the
@@ -32,6 +34,7 @@ class Live:
     fed: int  # prompt tokens whose KV its stream holds
     pending: int | None  # the token sampled last, not yet decoded (None: still prefilling)
     position: int  # where ``pending`` goes
+    prompt_logits: bool = False  # every prompt row's logits are wanted (``echo`` with log-probabilities)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,10 @@ class Chunk:
     start: int  # prompt positions [start, end)
     end: int
     last: bool  # ends the prompt: its last row's logits give the first token
+    every_row: bool = False  # logits for every row (the prompt's own log-probabilities), not only the last
+
+    def wants_logits(self, position: int) -> bool:
+        return self.every_row or (self.last and position == self.end - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ def plan_step(live: Iterable[Live], *, chunk_tokens: int) -> StepPlan:
             end = chunk_end(fed, s.prompt_len, chunk_tokens)
             if chunks and end - fed > budget:
                 break
-            chunks.append(Chunk(s.id, s.stream, fed, end, end == s.prompt_len))
+            chunks.append(Chunk(s.id, s.stream, fed, end, end == s.prompt_len, s.prompt_logits))
             budget -= end - fed
             fed = end
         if budget <= 0:
