@@ -22,15 +22,8 @@ QUIET_UNLESS_VERBOSE = (
     "alembic.runtime.plugins",  # a line per plugin at each start
 )
 LEVEL_VARIABLE = "GPUQ_LOG_LEVEL"
-JOB_LINE_LOGGERS = ("worker.batching",)  # "queue: job_… (n running)" per job started
-
-
-class NoDequeueLines(logging.Filter):
-    """Drops the worker's "queue: job id" line logged as it takes a job (``worker.worker``'s
-    only record with exactly that format), a job line among state changes worth keeping."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != "%s: %s"
+# A line per job a worker takes ("queue: job id") or starts in a run ("... (n running)").
+JOB_LINE_LOGGERS = ("worker.batching", "worker.worker.jobs")
 
 
 def configure_logging(*, verbose: bool, job_lines: bool, level: str = "INFO") -> None:
@@ -42,7 +35,6 @@ def configure_logging(*, verbose: bool, job_lines: bool, level: str = "INFO") ->
     if not job_lines:
         for name in JOB_LINE_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
-        logging.getLogger("worker.worker").addFilter(NoDequeueLines())
 
 
 @contextmanager

@@ -43,8 +43,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
-from gpuq.jobs.queues import parse_queue_name, worker_queue_names
+from gpuq.jobs.queues import worker_queue_names
 from gpuq.jobs.reconciler import redis_age_s
+from gpuq.queue_names import parse_queue_name
 from gpuq.redis_keys import (
     CANCEL_FLAG_TTL_S,
     RUN_ALONE_KEY,
@@ -60,6 +61,7 @@ from worker.outages import Dependency
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
+job_lines = logging.getLogger(f"{__name__}.jobs")  # a line per job taken: quiet unless GPUQ_LOG_JOB_LINES
 
 IDLE_WRITE_GAP_S = 1.0
 CONTROL_READ_GAP_S = 1.0  # drain flags and unload requests are re-read at most this often
@@ -184,7 +186,7 @@ class GpuqWorker(SimpleWorker):
             if result is not None:
                 if self._put_back_if_drained(*result):
                     continue
-                log.info("%s: %s", result[1].name, result[0].id)
+                job_lines.info("%s: %s", result[1].name, result[0].id)
             return result
 
     def _pause_s(self, timeout: int | None) -> float | None:

@@ -10,7 +10,6 @@ from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
 from gpuq.db.tables import Job, JobKind
-from gpuq.jobs.queues import Priority
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
     MAX_STOP_SEQUENCES,
@@ -30,6 +29,7 @@ from gpuq.jobs.request import (
     generation,
 )
 from gpuq.jobs.submit import JobSpec
+from gpuq.queue_names import Priority
 
 _DEFAULTS = GenerationParams(prompt="-")  # the jobs API's sampling defaults: llama.cpp's
 

@@ -24,9 +24,9 @@ from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.prompt import vocab_tokenizer
-from gpuq.jobs.queues import Priority
 from gpuq.jobs.request import GenerationParams, JobParams
 from gpuq.jobs.submit import JobSpec, submit_jobs
+from gpuq.queue_names import Priority
 from gpuq.streams.events import END_ONLY, REQUEST_FIELD, TOKENS, End, Event
 
 log = logging.getLogger(__name__)

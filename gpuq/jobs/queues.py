@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import hashlib
 
-# worker/ and the modules owned elsewhere still import these names from here (the worker's listening
-# order uses them anyway); their home is gpuq.queue_names.
-from gpuq.queue_names import Priority, parse_queue_name, queue_name
+from gpuq.queue_names import Priority, queue_name
 
 JOB_FUNC = "worker.tasks.run_job"  # named, not imported: the API never imports the worker
-
-__all__ = ["JOB_FUNC", "Priority", "parse_queue_name", "queue_name", "worker_queue_names"]
 
 
 def worker_queue_names(
