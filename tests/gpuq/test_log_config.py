@@ -9,8 +9,9 @@ from gpuq.log_config import JOB_LINE_LOGGERS, configure_logging
 
 @pytest.fixture
 def fresh_loggers():
-    names = [*JOB_LINE_LOGGERS, "worker.worker"]
+    names = [*JOB_LINE_LOGGERS, "worker.worker", ""]
     before = {name: logging.getLogger(name).level for name in names}
+    logging.getLogger().setLevel(logging.INFO)  # pytest's handlers make basicConfig leave the root as it is
     yield
     for name, level in before.items():
         logging.getLogger(name).setLevel(level)
