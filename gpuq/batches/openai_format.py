@@ -79,18 +79,24 @@ class ChatBody(_Sampling):
 
 
 class CompletionBody(_Sampling):
-    prompt: str = Field(min_length=1)
+    # One prompt a line: a text or token ids (a list of one token list, as lm-eval sends it, too).
+    prompt: Annotated[str, Field(min_length=1)] | list[Integer] | Annotated[list[list[Integer]], Field(max_length=1)]
 
     def request(self) -> JobParams:
-        return self.params(prompt=self.prompt)
+        if isinstance(self.prompt, str):
+            return self.params(prompt=self.prompt)
+        ids = self.prompt[0] if self.prompt and isinstance(self.prompt[0], list) else self.prompt
+        return self.params(prompt_token_ids=ids)
 
 
 class EmbeddingBody(_Body):
-    input: str | list[str]
+    input: str | list[str] | list[Integer] | list[list[Integer]]
     encoding_format: Literal["float"] = "float"
 
     def request(self) -> JobParams:
-        return EmbeddingParams(input=[self.input] if isinstance(self.input, str) else list(self.input))
+        given = self.input
+        one = isinstance(given, str) or (bool(given) and isinstance(given[0], int))
+        return EmbeddingParams(input=[given] if one else list(given))
 
 
 BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody]] = {
