@@ -26,8 +26,8 @@ from gpuq.dropin import tokenize as tokenizer
 
 router = APIRouter(tags=["tokenizer"])
 
-_ERRORS = errors(404, other={400: {"description": "no model named where several files are registered, "
-                                   "a token id outside the vocabulary, or a model without a chat template"}})  # fmt: skip
+_REFUSED = "no model named while several files are registered, a token id outside the vocabulary, or no chat template"
+_ERRORS = errors(404, other={400: {"description": _REFUSED}})
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)

@@ -21,6 +21,7 @@ from gpuq.jobs.request import (
     GenerationParams,
     embedding,
     generation,
+    openai_items,
 )
 
 # Accepted and ignored: they change nothing gpuq does (identifiers, storage, service tiers).
@@ -190,10 +191,8 @@ class CompletionCreate(_Sampling):
 
     def to_request(self) -> GenerationParams:
         self._check_sampling()
-        prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            prompt = [prompt]  # type: ignore[list-item]  # one prompt of token ids
-        if isinstance(prompt, list) and len(prompt) != 1:
+        prompts = openai_items(self.prompt)
+        if len(prompts) != 1:
             raise unsupported("prompt", "one prompt per request (send one request per prompt)")
         if self.echo:
             raise unsupported("echo", "the prompt is not repeated in the answer")
@@ -201,7 +200,7 @@ class CompletionCreate(_Sampling):
             raise unsupported("suffix", "no fill-in-the-middle")
         if self.best_of not in (None, 1):
             raise unsupported("best_of", "one candidate per request")
-        [one] = prompt if isinstance(prompt, list) else [prompt]
+        [one] = prompts
         if not one:
             raise RequestError(400, "prompt is empty", param="prompt")
         if isinstance(one, list):
@@ -222,8 +221,7 @@ class EmbeddingCreate(_Lenient):
 
     def to_request(self) -> EmbeddingParams:
         self._refuse_unknown()
-        given = self.input
-        inputs = [given] if isinstance(given, str) or (given and isinstance(given[0], int)) else given
+        inputs = openai_items(self.input)
         if not inputs:
             raise RequestError(400, "input is an empty list: give at least one text", param="input")
         if len(inputs) > MAX_EMBED_INPUTS:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuq.db.tables import Job, JobKind
-from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, refusal
+from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, openai_items, refusal
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -80,13 +80,16 @@ class ChatBody(_Sampling):
 
 class CompletionBody(_Sampling):
     # One prompt a line: a text or token ids (a list of one token list, as lm-eval sends it, too).
-    prompt: Annotated[str, Field(min_length=1)] | list[Integer] | Annotated[list[list[Integer]], Field(max_length=1)]
+    prompt: Annotated[str, Field(min_length=1)] | list[Integer] | list[list[Integer]]
 
     def request(self) -> JobParams:
-        if isinstance(self.prompt, str):
-            return self.params(prompt=self.prompt)
-        ids = self.prompt[0] if self.prompt and isinstance(self.prompt[0], list) else self.prompt
-        return self.params(prompt_token_ids=ids)
+        prompts = openai_items(self.prompt)
+        if len(prompts) != 1 or not prompts[0]:
+            raise ValueError("body.prompt: give one prompt a line, a text or token ids (several are several lines)")
+        [prompt] = prompts
+        if isinstance(prompt, str):
+            return self.params(prompt=prompt)
+        return self.params(prompt_token_ids=prompt)
 
 
 class EmbeddingBody(_Body):
@@ -94,9 +97,7 @@ class EmbeddingBody(_Body):
     encoding_format: Literal["float"] = "float"
 
     def request(self) -> JobParams:
-        given = self.input
-        one = isinstance(given, str) or (bool(given) and isinstance(given[0], int))
-        return EmbeddingParams(input=[given] if one else list(given))
+        return EmbeddingParams(input=openai_items(self.input))
 
 
 BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody]] = {

@@ -137,7 +137,9 @@ async def tokenizer_info(model: Model) -> dict[str, Any]:
             "add_bos_token": tokenizer.adds_bos(),
         }
         for name, token in special.items():
-            info[f"{name}_token"] = tokenizer.piece(token).decode("utf-8", errors="replace") if token is not None else None
+            info[f"{name}_token"] = (
+                tokenizer.piece(token).decode("utf-8", errors="replace") if token is not None else None
+            )
             info[f"{name}_token_id"] = token
         info["chat_template"] = metadata.get("tokenizer.chat_template") or None
         return info

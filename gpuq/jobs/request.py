@@ -23,7 +23,7 @@ it is a queue in front of llama.cpp, and its users read llama.cpp's documentatio
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -159,6 +159,14 @@ class EmbeddingParams(JobParams):
         if self.input_counts is not None and sum(self.input_counts) != len(self.input):
             raise ValueError("`input_counts` does not add up to the number of texts")
         return self
+
+
+def openai_items(given: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """OpenAI's ``prompt`` or ``input`` as the items it holds: a text, or one flat list of token
+    ids, is one item; a list of texts or of id lists is one item each."""
+    if isinstance(given, str) or (given and all(isinstance(x, int) for x in given)):
+        return [cast(str | list[int], given)]
+    return list(cast(list[str] | list[list[int]], given))
 
 
 def refusal(exc: ValidationError, *, status: int = 400, prefix: str = "") -> RequestError:

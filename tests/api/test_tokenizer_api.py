@@ -3,6 +3,8 @@ server answer them) on the bundled model's real vocabulary; token-id prompts ref
 any job exists when an id is not the model's; bodies read as JSON whatever their
 Content-Type says. The API in-process, no worker: none of this runs a job."""
 
+import json
+
 import pytest
 
 from gpuq import store
@@ -160,3 +162,38 @@ def test_the_openapi_document_declares_the_tokenizer_routes_and_their_refusals(c
         assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     tokenize_answer = paths["/tokenize"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert tokenize_answer["$ref"].endswith("/TokenizeResponse")
+
+
+def _line(custom_id, url, **body):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": MODEL} | body})
+
+
+def test_batch_lines_take_token_ids_as_the_routes_do(client, redis, job_rows):
+    def batch(*lines):
+        uploaded = client.post(
+            "/v1/files", files={"file": ("in.jsonl", "\n".join(lines).encode())}, data={"purpose": "batch"}
+        )
+        body = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"}
+        return client.post("/v1/batches", json=body)
+
+    refused = batch(
+        _line("ok", "/v1/completions", prompt=[1, 2, 3]),
+        _line("bad", "/v1/completions", prompt=[[1, 49152]]),
+        _line("two", "/v1/completions", prompt=[[1], [2]]),
+        _line("vec", "/v1/embeddings", input=[[5], [6, -1]]),
+    )
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert "line 2: prompt[1] is 49152, not a token id" in detail and "line 4: input[1][1] is -1" in detail
+    assert "line 3: body.prompt: give one prompt a line" in detail
+    assert job_rows() == [] and redis_job_keys(redis) == []
+
+    accepted = batch(
+        _line("flat", "/v1/completions", prompt=[1, 2, 3]),
+        _line("nested", "/v1/completions", prompt=[[4, 5]]),
+        _line("vec", "/v1/embeddings", input=[[5], [6, 7]]),
+        _line("mixed", "/v1/embeddings", input=[8, 9]),
+    )
+    assert accepted.status_code == 200, accepted.text
+    requests = sorted((row.kind, row.request.get("prompt_token_ids") or row.request["input"]) for row in job_rows())
+    assert requests == [("embed", [[5], [6, 7], [8, 9]]), ("generate", [1, 2, 3]), ("generate", [4, 5])]
