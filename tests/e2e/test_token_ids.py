@@ -20,7 +20,8 @@ def client(system):
 
 @pytest.fixture(scope="module")
 def http(system):
-    with httpx.Client(base_url=system.url, headers={"Authorization": f"Bearer {system.processes.admin_key}"}) as c:
+    headers = {"Authorization": f"Bearer {system.processes.admin_key}"}
+    with httpx.Client(base_url=system.url, headers=headers, timeout=120) as c:
         yield c
 
 
