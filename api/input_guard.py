@@ -33,7 +33,7 @@ from gpuq.json_checks import (
 )
 
 # The drop-in routes answer a bad value 400, as OpenAI and Ollama do; gpuq's own say 422.
-_DROP_IN = ("/api/", "/v1/chat/", "/v1/completions", "/v1/embeddings")
+_DROP_IN = ("/api/", "/v1/chat/", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
 
 
 def _refuse_nul(where: str, param: str) -> None:

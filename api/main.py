@@ -13,6 +13,7 @@ from api.body_limit import BodyLimitMiddleware
 from api.deps import AppState
 from api.errors import install_error_handlers
 from api.input_guard import refuse_unstorable_input
+from api.json_bodies import JsonBodiesMiddleware
 from api.openapi import install_openapi
 from api.routers import (
     affinity,
@@ -30,6 +31,7 @@ from api.routers import (
     openai,
     schedules,
     stats,
+    tokenizer,
     webhooks,
     workers,
 )
@@ -73,12 +75,14 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
         upload_max_bytes=settings.max_upload_bytes,
         upload_prefix="/v1/files",
     )
+    app.add_middleware(JsonBodiesMiddleware, upload_prefix="/v1/files")
     install_error_handlers(app)
     routers = (
         health.router,
         jobs.router,
         openai.router,
         ollama.router,
+        tokenizer.router,
         stats.router,
         job_actions.router,
         workers.router,

@@ -12,12 +12,21 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuq.jobs.prompt import ChatFormatter, chat_formatter, prompt_text, tokenize_prompt
+from gpuq.jobs.prompt import ChatFormatter, chat_formatter, request_tokens
 from gpuq.jobs.request import GenerationParams
 from gpuq.streams.events import TOKENS
 from worker.decoding import BatchDecoder, DamagedModel, Sampling
 
-EMBED_CHUNK = 16  # texts per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
+EMBED_CHUNK = 16  # inputs per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
+
+# An embedding input as a job's request holds it (a text, or token ids), and as a key of the
+# vectors computed for it (token ids as a tuple).
+EmbedInput = str | list[int]
+EmbedKey = str | tuple[int, ...]
+
+
+def embed_key(item: EmbedInput) -> EmbedKey:
+    return item if isinstance(item, str) else tuple(item)
 
 
 class Cancel(Protocol):
@@ -58,7 +67,9 @@ class Prepared:
             deadline=self.deadline,
             stream=params.events == TOKENS,
             n=params.n,
-            logprobs=params.logprobs,
+            # echo needs the prompt's tokens back (a token-id prompt has no text to repeat): they
+            # come with log-probabilities, shown only if asked.
+            logprobs=0 if params.logprobs is None and params.echo else params.logprobs,
             echo=params.echo,
         )
 
@@ -108,7 +119,7 @@ class LoadedModel:
             self.llm.close()
 
     def prompt_tokens(self, request: dict[str, Any]) -> list[int]:
-        return tokenize_prompt(self.model.tokenize, prompt_text(request, self.formatter))
+        return request_tokens(request, self.model.tokenize, self.formatter)
 
     def prepare(
         self, key: str, request: dict[str, Any], cancel: threading.Event, deadline: float | None = None
@@ -123,28 +134,61 @@ class LoadedModel:
         assert self.decoder is not None
         return self.decoder.tokens_decoded
 
-    def embed(self, texts: list[str], cancel: threading.Event) -> tuple[list[list[float]], int]:
-        """Mean-pooled, L2-normalised vectors, and the number of input tokens (of each distinct text once)."""
-        by_text = self.embed_texts(texts, cancel)
-        return [by_text[text][0] for text in texts], sum(by_text[text][1] for text in set(texts))
+    def embed(self, inputs: list[EmbedInput], cancel: threading.Event) -> tuple[list[list[float]], int]:
+        """Mean-pooled, L2-normalised vectors, and the number of input tokens (of each distinct input once)."""
+        by_key = self.embed_inputs(inputs, cancel)
+        keys = [embed_key(item) for item in inputs]
+        return [by_key[key][0] for key in keys], sum(by_key[key][1] for key in set(keys))
 
-    def embed_texts(self, texts: list[str], cancel: Cancel) -> dict[str, tuple[list[float], int]]:
-        """Each distinct text's vector and token count.
+    def embed_inputs(self, inputs: list[EmbedInput], cancel: Cancel) -> dict[EmbedKey, tuple[list[float], int]]:
+        """Each distinct input's vector and token count. A text is tokenised as llama-cpp-python's
+        ``create_embedding`` does it; token ids are run as given.
 
-        Repeated texts are embedded once: it saves work, and it makes identical texts get
+        Repeated inputs are embedded once: it saves work, and it makes identical inputs get
         identical vectors (llama.cpp's batched maths differs in the last bits by position)."""
-        unique = list(dict.fromkeys(texts))
-        by_text: dict[str, tuple[list[float], int]] = {}
+        unique = list(dict.fromkeys(embed_key(item) for item in inputs))
+        by_key: dict[EmbedKey, tuple[list[float], int]] = {}
         for start in range(0, len(unique), EMBED_CHUNK):
             if cancel.is_set():
                 raise JobCancelled
             chunk = unique[start : start + EMBED_CHUNK]
-            out = self.llm.create_embedding(chunk)
-            for text, item in zip(chunk, out["data"], strict=True):
-                # create_embedding's own tokenisation, so the counts add up to its usage figure.
-                tokens = len(self.llm.tokenize(text.encode("utf-8")))
-                by_text[text] = (_normalise(item["embedding"]), tokens)
-        return by_text
+            tokens = [self.llm.tokenize(key.encode("utf-8")) if isinstance(key, str) else list(key) for key in chunk]
+            for key, ids, vector in zip(chunk, tokens, _pooled_vectors(self.llm, tokens), strict=True):
+                by_key[key] = (_normalise(vector), len(ids))
+        return by_key
+
+
+def _pooled_vectors(llm: Any, sequences: list[list[int]]) -> list[list[float]]:
+    """One pooled vector per token sequence: llama-cpp-python's ``Llama.embed`` for token ids
+    (it takes only text). Sequences are packed into one llama.cpp batch while they fit (its
+    n_batch tokens and n_seq_max sequences), each batch decoded from an empty cache."""
+    import llama_cpp
+
+    n_batch, n_seq_max, n_embd = llm.n_batch, llm.context_params.n_seq_max, llm.n_embd()
+    batch, ctx = llm._batch, llm._ctx
+    vectors: list[list[float]] = []
+
+    def decode(sequences_in_batch: int) -> None:
+        ctx.kv_cache_clear()
+        ctx.decode(batch)
+        batch.reset()
+        for seq_id in range(sequences_in_batch):
+            vectors.append(llama_cpp.llama_get_embeddings_seq(ctx.ctx, seq_id)[:n_embd])
+
+    batch.reset()
+    packed = packed_tokens = 0
+    for tokens in sequences:
+        if len(tokens) > n_batch:  # the API refuses these; a row from elsewhere fails here, not in llama.cpp
+            raise ValueError(f"an input of {len(tokens)} tokens is longer than the context ({n_batch})")
+        if packed and (packed_tokens + len(tokens) > n_batch or packed >= n_seq_max):
+            decode(packed)
+            packed = packed_tokens = 0
+        batch.add_sequence(tokens, packed, True)  # every token an output, as Llama.embed marks them
+        packed, packed_tokens = packed + 1, packed_tokens + len(tokens)
+    if packed:
+        decode(packed)
+    ctx.kv_cache_clear()
+    return vectors
 
 
 def _normalise(vector: list[float]) -> list[float]:

@@ -26,7 +26,7 @@ from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelInfo
 from worker.decoding import BatchDecoder, Finished, Generation, Piece
 from worker.energy import NOT_MEASURED, EnergyMeter, JobEnergy, Measurement
-from worker.engine import JobCancelled, LoadedModel, Prepared
+from worker.engine import JobCancelled, LoadedModel, Prepared, embed_key
 from worker.faults import GpuHealth, HandBack, is_out_of_memory
 from worker.generation_result import delta_of, result_of
 from worker.model_cache import ModelCache, ModelSpec
@@ -269,7 +269,7 @@ class JobRunner:
     # ------------------------------------------------------------- embeddings of several jobs together
 
     def run_embeddings(self, jobs: list[tuple[store.ClaimedJob, threading.Event]]) -> None:
-        """Embedding jobs of one model, their texts embedded together in llama.cpp calls; each
+        """Embedding jobs of one model, their inputs embedded together in llama.cpp calls; each
         job still gets its own vectors, token count and outcome, and the measured energy is
         shared by tokens. A job cancelled meanwhile ends ``cancelled``; the call stops early
         only when all are."""
@@ -280,8 +280,8 @@ class JobRunner:
                 raise LookupError(f"model {jobs[0][0].model!r} is no longer registered")
             spec = _spec(model, embedding=True)
             loaded, runs[0].outcome.load_ms = self._load(spec)
-            texts = [text for claimed, _cancel in jobs for text in claimed.request["input"]]
-            by_text = loaded.embed_texts(texts, _AllSet([cancel for _claimed, cancel in jobs]))
+            inputs = [item for claimed, _cancel in jobs for item in claimed.request["input"]]
+            by_key = loaded.embed_inputs(inputs, _AllSet([cancel for _claimed, cancel in jobs]))
         except HandBack as exc:
             for running in runs:
                 self._hand_back_or_settle(running, exc)
@@ -297,11 +297,12 @@ class JobRunner:
                 running.outcome.status, running.outcome.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
                 self._settle(running)
             return
-        tokens = [sum(by_text[text][1] for text in set(c.request["input"])) for c, _cancel in jobs]
-        for (claimed, cancel), running, own in zip(jobs, runs, tokens, strict=True):
+        keys = [[embed_key(item) for item in c.request["input"]] for c, _cancel in jobs]
+        tokens = [sum(by_key[key][1] for key in set(own_keys)) for own_keys in keys]
+        for (claimed, cancel), running, own, own_keys in zip(jobs, runs, tokens, keys, strict=True):
             running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
             running.share = own / sum(tokens) if sum(tokens) else 1.0 / len(jobs)
-            self._record_embeddings([by_text[text][0] for text in claimed.request["input"]], own, running.outcome)
+            self._record_embeddings([by_key[key][0] for key in own_keys], own, running.outcome)
             if cancel.is_set():
                 running.outcome.status, running.outcome.result = JobStatus.CANCELLED, None
             self._settle(running)

@@ -22,6 +22,7 @@ from gpuq.jobs.request import (
     GenerationParams,
     embedding,
     generation,
+    openai_items,
 )
 
 # Accepted and ignored: they change nothing gpuq does (identifiers, storage, service tiers).
@@ -183,7 +184,9 @@ class ChatCompletionCreate(_Sampling):
 class CompletionCreate(_Sampling):
     """``POST /v1/completions`` (the legacy completions API)."""
 
-    prompt: str | list[str] = Field(description="one prompt (a list of one is taken too)")
+    prompt: str | list[str] | list[Integer] | list[list[Integer]] = Field(
+        description="one prompt: a text or token ids (run as given, no BOS added); a list of one of either is taken too"
+    )
     logprobs: Integer | None = Field(
         None, description="0 to 20: each token's log-probability and this many alternatives (choices[].logprobs)"
     )
@@ -193,7 +196,8 @@ class CompletionCreate(_Sampling):
 
     def to_request(self) -> GenerationParams:
         self._check_sampling()
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+        prompts = openai_items(self.prompt)
+        if len(prompts) != 1:
             raise unsupported("prompt", "one prompt per request (send one request per prompt)")
         if self.echo and self.stream:
             raise unsupported("echo", "with stream: true (the prompt's tokens come in the answer: ask without stream)")
@@ -201,32 +205,37 @@ class CompletionCreate(_Sampling):
             raise unsupported("suffix", "no fill-in-the-middle")
         if self.best_of not in (None, 1):
             raise unsupported("best_of", "one candidate per request")
-        prompt = self.prompt[0] if isinstance(self.prompt, list) else self.prompt
-        if not prompt:
+        [one] = prompts
+        if not one:
             raise RequestError(400, "prompt is empty", param="prompt")
-        return self.params(prompt=prompt, logprobs=self.logprobs, echo=self.echo)
+        scoring = {"logprobs": self.logprobs, "echo": self.echo}
+        if isinstance(one, list):
+            return self.params(prompt_token_ids=one, **scoring)
+        return self.params(prompt=one, **scoring)
 
 
 class EmbeddingCreate(_Lenient):
     """``POST /v1/embeddings``."""
 
     model: str = Field(min_length=1, max_length=128)
-    input: str | list[str] = Field(description="one text or a list of texts (token arrays are not taken)")
+    input: str | list[str] | list[Integer] | list[list[Integer]] = Field(
+        description="one text or a list of texts; or token ids, one list or a list of them (run as given)"
+    )
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Integer | None = Field(None, ge=1, description="the vectors' first N dimensions, normalised again")
     keep_alive: Number | None = Field(None, description="gpuq extension (-1 to 604800)")
 
     def to_request(self) -> EmbeddingParams:
         self._refuse_unknown()
-        texts = [self.input] if isinstance(self.input, str) else self.input
-        if not texts:
+        inputs = openai_items(self.input)
+        if not inputs:
             raise RequestError(400, "input is an empty list: give at least one text", param="input")
-        if len(texts) > MAX_EMBED_INPUTS:
-            raise RequestError(400, f"input has {len(texts)} texts; at most {MAX_EMBED_INPUTS}", param="input")
-        for i, text in enumerate(texts):
-            if not text:
+        if len(inputs) > MAX_EMBED_INPUTS:
+            raise RequestError(400, f"input has {len(inputs)} inputs; at most {MAX_EMBED_INPUTS}", param="input")
+        for i, item in enumerate(inputs):
+            if not item:
                 raise RequestError(400, f"input[{i}] is empty", param="input")
-        return embedding(input=texts, keep_alive=self.keep_alive)
+        return embedding(input=inputs, keep_alive=self.keep_alive)
 
 
 class FileDeleted(BaseModel):

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuq.batches.openai_choices import choices
 from gpuq.db.tables import Job, JobKind
-from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, refusal
+from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, openai_items, refusal
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -85,20 +85,28 @@ class ChatBody(_Sampling):
 
 
 class CompletionBody(_Sampling):
-    prompt: str = Field(min_length=1)
+    # One prompt a line: a text or token ids (a list of one token list, as lm-eval sends it, too).
+    prompt: Annotated[str, Field(min_length=1)] | list[Integer] | list[list[Integer]]
     logprobs: Integer | None = None
     echo: bool = False
 
     def request(self) -> JobParams:
-        return self.params(prompt=self.prompt, logprobs=self.logprobs, echo=self.echo)
+        prompts = openai_items(self.prompt)
+        if len(prompts) != 1 or not prompts[0]:
+            raise ValueError("body.prompt: give one prompt a line, a text or token ids (several are several lines)")
+        [prompt] = prompts
+        scoring = {"logprobs": self.logprobs, "echo": self.echo}
+        if isinstance(prompt, str):
+            return self.params(prompt=prompt, **scoring)
+        return self.params(prompt_token_ids=prompt, **scoring)
 
 
 class EmbeddingBody(_Body):
-    input: str | list[str]
+    input: str | list[str] | list[Integer] | list[list[Integer]]
     encoding_format: Literal["float"] = "float"
 
     def request(self) -> JobParams:
-        return EmbeddingParams(input=[self.input] if isinstance(self.input, str) else list(self.input))
+        return EmbeddingParams(input=openai_items(self.input))
 
 
 BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody]] = {

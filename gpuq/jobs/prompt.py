@@ -9,6 +9,7 @@ and no weights.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable
 from functools import lru_cache
@@ -36,6 +37,24 @@ def tokenize_prompt(tokenize: Tokenize, text: str) -> list[int]:
     # add_bos follows the vocabulary's own setting inside llama.cpp; special=True lets
     # chat-template markers such as <|im_start|> become their single special tokens.
     return tokenize(text.encode("utf-8"), True, True)
+
+
+def request_tokens(request: dict[str, Any], tokenize: Tokenize, formatter: ChatFormatter | None) -> list[int]:
+    """The tokens a generation runs: ``prompt_token_ids`` as given (no BOS added: the caller
+    chose every token), else its text tokenised."""
+    ids = request.get("prompt_token_ids")
+    if ids is not None:
+        return list(ids)
+    return tokenize_prompt(tokenize, prompt_text(request, formatter))
+
+
+def out_of_vocabulary(ids: list[int], n_vocab: int, what: str) -> str | None:
+    """What is wrong with the first id of ``ids`` outside a vocabulary of ``n_vocab`` tokens
+    (``what`` names the list as its user wrote it), or None when every id is in it."""
+    for i, token in enumerate(ids):
+        if not 0 <= token < n_vocab:
+            return f"{what}[{i}] is {token}, not a token id of this model (its vocabulary has ids 0 to {n_vocab - 1})"
+    return None
 
 
 def chat_formatter(model: Any) -> ChatFormatter | None:
@@ -81,6 +100,66 @@ class VocabTokenizer:
         with self._lock:
             return self._model.tokenize(text, add_bos, special)
 
+    def n_vocab(self) -> int:
+        with self._lock:
+            return int(self._model.n_vocab())
+
+    def detokenize(self, ids: list[int]) -> bytes:
+        """The text of ``ids`` as llama.cpp's server gives it: special tokens written out, none
+        removed (so tokenising the text again gives the ids back). Every id must be in the
+        vocabulary (``out_of_vocabulary``)."""
+        import llama_cpp
+
+        tokens = (llama_cpp.llama_token * len(ids))(*ids)
+        size = 8 * len(ids) + 16
+        with self._lock:
+            while True:
+                buffer = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_detokenize(self._model.vocab, tokens, len(ids), buffer, size, False, True)
+                if n >= 0:
+                    return buffer.raw[:n]
+                size = -n  # llama.cpp answers a buffer too small with minus the size it needs
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token stands for, as it reads inside a text (its leading space kept;
+        a special token's own text, such as <|im_end|>)."""
+        import llama_cpp
+
+        size = 64
+        with self._lock:
+            while True:
+                buffer = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, size, 0, True)
+                if n >= 0:
+                    return buffer.raw[:n]
+                size = -n
+
+    def adds_bos(self) -> bool:
+        """Whether llama.cpp puts BOS before a text it tokenises (the vocabulary's own setting)."""
+        with self._lock:
+            return bool(self._model.add_bos_token())
+
+    def token_text(self, token: int) -> str:
+        """The token as the vocabulary spells it (``Ġhello`` in a GPT-2 style vocabulary)."""
+        with self._lock:
+            return str(self._model.token_get_text(token))
+
+    def special_tokens(self) -> dict[str, int | None]:
+        """The vocabulary's BOS, EOS, padding and unknown token ids (None where it has none)."""
+        import llama_cpp
+
+        with self._lock:
+            vocab = self._model.vocab
+            found = {
+                "bos": llama_cpp.llama_vocab_bos(vocab),
+                "eos": llama_cpp.llama_vocab_eos(vocab),
+                "pad": llama_cpp.llama_vocab_pad(vocab),
+            }
+        metadata = self.metadata()
+        unk = metadata.get("tokenizer.ggml.unknown_token_id", "")
+        found["unk"] = int(unk) if unk.isdigit() else -1
+        return {name: token if token >= 0 else None for name, token in found.items()}
+
     def count(self, text: bytes, add_bos: bool, special: bool) -> int:
         """How many tokens ``tokenize`` would return, without building them: llama.cpp
         answers a zero-sized buffer with minus the count (much faster for the API, which
@@ -96,6 +175,8 @@ class VocabTokenizer:
         rendered once per sequence of roles with empty contents, and the contents' lengths
         added. This assumes the template writes each message's content once, as chat
         templates do; it serves only as a bound on the token count."""
+        if request.get("prompt_token_ids") is not None:
+            return len(request["prompt_token_ids"])
         if request.get("messages") is None:
             return len(str(request["prompt"]).encode("utf-8"))
         roles = tuple(m["role"] for m in request["messages"])
@@ -106,6 +187,8 @@ class VocabTokenizer:
         return skeleton + sum(len(m["content"].encode("utf-8")) for m in request["messages"])
 
     def count_request_tokens(self, request: dict[str, Any]) -> int:
+        if request.get("prompt_token_ids") is not None:
+            return len(request["prompt_token_ids"])
         # The same arguments as tokenize_prompt, so the count is the worker's count.
         return self.count(prompt_text(request, self.formatter).encode("utf-8"), True, True)
 

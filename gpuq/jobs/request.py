@@ -23,7 +23,7 @@ it is a queue in front of llama.cpp, and its users read llama.cpp's documentatio
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -57,6 +57,9 @@ KeepAlive = Annotated[
 ]
 Stop = Annotated[str, Field(min_length=1)]
 Text = Annotated[str, Field(min_length=1)]
+# A prompt given as token ids, run as given. Whether each id is in the model's vocabulary is
+# checked where the model is known (gpuq/jobs/submit.py), naming the index, before any job exists.
+TokenIds = Annotated[list[Int], Field(min_length=1, max_length=MAX_CONTEXT_TOKENS)]
 
 OPENAI_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
@@ -98,10 +101,12 @@ class JobParams(BaseModel):
 
 
 class GenerationParams(JobParams):
-    """One generation: a prompt (or chat messages) and how to sample its continuation."""
+    """One generation: a prompt (text, chat messages or token ids) and how to sample its continuation."""
 
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    # Not ``prompt_tokens``: that is the job row's count of the prompt's tokens.
+    prompt_token_ids: TokenIds | None = Field(None, description="the prompt as token ids, run as given (no BOS added)")
     max_tokens: MaxTokens | None = Field(None, description="None only before a drop-in call fills it from the context")
     temperature: Temperature = 0.8
     top_p: Probability = 0.95
@@ -121,8 +126,9 @@ class GenerationParams(JobParams):
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationParams:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of `prompt` (text) or `messages` (chat)")
+        given = [x is not None for x in (self.prompt, self.messages, self.prompt_token_ids)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of `prompt` (text), `messages` (chat) or `prompt_token_ids`")
         if self.prompt is not None and not self.prompt:
             raise ValueError("`prompt` is empty")
         if self.messages is not None and not any(m.content for m in self.messages):
@@ -137,16 +143,18 @@ class GenerationParams(JobParams):
         return self.max_tokens
 
     def text_bytes(self) -> int:
-        """The prompt's or messages' text in bytes (a bound on its tokens, before any template)."""
+        """The prompt's or messages' text in bytes (a bound on its tokens, before any template;
+        a prompt of token ids counts 0)."""
         if self.prompt is not None:
             return len(self.prompt.encode("utf-8"))
         return sum(len(m.content.encode("utf-8")) for m in self.messages or [])
 
 
 class EmbeddingParams(JobParams):
-    """Texts to embed; a batch's grouped lines also carry which texts are whose."""
+    """Inputs to embed, each a text or token ids (run as given); a batch's grouped lines also
+    carry which inputs are whose."""
 
-    input: list[Text] = Field(min_length=1, max_length=MAX_EMBED_INPUTS)
+    input: list[Text | TokenIds] = Field(min_length=1, max_length=MAX_EMBED_INPUTS)
     custom_ids: list[str] | None = Field(None, description="a grouped batch job: each line's custom_id")
     input_counts: list[int] | None = Field(None, description="a grouped batch job: each line's number of texts")
     endpoint: str | None = None
@@ -156,6 +164,14 @@ class EmbeddingParams(JobParams):
         if self.input_counts is not None and sum(self.input_counts) != len(self.input):
             raise ValueError("`input_counts` does not add up to the number of texts")
         return self
+
+
+def openai_items(given: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """OpenAI's ``prompt`` or ``input`` as the items it holds: a text, or one flat list of token
+    ids, is one item; a list of texts or of id lists is one item each."""
+    if isinstance(given, str) or (given and all(isinstance(x, int) for x in given)):
+        return [cast(str | list[int], given)]
+    return list(cast(list[str] | list[list[int]], given))
 
 
 def refusal(exc: ValidationError, *, status: int = 400, prefix: str = "") -> RequestError:

@@ -30,7 +30,7 @@ from gpuq.fleet.placement import can_ever_run, evaluate, explain_unplaceable, gr
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.limits import admit
-from gpuq.jobs.prompt import VocabTokenizer, vocab_tokenizer
+from gpuq.jobs.prompt import VocabTokenizer, out_of_vocabulary, vocab_tokenizer
 from gpuq.queue_names import Priority, QueueEntry
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,10 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int |
             param="max_tokens",
             code="context_length_exceeded",
         )
-    tokenizer = _tokenizer(model)
+    tokenizer = model_tokenizer(model)
+    ids = spec.request.get("prompt_token_ids")
+    if ids is not None:
+        _check_ids(ids, tokenizer, where, "prompt", param="prompt")
     try:
         if not exact and tokenizer.prompt_bytes(spec.request) + 2 <= n_ctx - max_tokens:
             return None  # no tokenizer yields more tokens than bytes (plus BOS/EOS): it fits
@@ -119,15 +122,27 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int |
 
 def _check_texts(spec: JobSpec, model: Model, where: str, exact: bool) -> None:
     n_ctx = model.context_length
-    tokenizer = _tokenizer(model)
-    for i, text in enumerate(spec.request["input"]):
-        if not exact and _surely_fits(text, n_ctx):
+    tokenizer = model_tokenizer(model)
+    for i, item in enumerate(spec.request["input"]):
+        if isinstance(item, list):
+            _check_ids(item, tokenizer, where, f"input[{i}]", param="input")
+            n = len(item)
+        elif not exact and _surely_fits(item, n_ctx):
             continue
-        n = tokenizer.count_text_tokens(text)
+        else:
+            n = tokenizer.count_text_tokens(item)
         if n > n_ctx:
             raise RequestError(
-                422, f"{where}input[{i}] is {n} tokens but {model.name!r} embeds at most {n_ctx}: split the text"
+                422,
+                f"{where}input[{i}] is {n} tokens but {model.name!r} embeds at most {n_ctx}: split the text",
+                param="input",
             )
+
+
+def _check_ids(ids: list[int], tokenizer: VocabTokenizer, where: str, what: str, *, param: str) -> None:
+    problem = out_of_vocabulary(ids, tokenizer.n_vocab(), what)
+    if problem is not None:
+        raise RequestError(422, f"{where}{problem}", param=param, code="invalid_value")
 
 
 def _surely_fits(text: str, budget_tokens: int) -> bool:
@@ -148,7 +163,7 @@ def check_placeable(spec: JobSpec, model: Model | None, fleet: Fleet, index: int
         raise RequestError(422, _where(index) + explain_unplaceable(request, verdicts))
 
 
-def _tokenizer(model: Model) -> VocabTokenizer:
+def model_tokenizer(model: Model) -> VocabTokenizer:
     try:
         return vocab_tokenizer(model.path)
     except ValueError as exc:  # llama.cpp could not read the file

@@ -31,6 +31,7 @@ function fields(list, pairs) {
 
 function promptText(request) {
   if (request.prompt !== undefined) return request.prompt;
+  if (request.prompt_token_ids) return `token ids: ${JSON.stringify(request.prompt_token_ids)}`;
   if (request.messages) return request.messages.map((m) => `${m.role}: ${m.content}`).join("\n\n");
   if (request.input) return request.input.join("\n---\n");
   return JSON.stringify(request, null, 2);
