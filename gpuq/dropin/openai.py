@@ -6,6 +6,12 @@ text, the last one the ``finish_reason``; with ``stream_options.include_usage`` 
 has ``usage: null`` and one more chunk with no choices carries the usage; then
 ``data: [DONE]``. A job that fails or is cancelled ends the stream with OpenAI's error
 object (``data: {"error": {...}}``), which the openai client raises.
+
+When a chat call offers tools, its text is held until the end: only the whole reply says
+whether it is a call. Then it goes out as one ``tool_calls`` delta (each call whole, with
+its ``index``, as the openai client assembles them) and finish reason ``tool_calls``, or as
+one text delta if it is not a call (vLLM and llama.cpp's server stream calls as they parse
+them; holding is simpler, and the reply is the same).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gpuq.batches.openai_format import CHAT, EMBEDDINGS, response_body, token_usage
+from gpuq.batches.openai_format import CHAT, EMBEDDINGS, chat_choice, response_body, token_usage
 from gpuq.db.tables import Job, JobStatus
 from gpuq.dropin.vectors import as_base64, shortened
 from gpuq.streams.events import Delta, End, Event, Start
@@ -69,15 +75,38 @@ class _Chunks:
             "system_fingerprint": None,
         }
 
-    def choice(self, *, text: str | None = None, role: bool = False, finish: str | None = None) -> bytes:
+    def choice(
+        self,
+        *,
+        text: str | None = None,
+        role: bool = False,
+        finish: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> bytes:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return sse(self.head | {"choices": [choice]} | ({"usage": None} if self.include_usage else {}))
+
+    def ending(self, job: Job, end: End, held: list[str] | None, *, started: bool) -> list[bytes]:
+        """The last chunks of a job that succeeded: the role if not sent yet, the held text
+        (as tool calls, if it is some), the finish reason, the usage if asked for, ``[DONE]``."""
+        out = [self.choice(role=True)] if self.chat and not started else []
+        finish = end.finish_reason or "stop"
+        if held is not None:
+            message, finish = chat_choice(job, "".join(held), finish)
+            if message["content"] or message.get("tool_calls"):
+                out.append(self.choice(text=message["content"], tool_calls=message.get("tool_calls")))
+        out.append(self.choice(finish=finish))
+        if self.include_usage:
+            out.append(self.usage(end))
+        return [*out, DONE]
 
     def usage(self, end: End) -> bytes:
         usage = token_usage(end.prompt_tokens, end.completion_tokens, end.cached_tokens)
@@ -88,7 +117,10 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
     """The call's server-sent events, from its job's events."""
     chunks = _Chunks(endpoint, job, include_usage=include_usage)
     started = sent_text = False
+    hold, held = bool(chunks.chat and (job.request or {}).get("tools")), []  # a call, maybe
     async for event in events:
+        if isinstance(event, Start):
+            held.clear()  # a new run: nothing held was sent, and its text replaces it
         if isinstance(event, Start) and sent_text:
             # A worker died mid-answer and the job runs again from its start: what was sent
             # cannot be taken back, so this answer ends here (the job's row keeps the new run).
@@ -102,6 +134,9 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
             started = True
             yield chunks.choice(role=True)
         if isinstance(event, Delta) and event.text:
+            if hold:
+                held.append(event.text)
+                continue
             sent_text = True
             yield chunks.choice(text=event.text)
         if isinstance(event, End):
@@ -109,10 +144,6 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
             if problem is not None:
                 yield error_event(problem, code=f"job_{event.status}")
                 return
-            if chunks.chat and not started:
-                yield chunks.choice(role=True)
-            yield chunks.choice(finish=event.finish_reason or "stop")
-            if include_usage:
-                yield chunks.usage(event)
-            yield DONE
+            for chunk in chunks.ending(job, event, held if hold else None, started=started):
+                yield chunk
             return

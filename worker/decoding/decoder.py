@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from gpuq.jobs.request import GenerationParams
+from worker.decoding.constraint import ConstraintBroken, SequenceConstraint
 from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Trim
 from worker.decoding.plan import N_BATCH, Chunk, Live, StepPlan, plan_step
 from worker.decoding.text import HELD, CompletionText
@@ -151,6 +152,7 @@ class _Sequence:
     stream: int
     sampler: Any  # llama_cpp._internals.LlamaSampler
     text: CompletionText
+    constraint: SequenceConstraint | None = None  # structured output: the grammar its tokens must match
     state: State = State.PREFILLING
     fed: int = 0  # prompt tokens whose KV its stream holds
     completion: list[int] = field(default_factory=list)
@@ -177,6 +179,7 @@ class _Request:
     deadline: float | None
     stream: bool
     admitted: int  # admission order: the newest request is the one sent back when KV runs out
+    constraint: SequenceConstraint | None = None  # its first sample's; the others get copies
     cached: int = 0
     admitted_at: float = field(default_factory=time.perf_counter)
     sequences: list[_Sequence] = field(default_factory=list)
@@ -278,10 +281,12 @@ class BatchDecoder:
         deadline: float | None = None,
         stream: bool = False,
         n: int = 1,
+        constraint: SequenceConstraint | None = None,
     ) -> int:
         """Adds a request; its prompt goes in from the next step. Needs ``n`` free slots.
         Returns how many prompt tokens it takes from the cache. A ``stream`` request's text is
-        also handed out piece by piece (``take_pieces``)."""
+        also handed out piece by piece (``take_pieces``); a ``constraint`` masks each of its
+        samples' logits to what its grammar allows."""
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
@@ -305,6 +310,7 @@ class BatchDecoder:
             deadline=deadline,
             stream=stream,
             admitted=self._admitted,
+            constraint=constraint,
         )
         seq_id = next(self._ids)
         placement = self.kv.place(seq_id, request.prompt)
@@ -428,10 +434,13 @@ class BatchDecoder:
         request = seq.request
         if not self._logits_finite(row):
             return [self._fail(request, DAMAGED_LOGITS)]
-        token = self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, row)
+        try:
+            token = self._draw(seq, row)
+        except ConstraintBroken as exc:
+            return [self._fail(request, str(exc))]
         if seq.first_token_at is None:
             seq.first_token_at = time.perf_counter()
-        if self._llama.llama_vocab_is_eog(self._model.vocab, token):
+        if token is None or self._llama.llama_vocab_is_eog(self._model.vocab, token):
             return self._end(seq, "stop")
         seq.completion.append(token)
         seq.unsent_tokens += 1
@@ -447,6 +456,20 @@ class BatchDecoder:
             self._hand_out(seq, seq.text.sendable())
         return []
 
+    def _draw(self, seq: _Sequence, row: int) -> int | None:
+        """The sequence's next token from its sampler chain; with a constraint, drawn among
+        the tokens its grammar allows, and None once the grammar is complete (nothing may
+        follow: the sequence ends as at end-of-text)."""
+        constraint = seq.constraint
+        if constraint is None:
+            return int(self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, row))
+        if constraint.complete:
+            return None
+        with constraint.masked(self._logits(row)):
+            token = int(self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, row))
+        constraint.consume(token)
+        return token
+
     def _piece(self, token: int, *, first: bool) -> bytes:
         """A token's bytes, as ``LlamaModel.detokenize`` gives them (which drops the leading
         space of a BOS token that starts the text)."""
@@ -455,10 +478,14 @@ class BatchDecoder:
         piece: bytes = buffer.raw[:n]
         return piece[1:] if first and token == self._bos and piece[:1] == b" " else piece
 
+    def _logits(self, row: int) -> np.ndarray:
+        """The row's logits, in llama.cpp's own buffer (writing them changes what is sampled)."""
+        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, row)
+        return np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
+
     def _logits_finite(self, row: int) -> bool:
         """NaN logits would still sample some token (often end-of-text): an empty "success"."""
-        logits = self._llama.llama_get_logits_ith(self._ctx.ctx, row)
-        return bool(np.isfinite(np.ctypeslib.as_array(logits, shape=(self._n_vocab,))).all())
+        return bool(np.isfinite(self._logits(row)).all())
 
     # ------------------------------------------------------------- endings
 
@@ -553,6 +580,7 @@ class BatchDecoder:
             stream=stream,
             sampler=self._sampler(request.sampling, index),
             text=CompletionText.with_stops(request.stops),
+            constraint=request.constraint if index == 0 or request.constraint is None else request.constraint.fork(),
         )
         request.sequences.append(seq)
         self._live[seq_id] = seq
