@@ -9,7 +9,9 @@ from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 
 from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
+from gpuq.batches.openai_format import tool_fields
 from gpuq.db.tables import Job, JobKind
+from gpuq.jobs.constraint import enforceable
 from gpuq.jobs.queues import Priority
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
@@ -71,16 +73,29 @@ class GenerateJobCreate(JobBase):
     presence_penalty: Penalty = 0.0
     seed: Seed | None = None
     stop: list[Stop] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
+    json_schema: dict[str, Any] | None = Field(
+        None, description='structured output: the text is JSON valid against this schema ({"type": "object"}: any)'
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="functions the chat template offers the model (OpenAI's tools); needs `messages`"
+    )
+    tool_choice: Literal["auto", "required"] | dict[str, Any] | None = Field(
+        None, description='auto (default), required, or {"type": "function", "function": {"name": ...}}: enforced'
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJobCreate:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of `prompt` (text) or `messages` (chat)")
-        if self.messages is not None and not any(m.content for m in self.messages):
+        if self.messages is not None and not any(m.content or m.tool_calls for m in self.messages):
             raise ValueError("`messages` are all empty: at least one needs content")
         return self
 
     def to_spec(self) -> JobSpec:
+        if self.json_schema is not None:  # fail closed: a 400 naming the keyword, before any job exists
+            enforceable(self.json_schema, "json_schema")
+        if self.tools is not None:
+            tool_fields(self.tools, self.tool_choice)
         fields = self.model_dump(include=set(GenerationParams.model_fields) - set(JobParams.model_fields))
         return self.spec(generation(422, **fields, **self.common()), JobKind.GENERATE)
 

@@ -42,9 +42,10 @@ def prompt_text(request: dict[str, Any], formatter: ChatFormatter | None) -> str
             raise ValueError("this model has no chat template; send a plain `prompt` instead")
         messages = [_for_template(m) for m in request["messages"]]
         tools = request.get("tools") or None
-        if tools and "tools" not in getattr(formatter, "template", "tools"):
-            messages = _tools_described(messages, tools)
-            tools = None
+        if "tool" not in getattr(formatter, "template", "tool"):  # a template that knows no tools
+            messages = [_calls_as_text(m) for m in messages]
+            if tools:
+                messages, tools = _tools_described(messages, tools), None
         return str(formatter(messages=messages, tools=tools).prompt)
     return str(request["prompt"])
 
@@ -63,6 +64,17 @@ def _for_template(message: dict[str, Any]) -> dict[str, Any]:
                 fn["arguments"] = json.loads(fn["arguments"])
         rendered.append({**call, "type": call.get("type", "function"), "function": fn})
     return {**message, "tool_calls": rendered}
+
+
+def _calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's earlier calls written in its text, in the plain format it was asked for."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    functions = [call["function"] for call in calls]
+    written = [json.dumps({"name": fn.get("name"), "arguments": fn.get("arguments")}) for fn in functions]
+    text = "\n".join([message["content"], *written] if message.get("content") else written)
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": text}
 
 
 def _tools_described(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
