@@ -22,7 +22,11 @@ PERSON = {
     "additionalProperties": False,
 }
 COLOURS = {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 2, "maxItems": 3}
-CODE = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}}, "required": ["code"]}
+CODE = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
+    "required": ["code"],
+}
 SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 5, "max_tokens": 64}
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": 7, "max_tokens": 24}
 
@@ -62,7 +66,9 @@ def test_constrained_sequences_follow_their_schemas_and_leave_their_neighbours_t
 def test_a_seeded_constrained_job_gives_the_same_json_alone_and_in_a_batch(model):
     request = _chat("Describe a person as JSON.", json_schema=PERSON, **SEEDED)
     alone = generate(model, request).text
-    others = {f"other{i}": _chat(f"Describe person {i}.", json_schema=PERSON, **(SEEDED | {"seed": i})) for i in range(3)}
+    others = {
+        f"other{i}": _chat(f"Describe person {i}.", json_schema=PERSON, **(SEEDED | {"seed": i})) for i in range(3)
+    }
     assert run_together(model, {"it": request} | others)["it"].generation.text == alone
 
 

@@ -43,7 +43,9 @@ CONVERSATION = [
     {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}],
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}
+        ],
     },
     {"role": "tool", "content": "-3C", "tool_call_id": "c1"},
 ]
