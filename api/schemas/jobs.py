@@ -11,6 +11,7 @@ from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
 from gpuq.batches.openai_format import tool_fields
 from gpuq.db.tables import Job, JobKind
+from gpuq.errors import RequestError
 from gpuq.jobs.constraint import enforceable
 from gpuq.jobs.queues import Priority
 from gpuq.jobs.request import (
@@ -92,10 +93,13 @@ class GenerateJobCreate(JobBase):
         return self
 
     def to_spec(self) -> JobSpec:
-        if self.json_schema is not None:  # fail closed: a 400 naming the keyword, before any job exists
-            enforceable(self.json_schema, "json_schema")
-        if self.tools is not None:
-            tool_fields(self.tools, self.tool_choice)
+        try:  # fail closed: refused naming the keyword, before any job exists (422, as this API's bad values)
+            if self.json_schema is not None:
+                enforceable(self.json_schema, "json_schema")
+            if self.tools is not None:
+                tool_fields(self.tools, self.tool_choice)
+        except RequestError as exc:
+            raise RequestError(422, exc.message, param=exc.param, code=exc.code) from None
         fields = self.model_dump(include=set(GenerationParams.model_fields) - set(JobParams.model_fields))
         return self.spec(generation(422, **fields, **self.common()), JobKind.GENERATE)
 

@@ -25,7 +25,6 @@ from gpuq.errors import RequestError
 
 # OpenAI's json_object mode: any JSON object.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-_COMPILE_OPTIONS = {"whitespace_flexible": False}
 
 
 class UnenforceableSchema(ValueError):
@@ -39,7 +38,7 @@ def grammar(schema: dict[str, Any]) -> str:
     if not isinstance(schema, dict):
         raise UnenforceableSchema("a JSON schema is a JSON object")
     try:
-        compiled = LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_COMPILE_OPTIONS)  # type: ignore[arg-type]
+        compiled = LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides={"whitespace_flexible": False})
     except ValueError as exc:
         raise UnenforceableSchema(str(exc)) from None
     problem = LLMatcher.validate_grammar(compiled)

@@ -161,7 +161,8 @@ def test_gpuqs_jobs_api_takes_a_schema_and_refuses_one_it_cannot_enforce(system)
         json={"kind": "generate", "model": MODEL, "prompt": "x", "json_schema": {"not": {"type": "null"}}},
         headers=headers,
     )
-    assert refused.status_code == 400 and '["not"]' in refused.json()["error"]["message"]
+    assert refused.status_code == 422 and '["not"]' in refused.json()["error"]["message"]
+    assert refused.json()["error"]["param"] == "json_schema"
     assert system.client.jobs(limit=1)["data"][0]["id"] == before  # no job was made
 
 
