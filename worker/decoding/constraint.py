@@ -11,6 +11,7 @@ samples. Measured against llama.cpp's grammar sampler: docs/architecture.md.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
@@ -54,7 +55,9 @@ class Vocabulary:
             if self._tokenizer is None:
                 from llguidance.llamacpp import lltokenizer_from_vocab
 
-                self._tokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self.n_vocab)
+                with warnings.catch_warnings():  # its adapter calls a llama.cpp function deprecated since, per token
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self._tokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self.n_vocab)
             return self._tokenizer
 
     def constraint(self, schema: dict[str, Any]) -> Constraint:
