@@ -20,6 +20,7 @@ from bench import (
     soak,
     stats_bench,
     streaming,
+    structured,
     upload_line,
     worker_memory,
 )
@@ -349,6 +350,44 @@ def bench_intake_burst(args: argparse.Namespace) -> None:
     print(f"intake-burst: inter-token gap p99 during the burst / median outside {median(r.ratio for r in runs):.2f}x")
 
 
+def bench_structured(args: argparse.Namespace) -> None:
+    """Interleaved rounds (each side once a round), the same jobs on every side."""
+    k, pairs = args.structured_slots, structured.jobs(args.structured_jobs, args.structured_max_tokens)
+    model = structured.load(k, args.threads)
+    sides = ("unconstrained", "llguidance", "llama.cpp grammar")
+    runs: dict[str, list[structured.Side]] = {name: [] for name in sides}
+    try:
+        for _ in range(args.rounds):
+            for name in sides:
+                runs[name].append(structured.run_side(model, pairs, name, max_tokens=args.structured_max_tokens))
+    finally:
+        model.close()
+    print(
+        f"\nstructured output: {len(pairs)} chat jobs, {len(structured.SCHEMAS)} schemas, K={k}, "
+        f"{args.threads} threads, max_tokens {args.structured_max_tokens}, median of {args.rounds} rounds"
+    )
+    print("  side                 tokens/s   runs                  compile s  ended  valid  failed")
+    for name in sides:
+        rs = runs[name]
+        last = rs[-1]
+        valid = f"{last.valid}/{last.finished}" if name != "unconstrained" else "-"
+        print(
+            f"  {name:<19} {median(r.tokens_per_s for r in rs):8.1f}   "
+            f"{', '.join(f'{r.tokens_per_s:.1f}' for r in rs):<21} {last.compile_seconds:8.2f}  "
+            f"{last.finished:5}  {valid:>7}  {last.failed:5}"
+        )
+        for example in last.invalid_examples:
+            print(f"      invalid: {example}")
+    plain = median(r.tokens_per_s for r in runs["unconstrained"])
+    ours = median(r.tokens_per_s for r in runs["llguidance"])
+    grammar = median(r.tokens_per_s for r in runs["llama.cpp grammar"])
+    lg = runs["llguidance"][-1]
+    print(
+        f"structured: K={k} llguidance / unconstrained {ours / plain:.3f}x (target >= 0.9x), "
+        f"llama.cpp grammar / unconstrained {grammar / plain:.3f}x; valid {lg.valid}/{lg.finished} ended"
+    )
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -365,6 +404,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "peer": bench_peer,
     "decoder-steps": bench_decoder_steps,
     "intake-burst": bench_intake_burst,
+    "structured": bench_structured,
 }
 
 
@@ -401,6 +441,9 @@ def main() -> None:
     )
     parser.add_argument("--growth-jobs", type=int, default=20_000, help="db-growth: N, jobs per measurement step")
     parser.add_argument("--soak-jobs", type=int, default=100_000, help="soak: no-op jobs submitted in bulk")
+    parser.add_argument("--structured-jobs", type=int, default=200, help="structured: chat jobs, each with a schema")
+    parser.add_argument("--structured-slots", type=int, default=8, help="structured: K, the slots of the decoder")
+    parser.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):

@@ -16,6 +16,7 @@ from gpuq.jobs.prompt import ChatFormatter, chat_formatter, request_tokens
 from gpuq.jobs.request import GenerationParams
 from gpuq.streams.events import TOKENS
 from worker.decoding import BatchDecoder, DamagedModel, Sampling
+from worker.decoding.constraint import Constraint, Vocabulary
 
 EMBED_CHUNK = 16  # inputs per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
 
@@ -47,6 +48,7 @@ class Prepared:
     cancel: threading.Event
     deadline: float | None
     decoder: BatchDecoder
+    constraint: Constraint | None = None
 
     @property
     def n(self) -> int:
@@ -71,6 +73,7 @@ class Prepared:
             # come with log-probabilities, shown only if asked.
             logprobs=0 if params.logprobs is None and params.echo else params.logprobs,
             echo=params.echo,
+            constraint=self.constraint,
         )
 
 
@@ -102,6 +105,7 @@ class LoadedModel:
             return
         self.model = _load_weights(path, gpu_layers, tensor_split)
         self.formatter = chat_formatter(self.model)
+        self.vocabulary = Vocabulary(self.model.vocab, self.model.n_vocab())
         self.decoder = BatchDecoder(
             self.model,
             slots=slots,
@@ -124,11 +128,14 @@ class LoadedModel:
     def prepare(
         self, key: str, request: dict[str, Any], cancel: threading.Event, deadline: float | None = None
     ) -> Prepared:
-        """A generation made ready to admit: its prompt tokenised (beside the engine: the
-        vocabulary is only read, and llama.cpp's tokenizer releases the GIL)."""
+        """A generation made ready to admit: its prompt tokenised and its output schema, if
+        any, compiled (beside the engine: the vocabulary is only read, and llama.cpp's
+        tokenizer and llguidance's compiler release the GIL)."""
         assert self.decoder is not None, "an embedding model does not generate"
         params = GenerationParams.model_validate(request)
-        return Prepared(key, params, self.prompt_tokens(request), cancel, deadline, self.decoder)
+        schema = params.output_schema
+        constraint = self.vocabulary.constraint(schema) if schema is not None else None
+        return Prepared(key, params, self.prompt_tokens(request), cancel, deadline, self.decoder, constraint)
 
     def tokens_decoded(self) -> int:
         assert self.decoder is not None

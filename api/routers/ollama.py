@@ -210,16 +210,15 @@ async def _generate(
     )
     job = await calls.submit(db, state, caller, spec)
     if body.stream:
-        content = ollama.stream(calls.events(state, job.id), job.id, body.model, started, chat=chat)
+        content = ollama.stream(calls.events(state, job.id), job.id, body.model, started, chat=chat, tools=params.tools)
         return calls.stream(state, job, content, NDJSON)
     ended = await _ended_well(request, state, job)
     if ended is None:
         return Response(status_code=calls.CLIENT_GONE)
     end, final = ended
     result = final.result or {}
-    answer = ollama.final(
-        body.model, end, started, chat=chat, text=result.get("text", ""), logprobs=result.get("logprobs")
-    )
+    text, logprobs = result.get("text", ""), result.get("logprobs")
+    answer = ollama.final(body.model, end, started, chat=chat, text=text, tools=params.tools, logprobs=logprobs)
     return JSONResponse(answer, headers={JOB_ID_HEADER: job.id})
 
 

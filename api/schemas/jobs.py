@@ -9,7 +9,10 @@ from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 
 from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
+from gpuq.batches.openai_format import tool_fields
 from gpuq.db.tables import Job, JobKind
+from gpuq.errors import RequestError
+from gpuq.jobs.constraint import enforceable
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
     MAX_STOP_SEQUENCES,
@@ -76,16 +79,32 @@ class GenerateJobCreate(JobBase):
         None, description="0 to 20: each token's log-probability and this many alternatives (result.logprobs)"
     )
     echo: bool = Field(False, description="with logprobs: the prompt's tokens' too (result.prompt_logprobs)")
+    json_schema: dict[str, Any] | None = Field(
+        None, description='structured output: the text is JSON valid against this schema ({"type": "object"}: any)'
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="functions the chat template offers the model (OpenAI's tools); needs `messages`"
+    )
+    tool_choice: Literal["auto", "required"] | dict[str, Any] | None = Field(
+        None, description='auto (default), required, or {"type": "function", "function": {"name": ...}}: enforced'
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJobCreate:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of `prompt` (text) or `messages` (chat)")
-        if self.messages is not None and not any(m.content for m in self.messages):
+        if self.messages is not None and not any(m.content or m.tool_calls for m in self.messages):
             raise ValueError("`messages` are all empty: at least one needs content")
         return self
 
     def to_spec(self) -> JobSpec:
+        try:  # fail closed: refused naming the keyword, before any job exists (422, as this API's bad values)
+            if self.json_schema is not None:
+                enforceable(self.json_schema, "json_schema")
+            if self.tools is not None:
+                tool_fields(self.tools, self.tool_choice)
+        except RequestError as exc:
+            raise RequestError(422, exc.message, param=exc.param, code=exc.code) from None
         fields = self.model_dump(include=set(GenerationParams.model_fields) - set(JobParams.model_fields))
         return self.spec(generation(422, **fields, **self.common()), JobKind.GENERATE)
 

@@ -1,8 +1,10 @@
 """Ollama's request bodies (api/types.go), as gpuq takes them.
 
 Unknown fields are ignored, as Ollama's server (Go's JSON decoder) ignores them. Fields that
-ask for what gpuq cannot do (images, tools, JSON format, thinking, custom templates) are a
-400 naming them; their defaults change nothing and are accepted.
+ask for what gpuq cannot do (images, thinking, custom templates, a JSON schema keyword the
+engine cannot enforce) are a 400 naming them; their defaults change nothing and are accepted.
+``format`` ("json" or a JSON schema) is enforced while sampling; ``tools`` are rendered by
+the model's chat template and the calls read back from its reply.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuq.dropin.ollama import Options, keep_alive_seconds, refuse, strip_tag
 from gpuq.errors import RequestError
+from gpuq.jobs.constraint import ANY_OBJECT, enforceable
 from gpuq.jobs.request import MAX_EMBED_INPUTS, MAX_TOP_LOGPROBS, EmbeddingParams, embedding
 
 
@@ -43,14 +46,26 @@ class _Request(BaseModel):
 
 class _Generating(_Request):
     stream: bool = True
-    format: Any = None
+    format: Any = Field(
+        None,
+        description='"json" (any JSON object) or a JSON schema: the answer matches it, enforced while sampling',
+        json_schema_extra={"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}]},
+    )
     think: bool | str | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, description="0 to 20: the most likely tokens at each place too")
 
+    def _output(self) -> dict[str, Any]:
+        """``format`` as the job request's ``json_schema`` field (none: plain text)."""
+        if self.format in (None, ""):
+            return {}
+        if self.format == "json":
+            return {"json_schema": ANY_OBJECT}
+        if isinstance(self.format, dict):
+            return {"json_schema": enforceable(self.format, "format")}
+        raise RequestError(400, 'format must be "json" or a JSON schema (an object)', param="format")
+
     def _check(self) -> None:
-        if self.format not in (None, ""):
-            raise refuse("format", "structured (JSON) output is not supported")
         if self.think not in (None, False):
             raise refuse("think", "no thinking models")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -85,9 +100,10 @@ class GenerateRequest(_Generating):
         if self.raw:
             if self.system:
                 raise RequestError(400, "raw mode does not support template, system, or context")
-            return {"prompt": self.prompt, **self._logprobs()}
+            return {"prompt": self.prompt, **self._output(), **self._logprobs()}
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return {"messages": [*system, {"role": "user", "content": self.prompt}], **self._logprobs()}
+        user = {"role": "user", "content": self.prompt}
+        return {"messages": [*system, user], **self._output(), **self._logprobs()}
 
 
 class Message(BaseModel):
@@ -97,29 +113,34 @@ class Message(BaseModel):
     content: str = ""
     images: list[str] | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    tool_name: str | None = Field(None, description="a tool message's function")
 
 
 class ChatRequest(_Generating):
     """``POST /api/chat``."""
 
     messages: list[Message] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, description="functions the model may call (as OpenAI's tools)")
 
     def to_request(self) -> dict[str, Any]:
         self._check()
-        if self.tools:
-            raise refuse("tools", "gpuq generates text only")
         messages = []
         for i, message in enumerate(self.messages):
             role = message.role.lower()
-            if role not in ("system", "user", "assistant"):
-                raise refuse(f"messages[{i}].role", f"{message.role!r} (system, user or assistant)")
+            if role not in ("system", "user", "assistant", "tool"):
+                raise refuse(f"messages[{i}].role", f"{message.role!r} (system, user, assistant or tool)")
             if message.images:
                 raise refuse(f"messages[{i}].images", "no multimodal models")
+            entry: dict[str, Any] = {"role": role, "content": message.content}
             if message.tool_calls:
-                raise refuse(f"messages[{i}].tool_calls", "gpuq runs no tools")
-            messages.append({"role": role, "content": message.content})
-        return {"messages": messages, **self._logprobs()}
+                if role != "assistant" or not all(isinstance(c.get("function"), dict) for c in message.tool_calls):
+                    raise RequestError(400, f"messages[{i}].tool_calls: an assistant's calls, each with a function")
+                entry["tool_calls"] = message.tool_calls
+            if role == "tool" and message.tool_name:
+                entry["name"] = message.tool_name
+            messages.append(entry)
+        tools = {"tools": self.tools} if self.tools else {}
+        return {"messages": messages, **self._output(), **tools, **self._logprobs()}
 
 
 class EmbedRequest(_Request):

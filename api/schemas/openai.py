@@ -2,8 +2,10 @@
 
 Fields gpuq honours are declared. Fields that change nothing when left at their defaults
 (``user``, ``store``, ...) are accepted and ignored, as OpenAI-compatible servers do; a field
-that asks for something gpuq cannot do (``tools``, JSON mode, ``logit_bias``) is a 400 naming
-it, never silently dropped. llama.cpp's own sampling knobs
+that asks for something gpuq cannot do (audio, ``logit_bias``, a JSON schema keyword the
+engine cannot enforce) is a 400 naming it, never silently dropped. ``response_format``,
+``tools`` and ``tool_choice`` are read as batch lines read them
+(gpuq/batches/openai_format.py). llama.cpp's own sampling knobs
 (``top_k``, ``min_p``, ``repeat_penalty``) are accepted as extensions, as llama.cpp's server does.
 """
 
@@ -13,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuq.batches.openai_format import chat_message, output_schema, tool_fields
 from gpuq.errors import RequestError
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
@@ -70,6 +73,9 @@ class _Sampling(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
+    )
     top_k: Integer | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 0, off")
     min_p: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 0, off")
     repeat_penalty: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 1, off")
@@ -105,6 +111,7 @@ class _Sampling(_Lenient):
             "min_p": self.min_p,
             "repeat_penalty": self.repeat_penalty,
             "keep_alive": self.keep_alive,
+            "json_schema": output_schema(self.response_format),
         }
         chosen = OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None}
         return generation(**chosen, **prompt)
@@ -120,10 +127,16 @@ class ChatMessageIn(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
 
+    def message(self, index: int) -> dict[str, Any]:
+        """The message as the job's request stores it (tool calls and results kept)."""
+        if self.role == "function":
+            raise unsupported(f"messages[{index}]", "function messages of the legacy functions API: send tool messages")
+        extra = self.model_extra or {}
+        calls, call_id = extra.get("tool_calls"), extra.get("tool_call_id")
+        return chat_message(self.role, self.text(index), tool_calls=calls, tool_call_id=call_id, index=index)
+
     def text(self, index: int) -> str:
         """The message's text; image, audio or file parts are refused, naming the message."""
-        if self.role in ("tool", "function") or (self.model_extra or {}).get("tool_calls"):
-            raise unsupported(f"messages[{index}]", "tool calls and tool results need tools, which gpuq does not run")
         if isinstance(self.content, str) or self.content is None:
             return self.content or ""
         texts = []
@@ -140,11 +153,12 @@ class ChatCompletionCreate(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessageIn] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, description="function tools, rendered by the model's template")
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description='none, auto (default), required or {"type": "function", "function": {"name": ...}}'
+    )
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     logprobs: bool | None = Field(None, description="each answer token's log-probability (choices[].logprobs.content)")
     top_logprobs: Integer | None = Field(None, description="0 to 20: the most likely tokens at each place too")
     modalities: list[str] | None = None
@@ -156,13 +170,12 @@ class ChatCompletionCreate(_Sampling):
     def to_request(self) -> GenerationParams:
         """gpuq's generation request; a 400 naming the first parameter gpuq cannot honour."""
         self._check_sampling()
-        for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
+        for name in ("audio", "prediction", "web_search_options"):
             if getattr(self, name):
-                raise unsupported(name, "gpuq generates text only (no tool calls, audio or predicted outputs)")
-        if self.tool_choice not in (None, "none") or self.function_call not in (None, "none"):
-            raise unsupported("tool_choice" if self.tool_choice not in (None, "none") else "function_call", "no tools")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise unsupported("response_format", f"{self.response_format.get('type')!r} (only text)")
+                raise unsupported(name, "gpuq generates text only (no audio or predicted outputs)")
+        if self.functions or self.function_call not in (None, "none"):
+            which = "functions" if self.functions else "function_call"
+            raise unsupported(which, "the legacy functions API: send tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -171,14 +184,11 @@ class ChatCompletionCreate(_Sampling):
             raise unsupported("modalities", "text only")
         if self.reasoning_effort is not None:
             raise unsupported("reasoning_effort", "no reasoning models")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-            for i, m in enumerate(self.messages)
-        ]
-        if not any(m["content"] for m in messages):
+        messages = [m.message(i) for i, m in enumerate(self.messages)]
+        if not any(m["content"] or m.get("tool_calls") for m in messages):
             raise RequestError(400, "messages are all empty: at least one needs content", param="messages")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.params(messages=messages, logprobs=logprobs)
+        return self.params(messages=messages, logprobs=logprobs, **tool_fields(self.tools, self.tool_choice))
 
 
 class CompletionCreate(_Sampling):

@@ -14,6 +14,7 @@ The worker stores each token's log-probability in the chat shape, with its id
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -66,18 +67,23 @@ def echoed_prompt(request: dict[str, Any], result: dict[str, Any]) -> str:
     return "".join(e["token"] for e in result.get("prompt_logprobs") or [])
 
 
-def choices(request: dict[str, Any], result: dict[str, Any], *, chat: bool) -> list[dict[str, Any]]:
-    """Every sample as OpenAI's choice object: chat's, or completions'."""
+Message = Callable[[str, str], tuple[dict[str, Any], str]]
+
+
+def choices(request: dict[str, Any], result: dict[str, Any], *, chat: bool, message: Message) -> list[dict[str, Any]]:
+    """Every sample as OpenAI's choice object: chat's (``message(text, finish_reason)`` gives
+    its assistant message and finish reason: tool calls read from the text), or completions'."""
     wants_logprobs = request.get("logprobs") is not None
     out = []
     for sample in samples(result):
         finish = sample.get("finish_reason", "stop")
         text = sample.get("text", "")
         if chat:
+            assistant, finish = message(text, finish)
             out.append(
                 {
                     "index": sample["index"],
-                    "message": {"role": "assistant", "content": text},
+                    "message": assistant,
                     "logprobs": chat_logprobs(sample.get("logprobs")) if wants_logprobs else None,
                     "finish_reason": finish,
                 }

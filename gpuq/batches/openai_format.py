@@ -2,17 +2,23 @@
 
 Bodies map onto gpuq job requests (generation with ``prompt`` or ``messages``, embedding
 with ``input``); results map back onto ``chat.completion``, ``text_completion`` and
-embedding ``list`` objects, so the output file reads as OpenAI's would.
+embedding ``list`` objects, so the output file reads as OpenAI's would. The OpenAI routes
+(api/schemas/openai.py, gpuq/dropin/openai.py) share the parts that are the same there:
+``response_format``, ``tools`` and ``tool_choice`` in, ``message.tool_calls`` out.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuq.batches.openai_choices import choices
 from gpuq.db.tables import Job, JobKind
+from gpuq.errors import RequestError
+from gpuq.jobs import tool_calls
+from gpuq.jobs.constraint import ANY_OBJECT, enforceable
 from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, openai_items, refusal
 
 CHAT = "/v1/chat/completions"
@@ -66,22 +72,145 @@ class _Sampling(_Body):
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatBody(_Sampling):
     messages: list[_Message] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: Integer | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def request(self) -> JobParams:
         messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in self.messages
+            chat_message(m.role, m.content or "", tool_calls=m.tool_calls, tool_call_id=m.tool_call_id, index=i)
+            for i, m in enumerate(self.messages)
         ]
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("body.top_logprobs needs body.logprobs: true")
-        return self.params(messages=messages, logprobs=(self.top_logprobs or 0) if self.logprobs else None)
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        schema = output_schema(self.response_format)
+        return self.params(
+            messages=messages, json_schema=schema, logprobs=logprobs, **tool_fields(self.tools, self.tool_choice)
+        )
+
+
+def chat_message(
+    role: str, content: str, *, tool_calls: Any = None, tool_call_id: Any = None, index: int
+) -> dict[str, Any]:
+    """An OpenAI chat message as a job's request stores it: ``developer`` is the template's
+    ``system``; an assistant's earlier calls and a tool's result kept for the template."""
+    message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+    if role == "tool":
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            raise RequestError(
+                400, f"messages[{index}].tool_call_id: a tool message names the call it answers",
+                param=f"messages[{index}].tool_call_id",
+            )  # fmt: skip
+        message["tool_call_id"] = tool_call_id
+    if tool_calls:
+        if role != "assistant":
+            raise RequestError(400, f"messages[{index}].tool_calls: only assistant messages carry tool calls")
+        for j, call in enumerate(tool_calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise RequestError(
+                    400, f"messages[{index}].tool_calls[{j}]: a call is {{\"type\": \"function\", \"function\": "
+                    '{"name": ..., "arguments": ...}}', param=f"messages[{index}].tool_calls",
+                )  # fmt: skip
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def output_schema(response_format: Any) -> dict[str, Any] | None:
+    """OpenAI's ``response_format`` as the JSON schema the answer must match (None: plain
+    text); a 400 naming what is wrong, or the keyword the engine cannot enforce."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise RequestError(400, "response_format must be an object", param="response_format")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":  # any object; llama.cpp's server also takes a schema here
+        return enforceable(response_format.get("schema", ANY_OBJECT), "response_format.schema")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise RequestError(
+                400,
+                "response_format.json_schema.schema: give the JSON schema the answer must match",
+                param="response_format.json_schema.schema",
+            )
+        return enforceable(spec["schema"], "response_format.json_schema.schema")
+    raise RequestError(
+        400, f"response_format.type {kind!r}: text, json_object or json_schema", param="response_format.type"
+    )
+
+
+def tool_fields(tools: list[dict[str, Any]] | None, choice: Any) -> dict[str, Any]:
+    """OpenAI's ``tools`` and ``tool_choice`` as a job's request stores them: ``none`` leaves
+    the tools out (the template does not offer them, the reply is not read for calls);
+    ``required`` and a named function are enforced while sampling (a 400 naming the keyword
+    a function's parameters use that the engine cannot enforce)."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        choice = {"type": "function", "function": {"name": choice.get("name")}}  # the Responses API's spelling
+    named = isinstance(choice, dict) and isinstance(tool_calls.function(choice).get("name"), str)
+    if choice not in (None, "none", "auto", "required") and not named:
+        raise RequestError(
+            400, 'tool_choice: none, auto, required or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )  # fmt: skip
+    if not tools or choice == "none":
+        if choice not in (None, "none", "auto"):
+            raise RequestError(400, "tool_choice requires a function but no tools are given", param="tool_choice")
+        return {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or tool.get("type", "function") != "function" or not fn.get("name"):
+            raise RequestError(
+                400, f'tools[{i}] is not a function tool ({{"type": "function", "function": {{"name": ...}}}})',
+                param=f"tools[{i}]",
+            )  # fmt: skip
+    fields: dict[str, Any] = {"tools": tools}
+    if choice not in (None, "auto"):
+        fields["tool_choice"] = choice
+        wanted = tool_calls.function(choice).get("name") if isinstance(choice, dict) else None
+        if wanted is not None and wanted not in tool_calls.names(tools):
+            raise RequestError(400, f"tool_choice names {wanted!r}, which is not one of tools", param="tool_choice")
+        forced = tool_calls.forced_schema(tools, choice)
+        if forced is not None:
+            enforceable(forced, "tools")
+    return fields
+
+
+def chat_choice(job: Job, text: str, finish: str) -> tuple[dict[str, Any], str]:
+    """The assistant message of a chat answer, and its finish reason: with tools offered, the
+    calls read from its text (``tool_calls``, finish reason ``tool_calls``)."""
+    tools = (job.request or {}).get("tools")
+    if tools:
+        content, calls = tool_calls.parse(text, tools)
+        if calls:
+            message = {"role": "assistant", "content": content, "tool_calls": openai_calls(job.id, calls)}
+            return message, "tool_calls"
+    return {"role": "assistant", "content": text}, finish
+
+
+def openai_calls(job_id: str, calls: list[tool_calls.ToolCall]) -> list[dict[str, Any]]:
+    """OpenAI's tool calls: ids from the job's, so that every reading of an answer has the same."""
+    return [
+        {
+            "id": f"call_{job_id}_{i}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+        }
+        for i, call in enumerate(calls)
+    ]
 
 
 class CompletionBody(_Sampling):
@@ -124,6 +253,8 @@ def parse_body(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
     except ValidationError as exc:
         refused = refusal(exc, prefix="body.")
         raise ValueError(refused.message) from None
+    except RequestError as exc:
+        raise ValueError(f"body.{exc.message}") from None
     return parsed.model, request.stored()
 
 
@@ -159,6 +290,8 @@ def response_body(endpoint: str, job: Job, *, vectors: list[list[float]] | None 
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": job.model,
-        "choices": choices(job.request or {}, result, chat=chat),
+        "choices": choices(
+            job.request or {}, result, chat=chat, message=lambda text, finish: chat_choice(job, text, finish)
+        ),
         "usage": usage,
     }

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from gpuq.db.tables import Model, ModelKind
 from gpuq.errors import RequestError
+from gpuq.jobs import tool_calls
 from gpuq.jobs.request import MAX_KEEP_ALIVE_S, OLLAMA_DEFAULTS, GenerationParams, refusal
 from gpuq.streams.events import Delta, End, Event, Start
 
@@ -181,10 +182,17 @@ def ended_badly(job_id: str, end: End) -> str | None:
 
 
 def final(
-    model: str, end: End, started: float, *, chat: bool, text: str = "", logprobs: list[dict[str, Any]] | None = None
+    model: str,
+    end: End,
+    started: float,
+    *,
+    chat: bool,
+    text: str = "",
+    tools: list[dict[str, Any]] | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The last chunk (or, with its text and log-probabilities, the whole non-streamed answer)."""
-    body = {"model": model, "created_at": timestamp(), **content(text, chat), **logprobs_field(logprobs)}
+    body = {"model": model, "created_at": timestamp(), **content(text, chat, tools), **logprobs_field(logprobs)}
     return body | {"done": True, "done_reason": end.finish_reason or "stop"} | metrics(end, started)
 
 
@@ -199,8 +207,22 @@ def _token(entry: dict[str, Any]) -> dict[str, Any]:
     return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
 
 
-def content(text: str, chat: bool) -> dict[str, Any]:
-    return {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+def content(text: str, chat: bool, tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A chunk's text; with tools offered, the calls read from it as Ollama's
+    ``message.tool_calls`` (arguments as an object, as Ollama gives them)."""
+    if not chat:
+        return {"response": text}
+    if tools:
+        rest, calls = tool_calls.parse(text, tools)
+        if calls:
+            return {
+                "message": {
+                    "role": "assistant",
+                    "content": rest or "",
+                    "tool_calls": [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls],
+                }
+            }
+    return {"message": {"role": "assistant", "content": text}}
 
 
 def _line(body: dict[str, Any]) -> bytes:
@@ -208,22 +230,37 @@ def _line(body: dict[str, Any]) -> bytes:
 
 
 async def stream(
-    events: AsyncIterator[Event], job_id: str, model: str, started: float, *, chat: bool
+    events: AsyncIterator[Event],
+    job_id: str,
+    model: str,
+    started: float,
+    *,
+    chat: bool,
+    tools: list[dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """NDJSON: one object per piece of text, then the final one with done and the metrics; an
-    ``{"error": ...}`` line if the job did not succeed (the Ollama client raises it)."""
+    ``{"error": ...}`` line if the job did not succeed (the Ollama client raises it). With
+    tools offered, the text is held and the last object carries it, or the calls read from it."""
     sent_text = False
+    held: list[str] | None = [] if chat and tools else None
     async for event in events:
+        if isinstance(event, Start) and held:
+            held = []  # nothing of it was sent: the new run's text replaces it
         if isinstance(event, Start) and sent_text:
             yield _line({"error": f"the worker running job {job_id} stopped; the job runs again from its start"})
             return
         if isinstance(event, Delta) and (event.text or event.logprobs):
+            if held is not None:
+                held.append(event.text)
+                continue
             sent_text = True
             chunk = {"model": model, "created_at": timestamp(), **content(event.text, chat)}
             yield _line(chunk | logprobs_field(event.logprobs) | {"done": False})
         if isinstance(event, End):
             problem = ended_badly(job_id, event)
-            yield _line({"error": problem} if problem else final(model, event, started, chat=chat))
+            text = "".join(held or [])
+            answer = final(model, event, started, chat=chat, text=text, tools=tools) if not problem else None
+            yield _line(answer or {"error": problem})
             return
 
 

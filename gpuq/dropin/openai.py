@@ -6,6 +6,12 @@ text, the last one the ``finish_reason``; with ``stream_options.include_usage`` 
 has ``usage: null`` and one more chunk with no choices carries the usage; then
 ``data: [DONE]``. A job that fails or is cancelled ends the stream with OpenAI's error
 object (``data: {"error": {...}}``), which the openai client raises.
+
+When a chat call offers tools, its text is held until the end: only the whole reply says
+whether it is a call. Then it goes out as one ``tool_calls`` delta (each call whole, with
+its ``index``, as the openai client assembles them) and finish reason ``tool_calls``, or as
+one text delta if it is not a call (vLLM and llama.cpp's server stream calls as they parse
+them; holding is simpler, and the reply is the same).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gpuq.batches.openai_choices import chat_logprobs, echoed_prompt, legacy_logprobs
-from gpuq.batches.openai_format import CHAT, EMBEDDINGS, response_body, token_usage
+from gpuq.batches.openai_format import CHAT, EMBEDDINGS, chat_choice, response_body, token_usage
 from gpuq.db.tables import Job, JobStatus
 from gpuq.dropin.vectors import as_base64, shortened
 from gpuq.streams.events import Delta, End, Event, Start
@@ -62,7 +68,6 @@ class _Chunks:
     def __init__(self, endpoint: str, job: Job, *, include_usage: bool) -> None:
         self.chat = endpoint == CHAT
         self.include_usage = include_usage
-        self.job_id = job.id
         request = job.request or {}
         self.samples = int(request.get("n", 1))
         self.logprobs = request.get("logprobs") is not None
@@ -84,12 +89,15 @@ class _Chunks:
         role: bool = False,
         finish: str | None = None,
         logprobs: list[dict[str, Any]] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> bytes:
         shown = logprobs if self.logprobs else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
             lp = chat_logprobs(shown) if shown else None
             choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
@@ -103,14 +111,21 @@ class _Chunks:
     def roles(self) -> list[bytes]:
         return [self.choice(i, role=True) for i in range(self.samples)]
 
-    def ending(self, end: End, *, roles: bool) -> list[bytes]:
-        """The last chunks: each choice's finish reason, the usage if asked, ``[DONE]``; or the
-        error object of a job that did not succeed. ``roles``: none was sent yet."""
-        problem = ended_badly(self.job_id, end)
+    def ending(self, job: Job, end: End, held: dict[int, list[str]] | None, *, started: bool) -> list[bytes]:
+        """The last chunks: the roles if not sent yet, the held text of each choice (as tool
+        calls, if it is some), each choice's finish reason, the usage if asked for, ``[DONE]``;
+        or the error object of a job that did not succeed."""
+        problem = ended_badly(job.id, end)
         if problem is not None:
             return [error_event(problem, code=f"job_{end.status}")]
-        out = self.roles() if roles else []
-        out += [self.choice(i, finish=r) for i, r in enumerate(end.finish_reasons or [end.finish_reason or "stop"])]
+        out = self.roles() if self.chat and not started else []
+        for index, reason in enumerate(end.finish_reasons or [end.finish_reason or "stop"]):
+            finish = reason
+            if held is not None:
+                message, finish = chat_choice(job, "".join(held.get(index, [])), reason)
+                if message["content"] or message.get("tool_calls"):
+                    out.append(self.choice(index, text=message["content"], tool_calls=message.get("tool_calls")))
+            out.append(self.choice(index, finish=finish))
         if self.include_usage:
             out.append(self.usage(end))
         return [*out, DONE]
@@ -124,7 +139,11 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
     """The call's server-sent events, from its job's events."""
     chunks = _Chunks(endpoint, job, include_usage=include_usage)
     started = sent_text = False
+    hold = bool(chunks.chat and (job.request or {}).get("tools"))  # a call, maybe: each choice's text held
+    held: dict[int, list[str]] = {}
     async for event in events:
+        if isinstance(event, Start):
+            held.clear()  # a new run: nothing held was sent, and its text replaces it
         if isinstance(event, Start) and sent_text:
             # A worker died mid-answer and the job runs again from its start: what was sent
             # cannot be taken back, so this answer ends here (the job's row keeps the new run).
@@ -139,9 +158,12 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
             for role in chunks.roles():
                 yield role
         if isinstance(event, Delta) and (event.text or event.logprobs):
+            if hold:
+                held.setdefault(event.index, []).append(event.text)
+                continue
             sent_text = True
             yield chunks.choice(event.index, text=event.text, logprobs=event.logprobs)
         if isinstance(event, End):
-            for chunk in chunks.ending(event, roles=chunks.chat and not started):
+            for chunk in chunks.ending(job, event, held if hold else None, started=started):
                 yield chunk
             return

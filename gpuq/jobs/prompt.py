@@ -9,7 +9,9 @@ and no weights.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import threading
 from collections.abc import Callable
 from functools import lru_cache
@@ -20,17 +22,68 @@ Tokenize = Callable[[bytes, bool, bool], list[int]]
 
 
 class ChatFormatter(Protocol):
-    def __call__(self, *, messages: list[Any]) -> Any: ...  # list[Any]: llama_cpp types messages as TypedDicts
+    # list[Any]: llama_cpp types messages and tools as TypedDicts
+    def __call__(self, *, messages: list[Any], tools: list[Any] | None = None) -> Any: ...
+
+
+# For a template that does not render tools (it never reads ``tools``): the tools described in
+# a system message, and the plain JSON call gpuq/jobs/tool_calls.py reads back, as llama.cpp's
+# server does for such templates.
+TOOLS_SYSTEM = (
+    "You can call these functions:\n{tools}\nTo call one, answer with only a JSON object: "
+    '{{"name": <the function\'s name>, "arguments": <its arguments as a JSON object>}}.'
+)
 
 
 def prompt_text(request: dict[str, Any], formatter: ChatFormatter | None) -> str:
     """The prompt string for a generation request: ``prompt`` as given, or ``messages``
-    rendered with the model's own chat template."""
+    (and ``tools``) rendered with the model's own chat template."""
     if request.get("messages") is not None:
         if formatter is None:
             raise ValueError("this model has no chat template; send a plain `prompt` instead")
-        return str(formatter(messages=request["messages"]).prompt)
+        messages = [_for_template(m) for m in request["messages"]]
+        tools = request.get("tools") or None
+        if "tool" not in getattr(formatter, "template", "tool"):  # a template that knows no tools
+            messages = [_calls_as_text(m) for m in messages]
+            if tools:
+                messages, tools = _tools_described(messages, tools), None
+        return str(formatter(messages=messages, tools=tools).prompt)
     return str(request["prompt"])
+
+
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates read it: an assistant's call arguments as a JSON object
+    (OpenAI sends them as a JSON string; templates write them with ``tojson``)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    rendered = []
+    for call in calls:
+        fn = dict(call.get("function") or {})
+        if isinstance(fn.get("arguments"), str):
+            with contextlib.suppress(ValueError):  # not JSON: written as sent
+                fn["arguments"] = json.loads(fn["arguments"])
+        rendered.append({**call, "type": call.get("type", "function"), "function": fn})
+    return {**message, "tool_calls": rendered}
+
+
+def _calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's earlier calls written in its text, in the plain format it was asked for."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    functions = [call["function"] for call in calls]
+    written = [json.dumps({"name": fn.get("name"), "arguments": fn.get("arguments")}) for fn in functions]
+    text = "\n".join([message["content"], *written] if message.get("content") else written)
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": text}
+
+
+def _tools_described(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    listed = "\n".join(json.dumps(tool.get("function", tool), ensure_ascii=False) for tool in tools)
+    described = TOOLS_SYSTEM.format(tools=listed)
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "content": f"{messages[0].get('content') or ''}\n\n{described}"}, *messages[1:]]
+    return [{"role": "system", "content": described}, *messages]
 
 
 def tokenize_prompt(tokenize: Tokenize, text: str) -> list[int]:
@@ -179,6 +232,8 @@ class VocabTokenizer:
             return len(request["prompt_token_ids"])
         if request.get("messages") is None:
             return len(str(request["prompt"]).encode("utf-8"))
+        if request.get("tools") or any(m.get("tool_calls") or m.get("role") == "tool" for m in request["messages"]):
+            return len(prompt_text(request, self.formatter).encode("utf-8"))  # rare: rendered whole
         roles = tuple(m["role"] for m in request["messages"])
         skeleton = self._skeletons.get(roles)
         if skeleton is None:

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuq.errors import RequestError
+from gpuq.jobs import constraint, tool_calls
 
 MAX_CONTEXT_TOKENS = 1 << 20
 MAX_EMBED_INPUTS = 2048  # OpenAI's limit on /v1/embeddings; the same on every route
@@ -78,9 +79,15 @@ OLLAMA_DEFAULTS: dict[str, Any] = {
 
 
 class ChatMessage(BaseModel):
+    """One message; an assistant's may carry the tool calls it made, and a ``tool`` message
+    is a call's result (``tool_call_id`` names the call). The chat template renders them."""
+
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[dict[str, Any]] | None = Field(None, description="an assistant's calls, in OpenAI's shape")
+    tool_call_id: str | None = None
+    name: str | None = Field(None, description="a tool message's function name")
 
 
 class JobParams(BaseModel):
@@ -123,6 +130,17 @@ class GenerationParams(JobParams):
     )
     echo: bool = Field(False, description="with logprobs: the prompt's tokens and their log-probabilities too")
     endpoint: str | None = Field(None, description="a batch line's URL (its output line's shape)")
+    json_schema: dict[str, Any] | None = Field(
+        None,
+        description="structured output: the text is JSON valid against this schema, enforced token by token "
+        '(OpenAI\'s json_object mode and Ollama\'s format "json" are {"type": "object"})',
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="functions the model may call (OpenAI's tools: type function, name, parameters)"
+    )
+    tool_choice: Literal["auto", "required"] | dict[str, Any] | None = Field(
+        None, description='auto (the default), required, or {"type": "function", "function": {"name": ...}}'
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationParams:
@@ -131,9 +149,34 @@ class GenerationParams(JobParams):
             raise ValueError("give exactly one of `prompt` (text), `messages` (chat) or `prompt_token_ids`")
         if self.prompt is not None and not self.prompt:
             raise ValueError("`prompt` is empty")
-        if self.messages is not None and not any(m.content for m in self.messages):
+        if self.messages is not None and not any(m.content or m.tool_calls for m in self.messages):
             raise ValueError("`messages` are all empty: at least one needs content")
         return self
+
+    @model_validator(mode="after")
+    def _enforceable(self) -> GenerationParams:
+        """Fail closed: a constraint the engine cannot enforce is refused, never ignored."""
+        if self.tools is not None:
+            _check_tools(self.tools, self.tool_choice, chat=self.messages is not None)
+        elif self.tool_choice is not None:
+            raise ValueError("`tool_choice` needs `tools`")
+        schema = self.output_schema
+        if schema is not None:
+            try:
+                constraint.check(schema)
+            except constraint.UnenforceableSchema as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema its text must match while sampling: ``json_schema``, or a call of
+        one of its tools when ``tool_choice`` requires one; None: unconstrained."""
+        if self.json_schema is not None:
+            return self.json_schema
+        if self.tools:
+            return tool_calls.forced_schema(self.tools, self.tool_choice or "auto")
+        return None
 
     @property
     def max_new_tokens(self) -> int:
@@ -148,6 +191,23 @@ class GenerationParams(JobParams):
         if self.prompt is not None:
             return len(self.prompt.encode("utf-8"))
         return sum(len(m.content.encode("utf-8")) for m in self.messages or [])
+
+
+def _check_tools(tools: list[dict[str, Any]], choice: str | dict[str, Any] | None, *, chat: bool) -> None:
+    if not chat:
+        raise ValueError("`tools` need `messages`: the chat template renders them")
+    for i, tool in enumerate(tools):
+        fn = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ValueError(f'tools[{i}] is not a function tool ({{"type": "function", "function": {{...}}}})')
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"tools[{i}].function.name: a function needs a name")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise ValueError(f"tools[{i}].function.parameters: a JSON schema is a JSON object")
+    if isinstance(choice, dict):
+        name = tool_calls.function(choice).get("name")
+        if name not in tool_calls.names(tools):
+            raise ValueError(f"`tool_choice` names {name!r}, which is not one of `tools`")
 
 
 class EmbeddingParams(JobParams):

@@ -10,6 +10,8 @@ from tests.conftest import both_databases
 
 MODEL = "smollm2-135m"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+UNIQUE = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}  # no grammar enforces it
+TOOL = {"type": "function", "function": {"name": "f"}}
 
 
 @pytest.mark.parametrize(
@@ -17,16 +19,40 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     [
         ("/v1/chat/completions", CHAT | {"n": 0}, "n", "n: Input should be greater than or equal to 1"),
         ("/v1/chat/completions", CHAT | {"n": 129}, "n", "n: Input should be less than or equal to 128"),
-        ("/v1/chat/completions", CHAT | {"tools": [{"type": "function"}]}, "tools", "tools is not supported"),
+        ("/v1/chat/completions", CHAT | {"tools": [{"type": "function"}]}, "tools[0]", "is not a function tool"),
         ("/v1/chat/completions", CHAT | {"top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs: true"),
         ("/v1/chat/completions", CHAT | {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
         ("/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
         ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True, "stream": True}, "echo", "with stream"),
         (
             "/v1/chat/completions",
-            CHAT | {"response_format": {"type": "json_object"}},
-            "response_format",
-            "'json_object'",
+            CHAT | {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": UNIQUE}}},
+            "response_format.json_schema.schema",
+            'the keyword(s) ["uniqueItems"] cannot be enforced',
+        ),
+        (
+            "/v1/chat/completions",
+            CHAT | {"response_format": {"type": "xml"}},
+            "response_format.type",
+            "text, json_object or json_schema",
+        ),
+        (
+            "/v1/chat/completions",
+            CHAT | {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+            "tool_choice",
+            "'other', which is not one of tools",
+        ),
+        (
+            "/v1/chat/completions",
+            CHAT | {"tools": [TOOL | {"function": {"name": "f", "parameters": UNIQUE}}], "tool_choice": "required"},
+            "tools",
+            'the keyword(s) ["uniqueItems"] cannot be enforced',
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+            "give the JSON schema",
         ),
         ("/v1/chat/completions", CHAT | {"frobnicate": 1}, "frobnicate", "unrecognized request argument"),
         ("/v1/chat/completions", CHAT | {"max_tokens": 9999}, "max_tokens", "has a context of 2048 tokens"),
@@ -58,7 +84,8 @@ def test_an_unknown_model_is_a_404_in_each_apis_own_shape(client, job_rows):
 @pytest.mark.parametrize(
     ("path", "body", "message"),
     [
-        ("/api/generate", {"prompt": "hi", "format": "json"}, "format is not supported"),
+        ("/api/generate", {"prompt": "hi", "format": UNIQUE}, 'format: the keyword(s) ["uniqueItems"] cannot be'),
+        ("/api/generate", {"prompt": "hi", "format": "yaml"}, 'format must be "json" or a JSON schema'),
         ("/api/generate", {"prompt": "hi", "images": ["aGk="]}, "images is not supported"),
         ("/api/generate", {"prompt": "hi", "template": "{{ .Prompt }}"}, "template is not supported"),
         ("/api/generate", {"prompt": "hi", "keep_alive": "soon"}, "keep_alive 'soon' is not a duration"),
@@ -69,7 +96,7 @@ def test_an_unknown_model_is_a_404_in_each_apis_own_shape(client, job_rows):
             {"prompt": "hi", "options": {"temperature": 7}},
             "options.temperature: Input should be less than or equal to 2",
         ),
-        ("/api/chat", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role is not supported"),
+        ("/api/chat", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role is not supported"),
     ],
 )
 def test_an_ollama_request_gpuq_cannot_honour_is_a_400_in_ollamas_shape(client, job_rows, path, body, message):

@@ -112,9 +112,10 @@ def test_refusals_are_ollamas_errors(system, client):
     with pytest.raises(ollama.ResponseError) as narrow:
         client.generate(model=MODEL, prompt="hi " * 40, options={"num_ctx": 32, "num_predict": 8})
     assert "num_ctx is 32" in narrow.value.error
+    unenforceable = {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}
     with pytest.raises(ollama.ResponseError) as json_mode:
-        client.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], format="json")
-    assert json_mode.value.status_code == 400 and "format is not supported" in json_mode.value.error
+        client.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], format=unenforceable)
+    assert json_mode.value.status_code == 400 and 'format: the keyword(s) ["not"]' in json_mode.value.error
     with pytest.raises(ollama.ResponseError) as pulled:
         client.pull("llama3.2")
     assert "gpuq does not pull models" in pulled.value.error and MODEL in pulled.value.error

@@ -115,9 +115,14 @@ def test_refusals_raise_the_clients_own_errors_with_gpuqs_message(client):
     with pytest.raises(openai.BadRequestError, match="less than or equal to 128") as many:
         client.chat.completions.create(model=MODEL, messages=QUESTION, n=500)
     assert many.value.param == "n"
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-    with pytest.raises(openai.BadRequestError, match="tools is not supported"):
-        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[tool])
+    unique = {"type": "object", "properties": {"ids": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(openai.BadRequestError, match="uniqueItems") as unenforceable:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            response_format={"type": "json_schema", "json_schema": {"name": "ids", "schema": unique}},
+        )
+    assert unenforceable.value.param == "response_format.json_schema.schema"
     with pytest.raises(openai.BadRequestError, match="X-Gpuq-Priority"):
         client.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers={"X-Gpuq-Priority": "urgent"})
     with pytest.raises(openai.AuthenticationError, match="API key"):

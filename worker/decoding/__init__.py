@@ -3,7 +3,8 @@
 ``decoder.py`` (the step loop: plan, decode, commit), ``plan.py`` (a step as data),
 ``kv_streams.py`` (which prefix each KV stream holds, reuse and moves), ``text.py`` (a
 completion's text, token by token, with the end rules), ``logprobs.py`` (tokens'
-log-probabilities from a logits row).
+log-probabilities from a logits row), ``constraint.py`` (structured output: a sequence's
+grammar as a mask on its logits row).
 """
 
 from worker.decoding.decoder import (

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from gpuq.jobs.request import GenerationParams
+from worker.decoding.constraint import ConstraintBroken, SequenceConstraint
 from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Trim
 from worker.decoding.logprobs import TokenLogprob, token_logprob
 from worker.decoding.plan import N_BATCH, Chunk, Live, StepPlan, plan_step
@@ -158,6 +159,7 @@ class _Sequence:
     stream: int
     sampler: Any  # llama_cpp._internals.LlamaSampler
     text: CompletionText
+    constraint: SequenceConstraint | None = None  # structured output: the grammar its tokens must match
     state: State = State.PREFILLING
     fed: int = 0  # prompt tokens whose KV its stream holds
     completion: list[int] = field(default_factory=list)
@@ -189,6 +191,7 @@ class _Request:
     logprobs: int | None = None  # None: none wanted; k: each token's and its k best alternatives'
     echo: bool = False  # the prompt's log-probabilities too (every prompt row decoded with logits)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    constraint: SequenceConstraint | None = None  # its first sample's; the others get copies
     cached: int = 0
     admitted_at: float = field(default_factory=time.perf_counter)
     sequences: list[_Sequence] = field(default_factory=list)
@@ -296,12 +299,14 @@ class BatchDecoder:
         n: int = 1,
         logprobs: int | None = None,
         echo: bool = False,
+        constraint: SequenceConstraint | None = None,
     ) -> int:
         """Adds a request; its prompt goes in from the next step. Needs ``n`` free slots.
         Returns how many prompt tokens it takes from the cache. A ``stream`` request's text is
         also handed out piece by piece (``take_pieces``). ``logprobs``: each sampled token's
         log-probability and its ``logprobs`` best alternatives; with ``echo`` the prompt's
-        too, so its prompt is decoded whole (no cache: reused cells have no logits)."""
+        too, so its prompt is decoded whole (no cache: reused cells have no logits). A
+        ``constraint`` masks each of its samples' logits to what its grammar allows."""
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
@@ -327,6 +332,7 @@ class BatchDecoder:
             admitted=self._admitted,
             logprobs=logprobs,
             echo=echo and logprobs is not None,
+            constraint=constraint,
         )
         if request.echo:
             request.prompt_logprobs = [TokenLogprob(request.prompt[0], None)]
@@ -455,10 +461,13 @@ class BatchDecoder:
         request = seq.request
         if not self._logits_finite(row):
             return [self._fail(request, DAMAGED_LOGITS)]
-        token = self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, row)
+        try:
+            token = self._draw(seq, row)
+        except ConstraintBroken as exc:
+            return [self._fail(request, str(exc))]
         if seq.first_token_at is None:
             seq.first_token_at = time.perf_counter()
-        if self._llama.llama_vocab_is_eog(self._model.vocab, token):
+        if token is None or self._llama.llama_vocab_is_eog(self._model.vocab, token):
             return self._end(seq, "stop")
         seq.completion.append(token)
         seq.unsent_tokens += 1
@@ -477,6 +486,20 @@ class BatchDecoder:
             self._hand_out(seq, seq.text.sendable())
         return []
 
+    def _draw(self, seq: _Sequence, row: int) -> int | None:
+        """The sequence's next token from its sampler chain; with a constraint, drawn among
+        the tokens its grammar allows, and None once the grammar is complete (nothing may
+        follow: the sequence ends as at end-of-text)."""
+        constraint = seq.constraint
+        if constraint is None:
+            return int(self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, row))
+        if constraint.complete:
+            return None
+        with constraint.masked(self._logits(row)):
+            token = int(self._llama.llama_sampler_sample(seq.sampler.sampler, self._ctx.ctx, row))
+        constraint.consume(token)
+        return token
+
     def _piece(self, token: int, *, first: bool) -> bytes:
         """A token's bytes, as ``LlamaModel.detokenize`` gives them (which drops the leading
         space of a BOS token that starts the text)."""
@@ -486,7 +509,8 @@ class BatchDecoder:
         return piece[1:] if first and token == self._bos and piece[:1] == b" " else piece
 
     def _logits(self, row: int) -> np.ndarray:
-        """The logits llama.cpp computed for a row of the last decode (a view, valid until the next)."""
+        """The row's logits in llama.cpp's own buffer, valid until the next decode (writing
+        them changes what is sampled)."""
         logits = self._llama.llama_get_logits_ith(self._ctx.ctx, row)
         return np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
 
@@ -605,6 +629,7 @@ class BatchDecoder:
             stream=stream,
             sampler=self._sampler(request.sampling, index),
             text=CompletionText.with_stops(request.stops),
+            constraint=request.constraint if index == 0 or request.constraint is None else request.constraint.fork(),
         )
         request.sequences.append(seq)
         self._live[seq_id] = seq

@@ -28,3 +28,45 @@ def test_the_byte_bound_of_a_chat_equals_the_rendered_length(model_path):
         assert vocab.prompt_bytes({"messages": messages}) == len(rendered)
         assert vocab.count_request_tokens({"messages": messages}) <= len(rendered) + 2
     assert vocab.prompt_bytes({"prompt": "héllo"}) == 6
+
+
+# A Hermes/Qwen-style template, cut down: it renders the tools, an assistant's calls (arguments
+# through tojson, as templates write them) and tool results.
+TOOL_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.arguments | tojson }}</tool_call>{% endfor %}"
+    "</{{ m.role }}>\n{% endfor %}"
+)
+CONVERSATION = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}
+        ],
+    },
+    {"role": "tool", "content": "-3C", "tool_call_id": "c1"},
+]
+WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+
+
+def test_a_template_that_renders_tools_gets_them_and_the_calls_arguments_as_objects():
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    formatter = Jinja2ChatFormatter(template=TOOL_TEMPLATE, eos_token="", bos_token="")
+    text = prompt_text({"messages": CONVERSATION, "tools": WEATHER}, formatter)
+    assert text == (
+        "<tools>weather;</tools>\n<user>Weather in Oslo?</user>\n"
+        '<assistant><tool_call>{"city": "Oslo"}</tool_call></assistant>\n<tool>-3C</tool>\n'
+    )
+
+
+def test_a_template_that_knows_no_tools_gets_them_described_and_earlier_calls_as_text(model_path):
+    vocab = VocabTokenizer(model_path)  # SmolLM2's template renders only roles and contents
+    request = {"messages": CONVERSATION, "tools": WEATHER}
+    text = prompt_text(request, vocab.formatter)
+    assert '{"name": "weather", "parameters": {"type": "object"}}' in text and "answer with only a JSON object" in text
+    assert '<|im_start|>assistant\n{"name": "weather", "arguments": {"city": "Oslo"}}<|im_end|>' in text
+    assert vocab.prompt_bytes(request) == len(text.encode())

@@ -1,0 +1,62 @@
+"""Batch lines with structured output and tools: the request they store, and the output
+line read back from a finished job (the same bodies the OpenAI routes answer with)."""
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from gpuq.batches.openai_format import CHAT, parse_body, response_body
+from gpuq.db.tables import Job
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]}
+ADD = {
+    "type": "function",
+    "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+}
+LINE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_line_with_a_schema_or_forced_tools_stores_the_constraint():
+    _model, request = parse_body(
+        CHAT, LINE | {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}}
+    )
+    assert request["json_schema"] == SCHEMA
+    _model, request = parse_body(CHAT, LINE | {"response_format": {"type": "json_object"}})
+    assert request["json_schema"] == {"type": "object"}
+    _model, request = parse_body(CHAT, LINE | {"tools": [ADD], "tool_choice": "required"})
+    assert request["tools"] == [ADD] and request["tool_choice"] == "required"
+    _model, request = parse_body(CHAT, LINE | {"tools": [ADD], "tool_choice": "none"})
+    assert "tools" not in request and "json_schema" not in request
+
+
+def test_a_line_whose_schema_cannot_be_enforced_is_refused_naming_the_keyword():
+    unique = {"type": "array", "uniqueItems": True}
+    with pytest.raises(ValueError, match=r'body\.response_format\.json_schema\.schema: .*\["uniqueItems"\]'):
+        parse_body(CHAT, LINE | {"response_format": {"type": "json_schema", "json_schema": {"schema": unique}}})
+
+
+def _finished(request: dict, text: str) -> Job:
+    return Job(
+        id="j1",
+        model="m",
+        request=request,
+        result={"text": text, "finish_reason": "stop"},
+        created_at=datetime.now(UTC),
+        prompt_tokens=5,
+        completion_tokens=9,
+        cached_tokens=0,
+    )
+
+
+def test_the_output_line_of_a_reply_that_is_a_call_carries_openais_tool_calls():
+    _model, request = parse_body(CHAT, LINE | {"tools": [ADD]})
+    body = response_body(CHAT, _finished(request, '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'))
+    [choice] = body["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call == {"id": "call_j1_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
+    assert json.loads(call["function"]["arguments"]) == {"a": 2}
+    # Without tools the same text is an answer.
+    plain = response_body(CHAT, _finished(parse_body(CHAT, LINE)[1], '{"name": "add", "arguments": {"a": 2}}'))
+    assert plain["choices"][0]["message"] == {"role": "assistant", "content": '{"name": "add", "arguments": {"a": 2}}'}
