@@ -359,7 +359,9 @@ def bench_structured(args: argparse.Namespace) -> None:
     try:
         for _ in range(args.rounds):
             for name in sides:
-                runs[name].append(structured.run_side(model, pairs, name, max_tokens=args.structured_max_tokens))
+                side = structured.run_side(model, pairs, name, max_tokens=args.structured_max_tokens)
+                print(f"  ({name}: {side.tokens_per_s:.1f} tokens/s, valid {side.valid}/{side.finished})", flush=True)
+                runs[name].append(side)
     finally:
         model.close()
     print(

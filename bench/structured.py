@@ -115,7 +115,9 @@ def jobs(count: int, max_tokens: int) -> list[tuple[dict[str, Any], dict[str, An
     pairs = itertools.islice(itertools.cycle(itertools.product(TOPICS, SCHEMAS)), count)
     out = []
     for i, (topic, schema) in enumerate(pairs):
-        ask = f"Answer with only a JSON value about {topic}, matching this JSON schema: {json.dumps(schema)}"
+        # Short prompts: the steps are decode steps, where a constraint's cost shows (the schema
+        # itself is enforced, not told).
+        ask = f"Answer with a JSON value about {topic}."
         request = {"messages": [{"role": "user", "content": ask}], "temperature": 0.7, "top_p": 0.95, "seed": i}
         request["max_tokens"] = max_tokens
         out.append((request, schema))

@@ -104,7 +104,8 @@ def test_a_required_tool_call_is_a_call_streamed_or_not_and_its_result_is_taken_
 
 
 def test_a_named_function_is_the_one_called_and_none_offers_no_tools(system, client):
-    clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    no_arguments = {"type": "object", "properties": {}, "additionalProperties": False}
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": no_arguments}}
     named = client.chat.completions.create(
         model=MODEL,
         messages=ASK_WEATHER,
@@ -113,7 +114,8 @@ def test_a_named_function_is_the_one_called_and_none_offers_no_tools(system, cli
         max_tokens=32,
         **SEEDED,
     )
-    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
+    assert named.choices[0].finish_reason == "tool_calls", named.choices[0]
+    assert [(c.function.name, c.function.arguments) for c in named.choices[0].message.tool_calls] == [("get_time", "{}")]
     plain = client.chat.completions.create(
         model=MODEL, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="none", max_tokens=8, **SEEDED
     )
