@@ -117,7 +117,8 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
     """The call's server-sent events, from its job's events."""
     chunks = _Chunks(endpoint, job, include_usage=include_usage)
     started = sent_text = False
-    hold, held = bool(chunks.chat and (job.request or {}).get("tools")), []  # a call, maybe
+    hold = bool(chunks.chat and (job.request or {}).get("tools"))  # the reply may be a call: held to the end
+    held: list[str] = []
     async for event in events:
         if isinstance(event, Start):
             held.clear()  # a new run: nothing held was sent, and its text replaces it
