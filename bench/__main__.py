@@ -390,6 +390,26 @@ def bench_structured(args: argparse.Namespace) -> None:
     )
 
 
+def bench_structured_replay(args: argparse.Namespace) -> None:
+    """The constraint's own cost a token, no decode around it (what it adds to each step)."""
+    pairs = structured.jobs(args.structured_jobs, args.structured_max_tokens)
+    model = structured.load(1, args.threads)
+    try:
+        figures = structured.replay(model, pairs, max_tokens=args.structured_max_tokens)
+    finally:
+        model.close()
+    print(f"\nstructured replay: {len(pairs)} jobs, {len(structured.SCHEMAS)} schemas, random logits, greedy")
+    for f in figures:
+        print(
+            f"  {f.name:<18} {f.ms_per_token:7.3f} ms a token ({f.tokens} tokens)  valid {f.valid}/{f.ended} ended"
+            f"  schemas refused {f.refused}"
+        )
+    ours, grammar = figures
+    print(
+        f"structured-replay: llguidance {ours.ms_per_token:.3f} ms/token, llama.cpp grammar {grammar.ms_per_token:.3f}"
+    )
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -407,6 +427,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "decoder-steps": bench_decoder_steps,
     "intake-burst": bench_intake_burst,
     "structured": bench_structured,
+    "structured-replay": bench_structured_replay,
 }
 
 

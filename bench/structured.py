@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
+import jsonschema  # no stubs; a test-extra package
 import numpy as np
 
 from gpuq.jobs.request import GenerationParams
@@ -182,6 +182,7 @@ class Side:
     finished: int = 0  # ended by themselves (not cut at max_tokens)
     valid: int = 0
     failed: int = 0
+    refused: int = 0  # schemas whose grammar could not be built
     invalid_examples: list[str] = field(default_factory=list)
 
     @property
@@ -198,10 +199,14 @@ def run_side(
     assert decoder is not None
     side = Side(kind)
     compiling = time.perf_counter()
-    prepared = [
-        (f"job{i}", model.prompt_tokens(r), GenerationParams.model_validate(r), _made(model, kind, schema), schema)
-        for i, (r, schema) in enumerate(pairs)
-    ]
+    prepared = []
+    for i, (r, schema) in enumerate(pairs):
+        try:
+            made = _made(model, kind, schema)
+        except ValueError:  # llama.cpp could not parse the grammar llama-cpp-python wrote for it
+            side.refused += 1
+            continue
+        prepared.append((f"job{i}", model.prompt_tokens(r), GenerationParams.model_validate(r), made, schema))
     side.compile_seconds = time.perf_counter() - compiling
     done: dict[str, Finished] = {}
     pending = list(prepared)
@@ -253,3 +258,69 @@ def load(slots: int, threads: int) -> LoadedModel:
         gpu_layers=0,
         slots=slots,
     )
+
+
+@dataclass
+class Replay:
+    """One mechanism's cost a token, and validity, driven by random logits instead of a model."""
+
+    name: str
+    seconds: float = 0.0
+    tokens: int = 0
+    ended: int = 0
+    valid: int = 0
+    refused: int = 0
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.seconds / self.tokens * 1000 if self.tokens else 0.0
+
+
+def replay(model: LoadedModel, pairs: list[tuple[dict[str, Any], dict[str, Any]]], *, max_tokens: int) -> list[Replay]:
+    """Each job's schema drives a greedy draw from random logit rows (the same rows for both
+    mechanisms): the time of mask, sample and consume a token, with no decode around it, and
+    whether what ended is valid. What the model would have said does not matter here; what
+    the mechanism lets through does."""
+    n_vocab, eos = model.model.n_vocab(), model.model.token_eos()
+    out = [Replay("llguidance"), Replay("llama.cpp grammar")]
+    for i, (_request, schema) in enumerate(pairs):
+        for figures in out:
+            rng = np.random.default_rng(i)
+            try:
+                made = _made(model, figures.name, schema)
+            except ValueError:
+                figures.refused += 1
+                continue
+            assert made is not None
+            tokens = _replayed(made, rng, n_vocab, eos, max_tokens, figures)
+            if tokens is None:
+                continue
+            figures.ended += 1
+            text = model.model.detokenize(tokens, special=False).decode("utf-8", errors="ignore")
+            try:
+                jsonschema.validate(json.loads(text), schema)
+                figures.valid += 1
+            except (ValueError, jsonschema.ValidationError):
+                pass
+    return out
+
+
+def _replayed(
+    made: SequenceConstraint, rng: np.random.Generator, n_vocab: int, eos: int, max_tokens: int, figures: Replay
+) -> list[int] | None:
+    """The tokens drawn until the grammar ended them; None if cut at ``max_tokens``."""
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        if made.complete:
+            return tokens
+        row = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
+        started = time.perf_counter()
+        with made.masked(row):
+            token = int(np.argmax(row))
+        made.consume(token)
+        figures.seconds += time.perf_counter() - started
+        figures.tokens += 1
+        if token == eos:
+            return tokens
+        tokens.append(token)
+    return None

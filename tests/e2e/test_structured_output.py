@@ -115,7 +115,8 @@ def test_a_named_function_is_the_one_called_and_none_offers_no_tools(system, cli
         **SEEDED,
     )
     assert named.choices[0].finish_reason == "tool_calls", named.choices[0]
-    assert [(c.function.name, c.function.arguments) for c in named.choices[0].message.tool_calls] == [("get_time", "{}")]
+    calls = named.choices[0].message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("get_time", "{}")]
     plain = client.chat.completions.create(
         model=MODEL, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="none", max_tokens=8, **SEEDED
     )
