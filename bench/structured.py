@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema  # no stubs; a test-extra package
+import jsonschema  # a test-extra package
 import numpy as np
 
 from gpuq.jobs.request import GenerationParams
