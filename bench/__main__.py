@@ -17,6 +17,7 @@ from bench import (
     intake_burst,
     model_swap,
     peer,
+    scoring,
     soak,
     stats_bench,
     streaming,
@@ -410,6 +411,24 @@ def bench_structured_replay(args: argparse.Namespace) -> None:
     )
 
 
+def bench_scoring(args: argparse.Namespace) -> None:
+    """200 multiple-choice items scored by loglikelihood (bench/scoring.py), interleaved rounds."""
+    direct_runs, gpuq_runs = [], []
+    for round_ in range(1, args.rounds + 1):
+        direct_runs.append(scoring.run_direct(threads=args.threads))
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            gpuq_runs.append(scoring.run_gpuq(db, redis_url, workdir, threads=args.threads))
+        print(
+            f"round {round_}: direct {direct_runs[-1].items_per_s:.2f} items/s, gpuq {gpuq_runs[-1].items_per_s:.2f}",
+            flush=True,
+        )
+    agree = sum(d == g for d, g in zip(direct_runs[0].picks, gpuq_runs[0].picks, strict=True))
+    direct, ours = median(r.items_per_s for r in direct_runs), median(r.items_per_s for r in gpuq_runs)
+    print(f"\nscoring: {len(scoring.ITEMS)} items x 4 choices, echo + logprobs, median of {args.rounds} rounds")
+    print(f"  direct llama-cpp-python loop {direct:.2f} items/s; gpuq {ours:.2f} items/s; picks agree {agree}/200")
+    print(f"scoring: gpuq/direct {ours / direct:.2f}x")
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -428,6 +447,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "intake-burst": bench_intake_burst,
     "structured": bench_structured,
     "structured-replay": bench_structured_replay,
+    "scoring": bench_scoring,
 }
 
 
