@@ -64,6 +64,9 @@ class GenerateJobCreate(JobBase):
     kind: Literal["generate"]
     prompt: str | None = Field(None, min_length=1)
     messages: list[ChatMessage] | None = Field(None, min_length=1)
+    prompt_token_ids: list[int] | None = Field(
+        None, min_length=1, description="the prompt as token ids, run as given (no BOS added)"
+    )
     max_tokens: MaxTokens = 256
     temperature: Temperature = _DEFAULTS.temperature
     top_p: Probability = _DEFAULTS.top_p
@@ -91,8 +94,8 @@ class GenerateJobCreate(JobBase):
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateJobCreate:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of `prompt` (text) or `messages` (chat)")
+        if sum(x is not None for x in (self.prompt, self.messages, self.prompt_token_ids)) != 1:
+            raise ValueError("give exactly one of `prompt` (text), `messages` (chat) or `prompt_token_ids`")
         if self.messages is not None and not any(m.content or m.tool_calls for m in self.messages):
             raise ValueError("`messages` are all empty: at least one needs content")
         return self

@@ -197,3 +197,16 @@ def test_batch_lines_take_token_ids_as_the_routes_do(client, redis, job_rows):
     assert accepted.status_code == 200, accepted.text
     requests = sorted((row.kind, row.request.get("prompt_token_ids") or row.request["input"]) for row in job_rows())
     assert requests == [("embed", [[5], [6, 7], [8, 9]]), ("generate", [1, 2, 3]), ("generate", [4, 5])]
+
+
+def test_gpuqs_jobs_api_takes_token_ids_and_refuses_ones_outside_the_vocabulary(client, redis, job_rows):
+    accepted = client.post("/v1/jobs", json={"kind": "generate", "model": MODEL, "prompt_token_ids": [5, 6, 7]})
+    assert accepted.status_code == 202 and accepted.json()["prompt_tokens"] == 3, accepted.text
+    job = client.get(f"/v1/jobs/{accepted.json()['id']}").json()
+    assert job["request"]["prompt_token_ids"] == [5, 6, 7] and job["request"].get("prompt") is None
+    before = len(job_rows())
+    refused = client.post("/v1/jobs", json={"kind": "generate", "model": MODEL, "prompt_token_ids": [5, 49152]})
+    assert refused.status_code == 422 and "[1] is 49152" in refused.json()["error"]["message"], refused.text
+    both = client.post("/v1/jobs", json={"kind": "generate", "model": MODEL, "prompt": "hi", "prompt_token_ids": [5]})
+    assert both.status_code == 422 and "exactly one of" in both.json()["error"]["message"]
+    assert len(job_rows()) == before
