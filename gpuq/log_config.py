@@ -32,9 +32,8 @@ def configure_logging(*, verbose: bool, job_lines: bool, level: str = "INFO") ->
         return
     for name in QUIET_UNLESS_VERBOSE:
         logging.getLogger(name).setLevel(logging.WARNING)
-    if not job_lines:
-        for name in JOB_LINE_LOGGERS:
-            logging.getLogger(name).setLevel(logging.WARNING)
+    for name in JOB_LINE_LOGGERS:  # set both ways: a process (or a test) may configure twice
+        logging.getLogger(name).setLevel(logging.NOTSET if job_lines else logging.WARNING)
 
 
 @contextmanager
