@@ -28,10 +28,12 @@ def samples(result: dict[str, Any]) -> list[dict[str, Any]]:
 def chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     if entries is None:
         return None
-    return {"content": [_chat_token(e) for e in entries], "refusal": None}
+    return {"content": [token_logprob(e) for e in entries], "refusal": None}
 
 
-def _chat_token(entry: dict[str, Any]) -> dict[str, Any]:
+def token_logprob(entry: dict[str, Any]) -> dict[str, Any]:
+    """A token's entry as OpenAI's chat and Ollama both give it: ``token``, ``logprob``,
+    ``bytes``, ``top_logprobs`` (the stored entry less its token id)."""
     return {
         "token": entry["token"],
         "logprob": entry["logprob"],

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpuq.batches.openai_choices import token_logprob
 from gpuq.db.tables import Model, ModelKind
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
@@ -198,13 +199,7 @@ def final(
 
 def logprobs_field(entries: list[dict[str, Any]] | None) -> dict[str, Any]:
     """Ollama's ``logprobs``: ``[{token, logprob, bytes, top_logprobs}]``, left out when not asked."""
-    if entries is None:
-        return {}
-    return {"logprobs": [_token(e) | {"top_logprobs": [_token(t) for t in e["top_logprobs"]]} for e in entries]}
-
-
-def _token(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
+    return {} if entries is None else {"logprobs": [token_logprob(e) for e in entries]}
 
 
 def content(text: str, chat: bool, tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
