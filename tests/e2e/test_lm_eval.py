@@ -5,14 +5,13 @@ accuracy equal those computed directly from llama.cpp's logits for the same toke
 
 import json
 
-import llama_cpp
 import lm_eval
 import numpy as np
 import pytest
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import RemoteTokenizer
 
-from worker.decoding import PREFILL_CHUNK_TOKENS
+from tests.worker.generation import direct_logprobs, engine_like_llama
 
 MODEL = "smollm2-135m"
 QUESTIONS = [
@@ -68,15 +67,7 @@ def test_lm_eval_scores_a_multiple_choice_task_as_llama_cpp_computes_it(system, 
     # The same tokens lm-eval sent (its remote tokenizer, its context/continuation split),
     # evaluated directly as the engine evaluates a prompt: fixed chunks of the same size.
     tokenizer = RemoteTokenizer(base_url, 30, True, None, key)
-    llm = llama_cpp.Llama(
-        model_path=model_path,
-        n_ctx=512,
-        n_batch=PREFILL_CHUNK_TOKENS,
-        n_ubatch=PREFILL_CHUNK_TOKENS,
-        n_threads=2,
-        logits_all=True,
-        verbose=False,
-    )
+    llm = engine_like_llama(model_path, n_ctx=512)
     correct = 0
     try:
         for sample, (question, choices, answer) in zip(samples, QUESTIONS, strict=True):
@@ -85,11 +76,7 @@ def test_lm_eval_scores_a_multiple_choice_task_as_llama_cpp_computes_it(system, 
             for choice in choices:
                 context_ids = tokenizer.encode(context)
                 whole = tokenizer.encode(context + " " + choice)
-                llm.reset()
-                llm.eval(whole)
-                scores = np.array(llm.scores[: len(whole)], dtype=np.float64)
-                logp = scores - scores.max(axis=1, keepdims=True)
-                logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+                logp = direct_logprobs(llm, whole)
                 direct.append(sum(logp[i - 1][whole[i]] for i in range(len(context_ids), len(whole))))
             gpuq = [loglikelihood for loglikelihood, _greedy in sample["filtered_resps"]]
             assert gpuq == pytest.approx(direct, abs=1e-3), question

@@ -9,17 +9,47 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from worker.catalog import ModelInfo
-from worker.decoding import Finished, Generation
+from worker.decoding import PREFILL_CHUNK_TOKENS, Finished, Generation
 from worker.engine import LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
+
+
+def engine_like_llama(model_path: str, *, n_ctx: int = 1024) -> Any:
+    """llama-cpp-python's ``Llama`` evaluating as the engine does: a prompt in chunks of the
+    engine's size at the same boundaries, every row's logits kept (CPU kernels differ with a
+    batch's size, by about 1e-2 in a logit, so another split would not be the same computation)."""
+    import llama_cpp
+
+    return llama_cpp.Llama(
+        model_path=model_path,
+        n_ctx=n_ctx,
+        n_batch=PREFILL_CHUNK_TOKENS,
+        n_ubatch=PREFILL_CHUNK_TOKENS,
+        n_threads=2,
+        logits_all=True,
+        verbose=False,
+    )
+
+
+def direct_logprobs(llm: Any, prompt: list[int], completion: tuple[int, ...] = ()) -> np.ndarray:
+    """Row i: the log-softmax, in float64, of the logits after (prompt + completion)[: i + 1];
+    the prompt evaluated in one call (chunked by the engine's size), then a token at a time."""
+    llm.reset()
+    llm.eval(prompt)
+    for token in completion:
+        llm.eval([token])
+    scores = np.array(llm.scores[: len(prompt) + len(completion)], dtype=np.float64)
+    scores -= scores.max(axis=1, keepdims=True)
+    return scores - np.log(np.exp(scores).sum(axis=1, keepdims=True))
 
 
 def admit(

@@ -6,7 +6,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from tests.worker.generation import generate, run_together
+from tests.worker.generation import direct_logprobs, engine_like_llama, generate, run_together
 from worker.decoding import PREFILL_CHUNK_TOKENS
 from worker.engine import LoadedModel
 
@@ -25,31 +25,9 @@ def _model(model_path: str, slots: int, *, prompt_cache: bool = True) -> LoadedM
 
 @pytest.fixture(scope="module")
 def direct(model_path):
-    # Evaluated as the engine evaluates: the prompt in chunks of the same size at the same
-    # boundaries, then one token at a time (CPU kernels differ with the batch's size, by about
-    # 1e-2 in a logit, so a whole-prompt evaluation would not be the same computation).
-    llm = llama_cpp.Llama(
-        model_path=model_path,
-        n_ctx=1024,
-        n_batch=PREFILL_CHUNK_TOKENS,
-        n_ubatch=PREFILL_CHUNK_TOKENS,
-        n_threads=2,
-        logits_all=True,
-        verbose=False,
-    )
+    llm = engine_like_llama(model_path)
     yield llm
     llm.close()
-
-
-def _direct_logprobs(llm: llama_cpp.Llama, prompt: list[int], completion: tuple[int, ...] = ()) -> np.ndarray:
-    """Row i: the log-softmax of the logits after (prompt + completion)[: i + 1], in float64."""
-    llm.reset()
-    llm.eval(prompt)
-    for token in completion:
-        llm.eval([token])
-    scores = np.array(llm.scores[: len(prompt) + len(completion)], dtype=np.float64)
-    scores -= scores.max(axis=1, keepdims=True)
-    return scores - np.log(np.exp(scores).sum(axis=1, keepdims=True))
 
 
 def _prompt(llm: llama_cpp.Llama, text: str) -> list[int]:
@@ -65,7 +43,7 @@ def test_each_tokens_logprob_and_its_top_alternatives_are_the_models_own(model_p
     finally:
         model.close()
     prompt = _prompt(direct, "The three primary colours are")
-    expected = _direct_logprobs(direct, prompt, generation.token_ids)
+    expected = direct_logprobs(direct, prompt, generation.token_ids)
     assert generation.logprobs is not None and len(generation.logprobs) == generation.completion_tokens == 12
     for i, entry in enumerate(generation.logprobs):
         row = expected[len(prompt) - 1 + i]
@@ -91,7 +69,7 @@ def test_echo_gives_every_prompt_tokens_logprob_across_chunks_the_first_one_none
     assert first.prompt_logprobs is not None
     assert [e.token for e in first.prompt_logprobs] == prompt
     assert first.prompt_logprobs[0].logprob is None and first.prompt_logprobs[0].top == ()
-    expected = _direct_logprobs(direct, prompt)
+    expected = direct_logprobs(direct, prompt)
     for i, entry in enumerate(first.prompt_logprobs[1:], start=1):
         assert entry.logprob == pytest.approx(expected[i - 1][prompt[i]], abs=TOLERANCE), i
         assert [t for t, _ in entry.top] == list(np.argsort(-expected[i - 1])[:2])
@@ -118,7 +96,7 @@ def test_logprobs_beside_other_sequences_and_of_n_samples_are_each_samples_own(m
     assert len(samples) == 2 and samples[0].token_ids != samples[1].token_ids
     assert done["other"].generation.logprobs is None  # not asked: none computed
     for sample in samples:
-        expected = _direct_logprobs(direct, prompt, sample.token_ids)
+        expected = direct_logprobs(direct, prompt, sample.token_ids)
         got = [e.logprob for e in sample.logprobs]
         want = [expected[len(prompt) - 1 + i][t] for i, t in enumerate(sample.token_ids)]
         assert got == pytest.approx(want, abs=TOLERANCE)
