@@ -77,7 +77,7 @@ def test_bulk_submission_is_all_or_nothing(client, redis, job_rows):
 BAD_INPUTS = [
     ({"kind": "generate", "model": "missing", "prompt": "x"}, 404, "model 'missing' is not registered"),
     ({"kind": "generate", "model": MODEL, "prompt": ""}, 422, "prompt: String should have at least 1 character"),
-    ({"kind": "generate", "model": MODEL}, 422, "give exactly one of `prompt` (text) or `messages` (chat)"),
+    ({"kind": "generate", "model": MODEL}, 422, "give exactly one of `prompt` (text), `messages` (chat) or"),
     ({"kind": "generate", "model": MODEL, "messages": []}, 422, "messages: List should have at least 1 item"),
     ({"kind": "generate", "model": MODEL, "prompt": "x", "max_tokens": 0}, 422, "max_tokens: Input should be greater"),
     (GEN | {"max_tokens": 5000}, 422, "max_tokens is 5000 but 'smollm2-135m' has a context of 2048 tokens"),

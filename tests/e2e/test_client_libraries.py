@@ -44,7 +44,12 @@ def test_instructor_extracts_a_pydantic_object_in_each_mode(system, mode):
     )
     wanted = AnyObject if mode is instructor.Mode.JSON else City
     answer = client.chat.completions.create(
-        model=MODEL, response_model=wanted, messages=[{"role": "user", "content": ASK}], max_tokens=64, max_retries=0
+        model=MODEL,
+        response_model=wanted,
+        messages=[{"role": "user", "content": ASK}],
+        max_tokens=128,
+        temperature=0,  # OpenAI's default is 1: a sampled answer may run past max_tokens
+        max_retries=0,
     )
     assert isinstance(answer, wanted)
     if wanted is City:  # enforced: the schema (JSON_SCHEMA) or the forced tool call (TOOLS)
@@ -80,7 +85,8 @@ def test_litellms_ollama_chat_provider_with_a_json_format(system):
         api_base=system.url,
         messages=[{"role": "user", "content": ASK}],
         format="json",
-        max_tokens=48,
+        max_tokens=128,
+        temperature=0,
         extra_headers={"Authorization": f"Bearer {system.processes.admin_key}"},
     )
     assert isinstance(json.loads(answer.choices[0].message.content), dict)
