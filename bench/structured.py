@@ -184,6 +184,7 @@ class Side:
     failed: int = 0
     refused: int = 0  # schemas whose grammar could not be built
     invalid_examples: list[str] = field(default_factory=list)
+    lengths: dict[str, int] = field(default_factory=dict)  # each job's completion tokens, by key
 
     @property
     def tokens_per_s(self) -> float:
@@ -191,10 +192,17 @@ class Side:
 
 
 def run_side(
-    model: LoadedModel, pairs: list[tuple[dict[str, Any], dict[str, Any]]], kind: str, *, max_tokens: int
+    model: LoadedModel,
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+    kind: str,
+    *,
+    max_tokens: int,
+    lengths: dict[str, int] | None = None,
 ) -> Side:
     """Every job through the decoder, K at a time as slots free up; ``kind`` is
-    ``unconstrained``, ``llguidance`` or ``llama.cpp grammar``."""
+    ``unconstrained``, ``llguidance`` or ``llama.cpp grammar``. With ``lengths`` (another
+    side's :attr:`Side.lengths`) each job is cut at the length it had there, so both sides
+    decode the same number of tokens for each prompt and pay the same prefills for them."""
     decoder = model.decoder
     assert decoder is not None
     side = Side(kind)
@@ -214,12 +222,15 @@ def run_side(
     while pending or decoder.active:
         while pending and decoder.free_slots:
             key, tokens, params, made, _schema = pending.pop(0)
-            decoder.admit(key, tokens, max_tokens=max_tokens, sampling=Sampling.of(params), constraint=made)
+            cut = lengths.get(key, max_tokens) if lengths is not None else max_tokens
+            decoder.admit(key, tokens, max_tokens=max(cut, 1), sampling=Sampling.of(params), constraint=made)
         for finished in decoder.step():
             done[finished.key] = finished
     side.seconds = time.perf_counter() - started
     for key, _tokens, _params, _constraint, schema in prepared:
         _score(side, done[key], schema if kind != "unconstrained" else None)
+        if (generation := done[key].generation) is not None:
+            side.lengths[key] = generation.completion_tokens
     return side
 
 
