@@ -1,10 +1,11 @@
 """Structured output through the client libraries batch users extract with, each used as its
 docs say and changed only in base URL, key and model: instructor (TOOLS, JSON, JSON_SCHEMA),
 langchain-openai's `with_structured_output` (json_schema, function_calling, json_mode),
-pydantic-ai's structured `output_type`, and litellm's `ollama_chat/` provider."""
+pydantic-ai's structured `output_type` and its agent loop with one tool, and litellm's `ollama_chat/` provider."""
 
 import json
 import os
+from typing import Literal
 
 import openai
 import pytest
@@ -15,9 +16,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm would f
 import instructor
 import litellm
 from langchain_openai import ChatOpenAI
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.usage import UsageLimits
 
 MODEL = "smollm2-135m"
 ASK = "Give the name and the country of one large city."
@@ -90,3 +93,35 @@ def test_litellms_ollama_chat_provider_with_a_json_format(system):
         extra_headers={"Authorization": f"Bearer {system.processes.admin_key}"},
     )
     assert isinstance(json.loads(answer.choices[0].message.content), dict)
+
+
+def test_pydantic_ais_agent_with_one_tool(system):
+    """pydantic-ai's agent loop: the model's tool call runs the Python function, its return goes
+    back as a `role: tool` message, and the run ends in the structured output."""
+    model = OpenAIChatModel(
+        MODEL, provider=OpenAIProvider(base_url=f"{system.url}/v1", api_key=system.processes.admin_key)
+    )
+    agent = Agent(
+        model,
+        output_type=City,
+        system_prompt="Call lookup_city first, then give its answer as the final result.",
+        model_settings={"max_tokens": 96, "temperature": 0.0},
+    )
+    looked_up: list[str] = []
+
+    async def until_answered(ctx: RunContext[None], tool: ToolDefinition) -> ToolDefinition | None:
+        """Offered until it has answered once (a 135M model would call it again and again)."""
+        answered = any(part.part_kind == "tool-return" for message in ctx.messages for part in message.parts)
+        return None if answered else tool
+
+    @agent.tool_plain(prepare=until_answered)
+    def lookup_city(country: Literal["France", "Japan", "Brazil"]) -> dict[str, str]:
+        """The largest city of a country."""
+        looked_up.append(country)
+        return {"name": "Lyon", "country": country}
+
+    result = agent.run_sync(ASK, usage_limits=UsageLimits(request_limit=4))
+    assert looked_up, "the model never called the tool"
+    sent_back = [part for message in result.all_messages() for part in message.parts if part.part_kind == "tool-return"]
+    assert any(part.tool_name == "lookup_city" for part in sent_back)
+    assert isinstance(result.output, City) and result.output.name and result.output.country
