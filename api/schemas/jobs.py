@@ -12,6 +12,7 @@ from gpuq.batches.destinations import redact_url
 from gpuq.batches.openai_format import tool_fields
 from gpuq.db.tables import Job, JobKind
 from gpuq.errors import RequestError
+from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
@@ -196,7 +197,8 @@ class JobPublic(JobSummary):
 
     @classmethod
     def of(cls, job: Job) -> JobPublic:
-        return cls(**_job_fields(job), request=_shown_request(job.request), result=job.result)
+        result = tool_calls.with_calls(job.request, job.result)
+        return cls(**_job_fields(job), request=_shown_request(job.request), result=result)
 
 
 def _shown_request(request: dict[str, Any]) -> dict[str, Any]:

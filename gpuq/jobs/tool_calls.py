@@ -92,6 +92,24 @@ def parse(text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[Tool
     return text, []
 
 
+def with_calls(request: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A finished job's stored result with, when its request offered tools, each sample's
+    calls read back (``tool_calls``, OpenAI's function shape with the arguments as an object,
+    and ``content``: the text outside them), as the drop-in routes answer them."""
+    tools = request.get("tools")
+    if not tools or not result or "text" not in result:
+        return result
+    shown = result | _read(result, tools)
+    if isinstance(result.get("choices"), list):
+        shown["choices"] = [c | _read(c, tools) if isinstance(c, dict) else c for c in result["choices"]]
+    return shown
+
+
+def _read(sample: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    content, calls = parse(str(sample.get("text", "")), tools)
+    return {"content": content, "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls]}
+
+
 def _content(text: str) -> str | None:
     return text.strip() or None
 

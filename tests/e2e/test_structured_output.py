@@ -169,6 +169,18 @@ def test_gpuqs_jobs_api_takes_a_schema_and_refuses_one_it_cannot_enforce(system)
     assert system.client.jobs(limit=1)["data"][0]["id"] == before  # no job was made
 
 
+def test_gpuqs_jobs_api_reads_back_a_tool_call(system):
+    job = system.client.submit(
+        {"kind": "generate", "model": MODEL, "messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": "required"}
+        | {"max_tokens": 64, "temperature": 0.0}
+    )
+    done = _finished(system, job["id"])
+    assert done["status"] == "succeeded"
+    [call] = done["result"]["tool_calls"]
+    assert call["name"] == "get_weather" and call["arguments"]["unit"] in ("celsius", "fahrenheit")
+    assert json.loads(done["result"]["text"])["name"] == "get_weather"  # the model's own text is kept beside
+
+
 def _finished(system, job_id: str, timeout_s: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
