@@ -13,7 +13,7 @@ import socket
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -94,8 +94,13 @@ class Settings(BaseSettings):
     worker_prompt_cache: bool = Field(
         True,
         description="reuse the KV of the longest start a new prompt shares with any live or kept sequence "
-        "(whole 64-token prefill chunks: exact, a job's text does not depend on a hit); false: every prompt "
-        "is evaluated whole",
+        "(exact: a job's text does not depend on a hit; what may be reused: GPUQ_WORKER_PROMPT_REUSE); "
+        "false: every prompt is evaluated whole",
+    )
+    worker_prompt_reuse: Literal["auto", "any-prefix", "whole-chunks"] = Field(
+        "auto",
+        description="what a prompt may reuse from the cache: any common prefix (measured exact on the CPU), or "
+        "whole 64-token chunks only (exact on any backend); auto: any-prefix on the CPU, whole-chunks on a GPU",
     )
     worker_flash_attn: bool = Field(
         False,

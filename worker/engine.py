@@ -96,6 +96,7 @@ class LoadedModel:
         slots: int = 1,
         prompt_cache: bool = True,
         flash_attn: bool = False,
+        any_prefix: bool | None = None,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -113,6 +114,8 @@ class LoadedModel:
             threads=threads,
             prompt_cache=prompt_cache,
             flash_attn=flash_attn,
+            # Any common prefix where it was measured exact (the CPU); whole chunks on a GPU.
+            any_prefix=gpu_layers == 0 if any_prefix is None else any_prefix,
         )
 
     def close(self) -> None:

@@ -99,6 +99,7 @@ def _run_worker(
             slots=settings.slots_for(on_gpu=device.on_gpu),
             prompt_cache=settings.worker_prompt_cache,
             flash_attn=settings.worker_flash_attn,
+            any_prefix=None if settings.worker_prompt_reuse == "auto" else settings.worker_prompt_reuse == "any-prefix",
         )
         memory.cuda_started = device.on_gpu
         return loaded

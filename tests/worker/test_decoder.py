@@ -31,9 +31,18 @@ def _request(prompt: str, sampling: dict, max_tokens: int = MAX_TOKENS) -> dict:
     return {"prompt": prompt, "max_tokens": max_tokens, "stop": []} | sampling
 
 
-def _model(model_path: str, slots: int, *, prompt_cache: bool = True, n_ctx: int = 1024) -> LoadedModel:
+def _model(
+    model_path: str, slots: int, *, prompt_cache: bool = True, n_ctx: int = 1024, any_prefix: bool | None = None
+) -> LoadedModel:
     return LoadedModel(
-        model_path, n_ctx=n_ctx, embedding=False, threads=2, gpu_layers=0, slots=slots, prompt_cache=prompt_cache
+        model_path,
+        n_ctx=n_ctx,
+        embedding=False,
+        threads=2,
+        gpu_layers=0,
+        slots=slots,
+        prompt_cache=prompt_cache,
+        any_prefix=any_prefix,
     )
 
 
@@ -211,27 +220,35 @@ def _cache_requests() -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def uncached(model_path):
-    """Each cache request's generation with no cache at all."""
-    model = _model(model_path, 1, prompt_cache=False)
-    results = {key: generate(model, request) for key, request in _cache_requests().items()}
-    model.close()
+    """Each cache request's generation with no cache at all (the chunks of a fresh prompt end
+    a little differently when any prefix is reused: no lone last token), by that mode."""
+    results = {}
+    for any_prefix in (True, False):
+        model = _model(model_path, 1, prompt_cache=False, any_prefix=any_prefix)
+        results[any_prefix] = {key: generate(model, request) for key, request in _cache_requests().items()}
+        model.close()
     return results
 
 
-def test_a_prompt_that_hits_the_cache_gives_the_text_it_gives_without_it(uncached, model_path):
+@pytest.mark.parametrize("any_prefix", [True, False], ids=["any-prefix", "whole-chunks"])
+def test_a_prompt_that_hits_the_cache_gives_the_text_it_gives_without_it(uncached, model_path, any_prefix):
     """Token for token, greedy and seeded: the start a prompt takes from a KV stream (a live
     one copied, or one kept after its sequence ended) was computed exactly as the prompt
-    would compute it."""
+    would compute it: any common prefix (the CPU's default), or whole chunks only (a GPU's)."""
     requests = _cache_requests()
     for slots in (1, 3):  # one stream: reuse from the kept stream only; three: live ones copied too
-        model = _model(model_path, slots)
+        model = _model(model_path, slots, any_prefix=any_prefix)
         try:
             done = run_together(model, requests)
-            assert {key: f.generation for key, f in done.items()} == uncached, f"{slots} slots"
+            assert {key: f.generation for key, f in done.items()} == uncached[any_prefix], f"{slots} slots"
             cached = {key: f.generation.cached_tokens for key, f in done.items()}
             assert cached[next(iter(cached))] == 0  # the first prompt found nothing
             hits = [n for n in cached.values() if n]
-            assert len(hits) >= len(requests) - slots - 2 and all(n % PREFILL_CHUNK_TOKENS == 0 for n in hits)
+            assert len(hits) >= len(requests) - slots - 2
+            if any_prefix:  # the shared start is taken whole, past its last chunk boundary
+                assert any(n % PREFILL_CHUNK_TOKENS for n in hits)
+            else:
+                assert all(n % PREFILL_CHUNK_TOKENS == 0 for n in hits)
             assert model.decoder.reused_tokens == sum(cached.values())
         finally:
             model.close()
@@ -242,7 +259,7 @@ def test_with_the_cache_off_nothing_is_reused(model_path, uncached):
     try:
         some = dict(list(_cache_requests().items())[:4])
         done = run_together(model, some)
-        assert {k: f.generation for k, f in done.items()} == {k: uncached[k] for k in some}
+        assert {k: f.generation for k, f in done.items()} == {k: uncached[True][k] for k in some}
         assert model.decoder.reused_tokens == 0
     finally:
         model.close()

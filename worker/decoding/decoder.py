@@ -214,6 +214,7 @@ class BatchDecoder:
         prompt_cache: bool = True,
         chunk_tokens: int = PREFILL_CHUNK_TOKENS,
         flash_attn: bool = False,
+        any_prefix: bool = False,
     ) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaContext
@@ -240,7 +241,7 @@ class BatchDecoder:
         self._n_vocab = model.n_vocab()
         self._bos = model.token_bos()
         self._piece_buffer = (llama_cpp.ctypes.c_char * 256)()
-        self.kv = KvStreams(slots, chunk_tokens=chunk_tokens, reuse=prompt_cache)
+        self.kv = KvStreams(slots, chunk_tokens=chunk_tokens, reuse=prompt_cache, any_prefix=any_prefix)
         self._requests: dict[str, _Request] = {}
         self._live: dict[int, _Sequence] = {}  # sequence id -> sequence, prefilling or decoding
         self._ids = itertools.count()
@@ -357,7 +358,7 @@ class BatchDecoder:
         finished = self._cut_off()
         if self._live:
             self._move_down()
-            plan = plan_step(self._views(), chunk_tokens=self.chunk_tokens)
+            plan = plan_step(self._views(), chunk_tokens=self.chunk_tokens, aligned=not self.kv.any_prefix)
             finished += self._run(plan)
             self.last_step = (len(plan.rows), plan.prompt_tokens)
         return finished
@@ -424,7 +425,8 @@ class BatchDecoder:
 
     def _commit_chunk(self, seq: _Sequence, chunk: Chunk) -> list[Finished]:
         request = seq.request
-        if chunk.end - chunk.start == self.chunk_tokens:  # a whole chunk: reusable by later prompts
+        rows = chunk.end - chunk.start
+        if rows == self.chunk_tokens or (self.kv.any_prefix and rows >= 2):  # reusable by later prompts
             self.kv.computed(seq.stream, request.prompt[chunk.start : chunk.end])
         seq.fed = chunk.end
         if request.echo:

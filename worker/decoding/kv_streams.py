@@ -12,6 +12,14 @@ applies the operations to llama.cpp (``Copy``: ``llama_memory_seq_cp`` of a whol
   chunks in the very same way, so taking them from the stream gives the same KV cells, bit for
   bit, and the job's text does not depend on whether it hit the cache. Completion tokens (decoded
   one a step) and a prompt's last partial chunk are never reused.
+- **Or any common prefix** (``any_prefix``, the default on the CPU): a stream's reusable
+  tokens are every prompt token it computed in a pass of two rows or more, and a new prompt
+  reuses all it shares with one, up to its last two tokens. On the CPU each row of a pass
+  of several rows comes out the same whatever the pass's other rows and length (measured
+  bit for bit, docs/architecture.md); a pass of one row takes other kernels, so the planner
+  never makes one of a prompt (``plan.py``), and completion tokens (one row a step) are never
+  reused. A GPU's kernels may change with a pass's shape, so on a GPU reuse stays on whole
+  chunks (``GPUQ_WORKER_PROMPT_REUSE``).
 - **A new sequence takes the lowest free stream**, so the streams that decode stay
   consecutive: llama.cpp puts only consecutive sequence ids in one micro-batch, and rows
   scattered over the streams cost a pass over the weights each. Its prefix comes from the
@@ -48,14 +56,14 @@ KvOp = Copy | Trim
 
 @dataclass(slots=True)
 class _Stream:
-    reusable: list[int] = field(default_factory=list)  # whole prefill chunks' tokens, from position 0
+    reusable: list[int] = field(default_factory=list)  # prompt tokens computed reusably, from position 0
     owner: int | None = None  # the live sequence's id
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
     stream: int
-    reused: int  # prompt tokens whose KV the stream already holds (a multiple of the chunk)
+    reused: int  # prompt tokens whose KV the stream already holds (a multiple of the chunk unless any_prefix)
     ops: tuple[KvOp, ...]
 
 
@@ -67,10 +75,11 @@ class Move:
 
 
 class KvStreams:
-    def __init__(self, n_streams: int, *, chunk_tokens: int, reuse: bool = True) -> None:
+    def __init__(self, n_streams: int, *, chunk_tokens: int, reuse: bool = True, any_prefix: bool = False) -> None:
         self._streams = [_Stream() for _ in range(n_streams)]
         self.chunk_tokens = chunk_tokens
         self.reuse = reuse  # GPUQ_WORKER_PROMPT_CACHE: off, every prompt is decoded whole
+        self.any_prefix = any_prefix
 
     @property
     def free(self) -> int:
@@ -97,17 +106,19 @@ class KvStreams:
         return Placement(target, reused, tuple(ops))
 
     def _best_source(self, prompt: list[int], target: int) -> tuple[int | None, int]:
-        """The stream sharing the longest whole-chunk start with the prompt, and that length.
+        """The stream sharing the longest reusable start with the prompt, and that length.
         The prompt's last token is always decoded (its logits are sampled), so at most the
-        whole chunks before it are reused. The target itself wins a tie (nothing to copy)."""
+        whole chunks before it are reused (with ``any_prefix``, all but its last two tokens:
+        what is left is a pass of two rows). The target itself wins a tie (nothing to copy)."""
         if not self.reuse:
             return None, 0
-        limit = (len(prompt) - 1) // self.chunk_tokens * self.chunk_tokens
+        unit = 1 if self.any_prefix else self.chunk_tokens
+        limit = len(prompt) - 2 if self.any_prefix else (len(prompt) - 1) // unit * unit
         best, best_len = None, 0
         order = [target] + [i for i in range(len(self._streams)) if i != target]
         for i in order:
             shared = _common_prefix(self._streams[i].reusable, prompt, limit)
-            shared = shared // self.chunk_tokens * self.chunk_tokens
+            shared = shared // unit * unit
             if shared > best_len:
                 best, best_len = i, shared
         return best, best_len
@@ -121,7 +132,7 @@ class KvStreams:
         return Placement(target, len(stream.reusable), (Copy(parent, target),))
 
     def computed(self, stream: int, tokens: list[int]) -> None:
-        """Whole prefill chunks were decoded into the stream, right after what it holds."""
+        """Reusable prompt tokens were decoded into the stream, right after what it holds."""
         self._streams[stream].reusable.extend(tokens)
 
     def release(self, stream: int) -> None:

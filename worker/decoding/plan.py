@@ -11,8 +11,10 @@ the plan (``decoder.py``) and commits what came out (sampled tokens, states adva
   each chunk decoded by itself in its own ``llama_decode``. So a prompt position's KV is
   always computed the same way, whatever else runs and whatever was reused before it: the
   condition for reusing KV from another sequence and still giving the same text (see
-  ``kv_streams.py``). While others decode, a step takes one chunk (a long prompt never stalls
-  them for long); with nothing decoding, chunks up to ``N_BATCH`` tokens a step.
+  ``kv_streams.py``). Where any common prefix is reused (``aligned=False``, the CPU's
+  default), chunks of C start where the reuse ended, and none is a lone last token. While
+  others decode, a step takes one chunk (a long prompt never stalls them for long); with
+  nothing decoding, chunks up to ``N_BATCH`` tokens a step.
 """
 
 from __future__ import annotations
@@ -68,12 +70,18 @@ class StepPlan:
         return sum(c.end - c.start for c in self.chunks)
 
 
-def chunk_end(fed: int, prompt_len: int, chunk_tokens: int) -> int:
-    """Where the chunk starting at ``fed`` ends: the next fixed boundary, or the prompt's end."""
-    return min((fed // chunk_tokens + 1) * chunk_tokens, prompt_len)
+def chunk_end(fed: int, prompt_len: int, chunk_tokens: int, *, aligned: bool = True) -> int:
+    """Where the chunk starting at ``fed`` ends. ``aligned``: the next fixed boundary, or the
+    prompt's end. Otherwise ``chunk_tokens`` on from ``fed``, but never leaving one token
+    alone at the end: every prompt row is computed in a pass of two rows or more (a one-row
+    pass takes other kernels on the CPU, see ``kv_streams.py``)."""
+    if aligned:
+        return min((fed // chunk_tokens + 1) * chunk_tokens, prompt_len)
+    end = min(fed + chunk_tokens, prompt_len)
+    return prompt_len if prompt_len - end == 1 else end
 
 
-def plan_step(live: Iterable[Live], *, chunk_tokens: int) -> StepPlan:
+def plan_step(live: Iterable[Live], *, chunk_tokens: int, aligned: bool = True) -> StepPlan:
     sequences = list(live)
     rows = tuple(
         Row(s.id, s.stream, s.pending, s.position)
@@ -85,7 +93,7 @@ def plan_step(live: Iterable[Live], *, chunk_tokens: int) -> StepPlan:
     for s in sorted(sequences, key=lambda s: s.admitted):
         fed = s.fed
         while s.pending is None and fed < s.prompt_len and budget > 0:
-            end = chunk_end(fed, s.prompt_len, chunk_tokens)
+            end = chunk_end(fed, s.prompt_len, chunk_tokens, aligned=aligned)
             if chunks and end - fed > budget:
                 break
             chunks.append(Chunk(s.id, s.stream, fed, end, end == s.prompt_len, s.prompt_logits))

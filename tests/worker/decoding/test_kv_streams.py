@@ -95,3 +95,18 @@ def test_a_prefilling_sequence_is_not_moved_and_does_not_block_others():
     kv.release(0)
     moves, _ops = kv.moves({2})  # stream 1 still prefills
     assert moves == [Move(2, 2, 0)]
+
+
+def test_with_any_prefix_all_but_the_last_two_prompt_tokens_can_be_reused():
+    kv = KvStreams(2, chunk_tokens=C, any_prefix=True)
+    first = kv.place(1, tokens(10))
+    kv.computed(first.stream, tokens(10))  # every prompt token computed in a pass of several rows
+    kv.release(first.stream)
+    # Shares 7 tokens: all 7 are reused, not only the chunk boundary at 4.
+    assert kv.place(2, [*tokens(7), 99, 98, 97]).reused == 7
+    kv.computed(0, [99, 98, 97])
+    kv.release(0)
+    # A prompt it holds whole: its last two tokens are decoded again (its logits; no one-row pass).
+    assert kv.place(3, [*tokens(7), 99, 98, 97]).reused == 8
+    kv.release(0)
+    assert kv.place(4, tokens(2)).reused == 0

@@ -50,3 +50,11 @@ def test_a_chunk_is_never_split_to_fit_what_is_left():
     # The first prompt takes 500 of the 512 tokens; the second's 60 do not fit in the 12 left
     # and wait whole for the next step.
     assert [c.sequence for c in plan.chunks] == [1] * 8 and plan.prompt_tokens == 500
+
+
+def test_unaligned_chunks_start_where_reuse_ended_and_never_leave_one_token_alone():
+    assert chunk_end(7, 300, C, aligned=False) == 7 + C
+    assert chunk_end(0, C + 1, C, aligned=False) == C + 1  # not [0, C) then a one-row [C, C + 1)
+    assert chunk_end(0, C + 2, C, aligned=False) == C
+    plan = plan_step([live(1, 0, prompt_len=C + 1, fed=0)], chunk_tokens=C, aligned=False)
+    assert [(c.start, c.end, c.last) for c in plan.chunks] == [(0, C + 1, True)]
