@@ -65,7 +65,8 @@ class GpuPublic(BaseModel):
     healthy: bool
     unhealthy_reason: str | None
     too_small_for: list[str] = Field(
-        description="models a load on it alone ran out of memory for; kept off it until the mark expires or it is cleared"
+        description="models a load on it alone ran out of memory for; "
+        "kept off it until the mark expires or it is cleared"
     )
     last_seen: datetime
     live: bool = Field(description="a supervisor published telemetry for it in the last 30 s")

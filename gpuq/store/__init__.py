@@ -68,6 +68,7 @@ from gpuq.store.job_actions import (
 from gpuq.store.jobs import (
     ClaimedJob,
     JobFilter,
+    KeyUsage,
     NewJob,
     Outcome,
     RunningJob,
@@ -77,8 +78,6 @@ from gpuq.store.jobs import (
     count_finished_since,
     count_jobs_by_status,
     count_queued_jobs_of_key,
-    KeyUsage,
-    usage_by_key_since,
     creation_times,
     delete_queued_jobs,
     fail_abandoned_job,
@@ -95,6 +94,7 @@ from gpuq.store.jobs import (
     record_outcomes_written,
     return_to_queue,
     running_jobs,
+    usage_by_key_since,
 )
 from gpuq.store.model_registry import (
     get_model,
@@ -120,6 +120,7 @@ from gpuq.store.webhooks import (
 __all__ = [
     "ClaimedJob",
     "JobFilter",
+    "KeyUsage",
     "NewJob",
     "Outcome",
     "Revocation",
@@ -139,8 +140,6 @@ __all__ = [
     "count_jobs_by_status",
     "count_matching_jobs",
     "count_queued_jobs_of_key",
-    "KeyUsage",
-    "usage_by_key_since",
     "create_api_key",
     "creation_times",
     "delete_batch",
@@ -205,4 +204,5 @@ __all__ = [
     "set_gpu_health",
     "set_next_fire_time",
     "upsert_gpus",
+    "usage_by_key_since",
 ]

@@ -26,17 +26,12 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.fleet import health
 from gpuq.testing import GpuqProcesses
 from tests.conftest import RedisDbs, fresh_database, migrate_and_register, redis_db
-from tests.dashboard.test_dashboard import (  # noqa: F401 (browser and tab are fixtures)
-    MODEL,
-    Tab,
-    _mib,
-    assert_laid_out,
-    browser,
-    loaded,
-    screenshot,
-    sign_in,
-    tab,
-)
+from tests.dashboard import test_dashboard as shared
+from tests.dashboard.test_dashboard import MODEL, Tab, _mib, assert_laid_out, loaded, screenshot, sign_in
+
+# test_dashboard.py's browser (one for this module) and tabs (strict CSP, errors recorded).
+browser = shared.browser
+tab = shared.tab
 
 pytestmark = pytest.mark.e2e
 
@@ -160,9 +155,7 @@ def test_the_models_page_shows_where_each_model_is_loaded_and_registers_and_unlo
     assert [e for e in tab.errors if "422" not in e] == []
 
 
-def test_the_gpus_page_shows_each_hosts_gpus_their_marks_and_history_and_clears_them(
-    system: System, tab: Tab
-) -> None:
+def test_the_gpus_page_shows_each_hosts_gpus_their_marks_and_history_and_clears_them(system: System, tab: Tab) -> None:
     gpus = sorted(_data(system, "/v1/gpus"), key=lambda g: g["index"])
     sick, small = gpus[0]["uuid"], gpus[1]["uuid"]
     engine = sync_engine(system.database_url)
