@@ -27,8 +27,13 @@ export function setup() {
 
 // What placement counts for the model: the admin's measured figure if set, else the estimate.
 function vram(m) {
-  if (m.vram_override_mib === null) return el("span", { title: "gpuq's estimate" }, `${mib(m.vram_estimate_mib)} estimated`);
-  return el("span", { title: `estimated ${mib(m.vram_estimate_mib)}` }, `${mib(m.vram_override_mib)} measured`);
+  const measured = m.vram_override_mib !== null;
+  return el(
+    "span",
+    { title: measured ? `estimated ${mib(m.vram_estimate_mib)}` : "gpuq's estimate" },
+    `${mib(m.vram_mib)} `,
+    el("span", { class: "small muted vram-basis" }, measured ? "measured" : "estimated"),
+  );
 }
 
 // The workers holding the model, each as its GPUs' places ("vm / 0") and its name.
