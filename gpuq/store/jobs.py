@@ -192,7 +192,7 @@ def usage_by_key_since(session: Session, since: datetime) -> dict[str, KeyUsage]
         .where(Job.created_at >= since, Job.api_key_id.is_not(None))
         .group_by(Job.api_key_id)
     )
-    return {key_id: KeyUsage(jobs=int(n), tokens=int(t)) for key_id, n, t in rows}
+    return {str(key_id): KeyUsage(jobs=int(n), tokens=int(t)) for key_id, n, t in rows}
 
 
 def creation_times(session: Session, job_ids: Sequence[str]) -> dict[str, datetime]:

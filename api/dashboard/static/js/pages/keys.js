@@ -39,7 +39,7 @@ function limits(k) {
   return el("span", { class: "list" }, parts.join(", ") || "no limits");
 }
 
-const usage = (jobs, tokens) => `${jobs} job${jobs === 1 ? "" : "s"} · ${tokens} tokens`;
+const usage = (jobs, tokens) => `${jobs} job${jobs === 1 ? "" : "s"} · ${tokens} token${tokens === 1 ? "" : "s"}`;
 
 export async function load() {
   const keys = (await api("/v1/keys")).data;
