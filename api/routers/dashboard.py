@@ -40,6 +40,9 @@ STATIC_FILES = {
     "js/pages/rules.js": _JS,
     "js/pages/schedules.js": _JS,
     "js/pages/workers.js": _JS,
+    "js/pages/models.js": _JS,
+    "js/pages/gpus.js": _JS,
+    "js/pages/keys.js": _JS,
 }
 # Page name -> the title shown in the tab and the heading.
 PAGES = {
@@ -50,6 +53,9 @@ PAGES = {
     "schedules": "Schedules",
     "rules": "Affinity rules",
     "workers": "Workers",
+    "models": "Models",
+    "gpus": "GPUs",
+    "keys": "Keys and tenants",
 }
 # The shells change only with a new release, but a stale script would break a page.
 NO_CACHE = {"Cache-Control": "no-cache"}
@@ -132,6 +138,21 @@ async def rules() -> HTMLResponse:
 @router.get("/workers", response_class=HTMLResponse)
 async def workers() -> HTMLResponse:
     return _page("workers")
+
+
+@router.get("/models", response_class=HTMLResponse)
+async def models() -> HTMLResponse:
+    return _page("models")
+
+
+@router.get("/gpus", response_class=HTMLResponse)
+async def gpus() -> HTMLResponse:
+    return _page("gpus")
+
+
+@router.get("/keys", response_class=HTMLResponse)
+async def keys() -> HTMLResponse:
+    return _page("keys")
 
 
 @router.get("/static/{name:path}")

@@ -19,6 +19,7 @@ router = APIRouter(prefix="/v1/gpus", tags=["gpus"], dependencies=ADMIN_ONLY, re
 async def list_gpus(db: SessionDep, state: StateDep) -> GpusPublic:
     gpus = await db.run_sync(store.list_gpus)
     live = await to_thread.run_sync(lambda: telemetry.read(state.redis, [g.uuid for g in gpus]))
+    too_small = await to_thread.run_sync(lambda: {g.uuid: health.too_small_models(state.redis, [g.uuid]) for g in gpus})
     return GpusPublic(
         data=[
             GpuPublic(
@@ -30,6 +31,7 @@ async def list_gpus(db: SessionDep, state: StateDep) -> GpusPublic:
                 memory_total_mib=g.memory_total_mib,
                 healthy=g.healthy,
                 unhealthy_reason=g.unhealthy_reason,
+                too_small_for=sorted(too_small[g.uuid]),
                 last_seen=g.last_seen,
                 live=g.uuid in live,
                 memory_free_mib=live.get(g.uuid, {}).get("memory_free_mib"),

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
 from api.deps import AdminDep, CallerDep, SessionDep
 from api.errors import errors
-from api.schemas import KeyCreate, KeyCreated, KeyPublic, KeysPublic
+from api.schemas import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic
 from gpuq import store
+from gpuq.db.tables import utcnow
 from gpuq.errors import RequestError
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -34,8 +36,24 @@ async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCr
 
 @router.get("", response_model=KeysPublic, responses=errors(403))
 async def list_keys(db: SessionDep, _admin: AdminDep, include_revoked: Annotated[bool, Query()] = False) -> KeysPublic:
-    keys = await db.run_sync(lambda s: store.list_api_keys(s, include_revoked=include_revoked))
-    return KeysPublic(data=[KeyPublic.of(k) for k in keys])
+    """Every key with what it submitted in the past hour (the dashboard's keys page)."""
+    keys, usage = await db.run_sync(
+        lambda s: (
+            store.list_api_keys(s, include_revoked=include_revoked),
+            store.usage_by_key_since(s, utcnow() - timedelta(hours=1)),
+        )
+    )
+    none = store.KeyUsage()
+    return KeysPublic(
+        data=[
+            KeyListed(
+                **KeyPublic.of(k).model_dump(),
+                jobs_last_hour=usage.get(k.id, none).jobs,
+                tokens_last_hour=usage.get(k.id, none).tokens,
+            )
+            for k in keys
+        ]
+    )
 
 
 @router.get("/me", response_model=KeyPublic)

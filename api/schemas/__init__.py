@@ -26,7 +26,7 @@ from api.schemas.jobs import (
     JobSummary,
     NoopJobCreate,
 )
-from api.schemas.keys import KeyCreate, KeyCreated, KeyPublic, KeysPublic
+from api.schemas.keys import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic
 from api.schemas.models import ModelCreate, ModelPublic, ModelsPublic
 from api.schemas.schedules import (
     FireTimes,
@@ -76,6 +76,7 @@ __all__ = [
     "JobsPublic",
     "KeyCreate",
     "KeyCreated",
+    "KeyListed",
     "KeyPublic",
     "KeysPublic",
     "ModelCreate",

@@ -64,6 +64,10 @@ class GpuPublic(BaseModel):
     power_w: float | None
     healthy: bool
     unhealthy_reason: str | None
+    too_small_for: list[str] = Field(
+        description="models a load on it alone ran out of memory for; "
+        "kept off it until the mark expires or it is cleared"
+    )
     last_seen: datetime
     live: bool = Field(description="a supervisor published telemetry for it in the last 30 s")
 

@@ -62,5 +62,10 @@ class KeyCreated(KeyPublic):
     key: str = Field(description="the secret: shown in this response only, store it now")
 
 
+class KeyListed(KeyPublic):
+    jobs_last_hour: int = Field(description="jobs submitted with it in the past hour (a batch's lines each count)")
+    tokens_last_hour: int = Field(description="prompt and completion tokens of those jobs that have finished")
+
+
 class KeysPublic(BaseModel):
-    data: list[KeyPublic]
+    data: list[KeyListed]

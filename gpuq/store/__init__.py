@@ -68,6 +68,7 @@ from gpuq.store.job_actions import (
 from gpuq.store.jobs import (
     ClaimedJob,
     JobFilter,
+    KeyUsage,
     NewJob,
     Outcome,
     RunningJob,
@@ -93,6 +94,7 @@ from gpuq.store.jobs import (
     record_outcomes_written,
     return_to_queue,
     running_jobs,
+    usage_by_key_since,
 )
 from gpuq.store.model_registry import (
     get_model,
@@ -118,6 +120,7 @@ from gpuq.store.webhooks import (
 __all__ = [
     "ClaimedJob",
     "JobFilter",
+    "KeyUsage",
     "NewJob",
     "Outcome",
     "Revocation",
@@ -201,4 +204,5 @@ __all__ = [
     "set_gpu_health",
     "set_next_fire_time",
     "upsert_gpus",
+    "usage_by_key_since",
 ]

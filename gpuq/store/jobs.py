@@ -175,6 +175,26 @@ def count_queued_jobs_of_key(session: Session, api_key_id: str) -> int:
     return session.scalar(query) or 0
 
 
+@dataclass(frozen=True, slots=True)
+class KeyUsage:
+    """What one API key submitted since a moment: its jobs (a batch's lines each count) and
+    the tokens of those that finished."""
+
+    jobs: int = 0
+    tokens: int = 0
+
+
+def usage_by_key_since(session: Session, since: datetime) -> dict[str, KeyUsage]:
+    """Jobs submitted at ``since`` or later, by API key; keys that submitted none are absent."""
+    tokens = func.coalesce(func.sum(func.coalesce(Job.prompt_tokens, 0) + func.coalesce(Job.completion_tokens, 0)), 0)
+    rows = session.execute(
+        select(Job.api_key_id, func.count(), tokens)
+        .where(Job.created_at >= since, Job.api_key_id.is_not(None))
+        .group_by(Job.api_key_id)
+    )
+    return {str(key_id): KeyUsage(jobs=int(n), tokens=int(t)) for key_id, n, t in rows}
+
+
 def creation_times(session: Session, job_ids: Sequence[str]) -> dict[str, datetime]:
     """When each of these jobs was submitted; ids with no row are absent."""
     if not job_ids:

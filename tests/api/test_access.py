@@ -3,11 +3,14 @@
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
-from gpuq.db.tables import ApiKey, Job
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import ApiKey, Job, utcnow
 from tests.api.conftest import bearer, redis_job_keys
 from tests.conftest import both_databases
 
@@ -140,6 +143,22 @@ def test_admins_create_list_and_revoke_keys_and_the_secret_is_shown_once(client,
     assert client.delete(f"/v1/keys/{key['id']}").status_code == 204
     assert client.get("/v1/keys/me", headers=bearer(key["key"])).status_code == 401
     assert client.delete(f"/v1/keys/{key['id']}").status_code == 404
+
+
+@both_databases
+def test_the_key_list_says_what_each_key_submitted_in_the_past_hour(as_key, make_key, client, database_url):
+    acme, globex = make_key("submitter", "acme"), make_key("submitter", "globex")
+    mine = [as_key(acme, "POST", "/v1/jobs", json=NOOP).json()["id"] for _ in range(3)]
+    old = as_key(globex, "POST", "/v1/jobs", json=NOOP).json()
+    engine = sync_engine(database_url)
+    with sync_sessions(engine)() as s:  # one of acme's finished; globex's job is two hours old
+        s.execute(update(Job).where(Job.id == mine[0]).values(prompt_tokens=5, completion_tokens=7))
+        s.execute(update(Job).where(Job.id == old["id"]).values(created_at=utcnow() - timedelta(hours=2)))
+        s.commit()
+    engine.dispose()
+    usage = {k["owner"]: (k["jobs_last_hour"], k["tokens_last_hour"]) for k in client.get("/v1/keys").json()["data"]}
+    assert usage == {"admin": (0, 0), "acme": (3, 12), "globex": (0, 0)}
+    assert as_key(acme, "GET", "/v1/keys").status_code == 403
 
 
 def test_the_last_admin_key_cannot_be_revoked(client):

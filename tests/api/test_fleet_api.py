@@ -7,6 +7,7 @@ from gpuq import store
 from gpuq.db.tables import Gpu
 from gpuq.fleet import health, telemetry
 from gpuq.fleet.gpus import simulated_inventory, with_free_memory
+from tests.api.conftest import bearer
 from tests.conftest import both_databases
 
 MODEL = "smollm2-135m"
@@ -159,6 +160,18 @@ def test_clearing_an_unhealthy_gpu(client, fleet, session, redis):
     assert health.too_small_models(redis, (uuid,)) == set()
     assert health.too_small_models(redis, (fleet.gpus[1].uuid,)) == {"big-model"}
     assert client.post("/v1/gpus/GPU-missing/clear").status_code == 404
+
+
+def test_each_gpu_lists_the_models_it_was_found_too_small_for_until_cleared(client, fleet, redis, make_key):
+    first, second = fleet.gpus[0].uuid, fleet.gpus[1].uuid
+    health.mark_too_small(redis, (first,), "big-model", ttl_s=3600)
+    health.mark_too_small(redis, (first,), "huge-model", ttl_s=3600)
+    health.mark_too_small(redis, (second,), "gone-model", ttl_s=0.01)  # expired by the time it is read
+    listed = {g["uuid"]: g["too_small_for"] for g in client.get("/v1/gpus").json()["data"]}
+    assert listed[first] == ["big-model", "huge-model"] and listed[second] == []
+    assert client.post(f"/v1/gpus/{first}/clear").status_code == 200
+    assert [g["too_small_for"] for g in client.get("/v1/gpus").json()["data"]] == [[], [], [], []]
+    assert client.get("/v1/gpus", headers=bearer(make_key("submitter", "acme"))).status_code == 403
 
 
 def test_a_rule_may_name_a_mig_device_by_its_uuid(client, fleet):

@@ -3,7 +3,7 @@
 // times), and sparklines (one small series over a fixed window, with gaps where nothing
 // was read).
 
-import { when } from "./dom.js";
+import { el, mib, number, when } from "./dom.js";
 
 // An XML namespace, not an address anything is fetched from.
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -64,4 +64,29 @@ export function sparkline(points, { since, until, top, width = 240, height = 36 
     if (coords.length) chart.append(svg("polyline", { points: coords.join(" ") }));
   }
   return chart;
+}
+
+// The hour's history of one GPU, as the overview's cards and the GPUs page show it: a
+// sparkline per measure, with its latest value, or "no readings" where the GPU reports none
+// (a simulated GPU has no utilisation or power).
+export function gpuHistoryRows(g, series, window) {
+  const since = new Date(window.since).getTime();
+  const until = new Date(window.until).getTime();
+  const measures = [
+    ["utilisation", "utilization_pct", 100, (v) => `${number(v, 0)} %`],
+    ["memory", "memory_used_mib", g.memory_total_mib, mib],
+    ["power", "power_w", null, (v) => `${number(v, 0)} W`],
+  ];
+  return measures.map(([name, field, top, format]) => {
+    const points = series.map((p) => ({ t: new Date(p.start).getTime(), v: p[field] }));
+    const read = points.filter((p) => p.v !== null);
+    const latest = read.length ? format(read[read.length - 1].v) : "no readings";
+    return el(
+      "div",
+      { class: "history-row", "data-measure": name },
+      el("span", { class: "history-name" }, name),
+      read.length ? sparkline(points, { since, until, top }) : el("span", { class: "history-none" }),
+      el("span", { class: `history-value${read.length ? "" : " muted"}` }, latest),
+    );
+  });
 }

@@ -16,9 +16,12 @@ import * as overview from "./pages/overview.js";
 import * as rules from "./pages/rules.js";
 import * as schedules from "./pages/schedules.js";
 import * as workers from "./pages/workers.js";
+import * as models from "./pages/models.js";
+import * as gpus from "./pages/gpus.js";
+import * as keys from "./pages/keys.js";
 import { refresh, startPolling } from "./refresh.js";
 
-const PAGES = { overview, jobs, job, batches, schedules, rules, workers };
+const PAGES = { overview, jobs, job, batches, schedules, rules, workers, models, gpus, keys };
 const name = document.body.dataset.page;
 const page = PAGES[name];
 

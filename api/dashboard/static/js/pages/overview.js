@@ -3,7 +3,7 @@
 // depths, the throughput chart, energy by model, and the latest failures.
 
 import { api, has, query } from "../api.js";
-import { lineChart, sparkline } from "../chart.js";
+import { gpuHistoryRows, lineChart } from "../chart.js";
 import {
   $,
   bar,
@@ -154,30 +154,6 @@ function readings(g) {
   return el("p", { class: "readings" }, parts.join(" · "));
 }
 
-// The hour's history of one GPU: a sparkline per measure, with its latest value, or "no
-// readings" where the GPU reports none (a simulated GPU has no utilisation or power).
-function historyRows(g, series, window) {
-  const since = new Date(window.since).getTime();
-  const until = new Date(window.until).getTime();
-  const measures = [
-    ["utilisation", "utilization_pct", 100, (v) => `${number(v, 0)} %`],
-    ["memory", "memory_used_mib", g.memory_total_mib, mib],
-    ["power", "power_w", null, (v) => `${number(v, 0)} W`],
-  ];
-  return measures.map(([name, field, top, format]) => {
-    const points = series.map((p) => ({ t: new Date(p.start).getTime(), v: p[field] }));
-    const read = points.filter((p) => p.v !== null);
-    const latest = read.length ? format(read[read.length - 1].v) : "no readings";
-    return el(
-      "div",
-      { class: "history-row", "data-measure": name },
-      el("span", { class: "history-name" }, name),
-      read.length ? sparkline(points, { since, until, top }) : el("span", { class: "history-none" }),
-      el("span", { class: `history-value${read.length ? "" : " muted"}` }, latest),
-    );
-  });
-}
-
 function memory(g) {
   const used = g.memory_free_mib === null ? null : g.memory_total_mib - g.memory_free_mib;
   if (used === null) return el("p", { class: "muted" }, `${mib(g.memory_total_mib)}, no live reading`);
@@ -205,7 +181,7 @@ function drawGpus(gpus, workers, history) {
       memory(g),
       readings(g),
       mine === null ? "" : el("p", { class: "small models" }, `models: ${models.join(", ") || "none loaded"}`),
-      history ? el("div", { class: "history" }, ...historyRows(g, series.get(g.uuid) || [], history.window)) : "",
+      history ? el("div", { class: "history" }, ...gpuHistoryRows(g, series.get(g.uuid) || [], history.window)) : "",
       g.healthy ? "" : clearButton(g),
     );
   });

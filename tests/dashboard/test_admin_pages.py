@@ -1,0 +1,241 @@
+"""The dashboard's models, GPUs and keys pages in headless Chromium, against real gpuq processes.
+
+One system for the module: the API and a supervisor running two workers on simulated GPUs
+(24 and 80 GiB, sampled every second), one of which has loaded the bundled model for an
+embedding. The browser, the tabs (strict CSP, console errors recorded) and the layout checks
+are test_dashboard.py's; each page is also checked at 800 px, and for sections drawn over one
+another. Screenshots go to test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+from redis import Redis
+
+from gpuq import store
+from gpuq.cli.client import GpuqClient
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.fleet import health
+from gpuq.testing import GpuqProcesses
+from tests.conftest import RedisDbs, fresh_database, migrate_and_register, redis_db
+from tests.dashboard import test_dashboard as shared
+from tests.dashboard.test_dashboard import MODEL, Tab, _mib, assert_laid_out, loaded, screenshot, sign_in
+
+# test_dashboard.py's browser (one for this module) and tabs (strict CSP, errors recorded).
+browser = shared.browser
+tab = shared.tab
+
+pytestmark = pytest.mark.e2e
+
+NARROW = {"width": 800, "height": 900}
+
+
+@dataclass
+class System:
+    url: str
+    admin_key: str
+    client: GpuqClient
+    database_url: str
+    redis_url: str
+    workdir: Path
+    model_path: str
+
+
+@pytest.fixture(scope="module")
+def system(
+    tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, redis_dbs: RedisDbs, model_path: str
+) -> Iterator[System]:
+    workdir = tmp_path_factory.mktemp("dashboard-admin")
+    (workdir / "models").mkdir()
+    with fresh_database("sqlite", workdir) as database_url, redis_db(redis_server_url, redis_dbs.spare) as redis_url:
+        migrate_and_register(database_url)
+        settings = {"GPUQ_SIMULATED_GPUS": "24,80", "GPUQ_GPU_SAMPLE_INTERVAL_S": "1"}
+        processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
+        try:
+            _api, url = processes.start_api()
+            with processes.client(url) as client:
+                processes.start_supervisor(expected_workers=2)
+                job = client.submit({"kind": "embed", "model": MODEL, "input": "hi"})
+                assert client.wait(job["id"], timeout_s=120)["status"] == "succeeded"
+                yield System(url, processes.admin_key, client, database_url, redis_url, workdir, model_path)
+        except Exception:
+            print(processes.logs())
+            raise
+        finally:
+            processes.stop_all()
+
+
+def _get(system: System, path: str, key: str | None = None) -> httpx.Response:
+    return httpx.get(f"{system.url}{path}", headers={"Authorization": f"Bearer {key or system.admin_key}"})
+
+
+def _data(system: System, path: str) -> Any:
+    response = _get(system, path)
+    response.raise_for_status()
+    return response.json()["data"]
+
+
+# Sibling boxes (the page's sections, the columns, the cards) that are drawn over one another.
+OVERLAPS = """() => {
+  const boxes = [...document.querySelectorAll("main > *, main .columns > *, #gpu-hosts > *, main .cards > *")]
+    .filter((e) => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; });
+  const name = (e) => `${e.tagName.toLowerCase()}${e.id ? "#" + e.id : ""}.${e.getAttribute("class") || ""}`;
+  const found = [];
+  boxes.forEach((a, i) => boxes.slice(i + 1).forEach((b) => {
+    if (a.parentElement !== b.parentElement) return;
+    const r = a.getBoundingClientRect(), s = b.getBoundingClientRect();
+    const x = Math.min(r.right, s.right) - Math.max(r.left, s.left);
+    const y = Math.min(r.bottom, s.bottom) - Math.max(r.top, s.top);
+    if (x > 1 && y > 1) found.push(`${name(a)} / ${name(b)}`);
+  }));
+  return found;
+}"""
+
+
+def assert_fits_both_widths(page: Page, name: str) -> None:
+    """Laid out (no overflow, nothing broken across lines) and no sections overlapping, at
+    1280 px and at 800 px, with a screenshot of each."""
+    for viewport, suffix in (({"width": 1280, "height": 900}, ""), (NARROW, "-800")):
+        page.set_viewport_size(viewport)
+        assert_laid_out(page)
+        assert page.evaluate(OVERLAPS) == []
+        screenshot(page, f"{name}{suffix}")
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+
+def test_the_models_page_shows_where_each_model_is_loaded_and_registers_and_unloads_one(
+    system: System, tab: Tab
+) -> None:
+    [holder] = [w for w in _data(system, "/v1/workers") if MODEL in w["loaded_models"]]
+    gpus = {g["uuid"]: g for g in _data(system, "/v1/gpus")}
+    [registered] = [m for m in _data(system, "/v1/models") if m["id"] == MODEL]
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/models")
+    loaded(page)
+    row = page.locator(f'#models tr[data-model="{MODEL}"]')
+    place = gpus[holder["gpu_uuids"][0]]
+    expect(row.locator("td.loaded")).to_have_text(f"{place['host']} / {place['index']} (sim) ({holder['name']})")
+    expect(row.locator("td.vram")).to_have_text(f"{_mib(registered['vram_estimate_mib'])} estimated")
+    assert_fits_both_widths(page, "models")
+
+    # Registered from the page: a second name for the bundled file, for embeddings, with a measured figure.
+    (system.workdir / "models" / "extra.gguf").symlink_to(system.model_path)
+    form = page.locator("#model-form")
+    form.locator("input[name=name]").fill("extra")
+    form.locator("input[name=path]").fill("extra.gguf")
+    form.locator("select[name=kinds]").select_option("embed")
+    form.locator("input[name=vram_mib]").fill("900")
+    form.locator("button[type=submit]").click()
+    extra = page.locator('#models tr[data-model="extra"]')
+    expect(extra.locator("td.vram")).to_have_text("900 MiB measured")
+    expect(extra.locator("td.loaded")).to_have_text("not loaded")
+    model = _get(system, "/v1/models/extra").json()
+    assert (model["kinds"], model["vram_mib"]) == (["embed"], 900)
+
+    # A file that is not there is refused with the API's reason, and nothing is registered.
+    form.locator("input[name=name]").fill("missing")
+    form.locator("input[name=path]").fill("missing.gguf")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#message")).to_contain_text("missing.gguf")
+    assert _get(system, "/v1/models/missing").status_code == 404
+
+    row.get_by_role("button", name="Unload").click()
+    expect(row.locator("td.loaded")).to_have_text("not loaded")  # once the worker has let it go
+    assert [w["loaded_models"] for w in _data(system, "/v1/workers") if MODEL in w["loaded_models"]] == []
+    expect(row.get_by_role("button", name="Unload")).to_have_count(0)
+    # Chromium logs the refused registration (422) itself as a console error; nothing else may be reported.
+    assert [e for e in tab.errors if "422" not in e] == []
+
+
+def test_the_gpus_page_shows_each_hosts_gpus_their_marks_and_history_and_clears_them(system: System, tab: Tab) -> None:
+    gpus = sorted(_data(system, "/v1/gpus"), key=lambda g: g["index"])
+    sick, small = gpus[0]["uuid"], gpus[1]["uuid"]
+    engine = sync_engine(system.database_url)
+    with sync_sessions(engine)() as session:  # as a worker does after repeated CUDA errors
+        store.set_gpu_health(session, sick, healthy=False, reason="3 CUDA errors in a row")
+    engine.dispose()
+    redis = Redis.from_url(system.redis_url)
+    health.mark_too_small(redis, (small,), "big-model", ttl_s=3600)  # as an out-of-memory load on it alone does
+    redis.close()
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/gpus")
+    loaded(page)
+    [host] = {g["host"] for g in gpus}
+    expect(page.locator(f'#gpu-hosts section[data-host="{host}"] h2')).to_have_text(host)
+    sick_card, small_card = (page.locator(f'#gpu-hosts .card[data-uuid="{u}"]') for u in (sick, small))
+    expect(sick_card.locator(".gpu-health")).to_have_text("unhealthy 3 CUDA errors in a row")
+    expect(small_card.locator(".gpu-health")).to_have_text("healthy")
+    expect(small_card.locator(".too-small")).to_have_text("too small for: big-model")
+    expect(sick_card.locator(".too-small")).to_have_count(0)
+    for uuid in (sick, small):  # an hour of samples: memory (a simulated GPU records nothing else)
+        card = page.locator(f'#gpu-hosts .card[data-uuid="{uuid}"]')
+        expect(card.locator('.history-row[data-measure="memory"] svg polyline').first).to_be_attached()
+        expect(card.locator('.history-row[data-measure="power"]')).to_contain_text("no readings")
+    events = page.locator("section#gpu-events")
+    expect(events).to_have_count(1)
+    assert events.inner_html() == ""  # the placeholder the worker and GPU events fill
+    assert_fits_both_widths(page, "gpus")
+
+    for card in (sick_card, small_card):
+        card.get_by_role("button", name="Clear").click()
+        expect(card.get_by_role("button", name="Clear")).to_have_count(0)
+    expect(sick_card.locator(".gpu-health")).to_have_text("healthy")
+    expect(small_card.locator(".too-small")).to_have_count(0)
+    after = {g["uuid"]: g for g in _data(system, "/v1/gpus")}
+    assert after[sick]["healthy"] and after[sick]["unhealthy_reason"] is None
+    assert after[small]["too_small_for"] == []
+    assert tab.errors == []
+
+
+def test_the_keys_page_lists_usage_and_creates_a_key_shown_once_and_revokes_it(system: System, tab: Tab) -> None:
+    admin = {"Authorization": f"Bearer {system.admin_key}"}
+    body = {"name": "evals", "owner": "acme", "role": "submitter", "max_queued_jobs": 5}
+    acme = httpx.post(f"{system.url}/v1/keys", json=body, headers=admin).json()
+    for _ in range(2):
+        submitted = httpx.post(
+            f"{system.url}/v1/jobs",
+            json={"kind": "noop", "model": MODEL},
+            headers={"Authorization": f"Bearer {acme['key']}"},
+        )
+        assert submitted.status_code == 202
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/keys")
+    loaded(page)
+    row = page.locator(f'#keys tr[data-key="{acme["id"]}"]')
+    expect(row).to_contain_text("acme")
+    expect(row).to_contain_text("5 queued")
+    expect(row.locator("td.usage")).to_have_text(re.compile(r"^2 jobs · \d+ tokens?$"))
+    expect(page.locator('#tenants tr[data-tenant="acme"]')).to_contain_text("2")
+    expect(page.locator("#keys")).to_contain_text("(this tab's key)")
+    assert_fits_both_widths(page, "keys")
+
+    # A key made in the page: its secret shown once, working, and its name drawn as text.
+    name = '<img src=x onerror="window.injected=1">'
+    form = page.locator("#key-form")
+    form.locator("input[name=name]").fill(name)
+    form.locator("input[name=owner]").fill("globex")
+    form.locator("input[name=max_submissions_per_minute]").fill("30")
+    form.locator("button[type=submit]").click()
+    secret_box = page.locator("#key-secret-value")
+    expect(secret_box).to_have_text(re.compile(r"^gpuq_"))
+    secret = secret_box.inner_text()
+    me = _get(system, "/v1/keys/me", secret).json()
+    assert (me["name"], me["owner"], me["role"], me["max_submissions_per_minute"]) == (name, "globex", "submitter", 30)
+    created = page.locator(f'#keys tr[data-key="{me["id"]}"]')
+    expect(created).to_contain_text(name)
+    assert created.locator("img").count() == 0 and page.evaluate("window.injected") is None
+    expect(page.locator('#tenants tr[data-tenant="globex"]')).to_have_count(1)
+    screenshot(page, "keys-created")
+
+    created.get_by_role("button", name="Revoke").click()
+    expect(created).to_have_count(0)
+    assert _get(system, "/v1/keys/me", secret).status_code == 401
+    assert tab.errors == []
