@@ -213,12 +213,14 @@ def _recover_from_dead_workers(
             # Several jobs went down together (continuous batching): which one crashed the
             # worker is unknown, so none is charged; each runs alone next, where a job that
             # crashes its worker again is charged as usual.
-            if store.return_to_queue(session, entry.job_id, worker=worker, refund_attempt=True):
+            if store.return_to_queue(
+                session, entry.job_id, worker=worker, reason=_died(worker, died_with[worker]), refund_attempt=True
+            ):
                 back.append(entry)
                 alone.append(entry.job_id)
         elif job.attempts >= max_attempts:
             _give_up(session, redis, job, report)
-        elif store.return_to_queue(session, entry.job_id, worker=worker):
+        elif store.return_to_queue(session, entry.job_id, worker=worker, reason=_died(worker, 1)):
             back.append(entry)
     if alone:
         _mark_run_alone(redis, alone)
@@ -248,11 +250,23 @@ def _requeue_orphans(
     back = [
         entry
         for entry in _persisting(redis, ORPHAN_SUSPECTS_KEY, orphans, limit_s=limit_s)
-        if store.return_to_queue(session, entry.job_id, worker=workers_of[entry.job_id], refund_attempt=True)
+        if store.return_to_queue(
+            session, entry.job_id, worker=workers_of[entry.job_id], reason=ORPHAN_REASON, refund_attempt=True
+        )
     ]
     if back:
         enqueue_jobs(redis, back, timeout_s=timeout_s)
         report.orphaned.extend(e.job_id for e in back)
+
+
+ORPHAN_REASON = "running on a live worker that had no execution of it (a claim whose acknowledgement was lost)"
+
+
+def _died(worker: str | None, together: int) -> str:
+    """Why a dead worker's run ended, as its job's run history shows it."""
+    if together > 1:
+        return f"worker {worker} died with {together} jobs running; not charged, run alone next"
+    return f"worker {worker} died while running it"
 
 
 def _give_up(session: Session, redis: Redis, job: store.RunningJob, report: ReconcileReport) -> None:

@@ -65,6 +65,7 @@ from gpuq.store.job_actions import (
     requeue_running_job,
     retry_finished_jobs,
 )
+from gpuq.store.job_runs import runs_of_job
 from gpuq.store.jobs import (
     ClaimedJob,
     JobFilter,
@@ -190,6 +191,7 @@ __all__ = [
     "requeue_running_job",
     "retry_finished_jobs",
     "return_to_queue",
+    "runs_of_job",
     "revoke_api_key",
     "revoke_key_keeping_an_admin",
     "running_batch_jobs",

@@ -14,7 +14,7 @@ def test_a_spooled_outcome_of_an_earlier_attempt_is_not_applied_to_a_later_run(s
     store.claim_job(session, job.id, worker="w1", device="cpu")
     stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, attempt=1)
     spool(redis, "w1", [(stale, None)])
-    store.return_to_queue(session, job.id, worker="w1")
+    store.return_to_queue(session, job.id, worker="w1", reason="its worker died")
     store.claim_job(session, job.id, worker="w1", device="cpu")  # attempt 2, same worker
     assert apply_spool(session, redis, "w1") == []
     session.expire_all()
