@@ -73,14 +73,14 @@ def delete_finished_jobs(session: Session, *, before: datetime, limit: int) -> i
 
 
 def _delete_jobs_with_runs(session: Session, conditions: list[ColumnElement[bool]], limit: int) -> int:
-    """``_bounded_delete`` of jobs, their runs (``job_runs``) going in the same transaction."""
-    chunk = select(Job.id).where(*conditions).limit(limit).scalar_subquery()
-    statement = delete(Job).where(Job.id.in_(chunk), *conditions).returning(Job.id)
-    gone = list(session.scalars(statement.execution_options(**NO_SYNC)))
-    if gone:
-        session.execute(delete(JobRun).where(JobRun.job_id.in_(gone)).execution_options(**NO_SYNC))
+    """Up to ``limit`` jobs matching ``conditions`` and their runs (``job_runs``), in one transaction."""
+    ids = list(session.scalars(select(Job.id).where(*conditions).limit(limit)))
+    deleted = rows_changed(session, delete(Job).where(Job.id.in_(ids), *conditions).execution_options(**NO_SYNC))
+    if deleted:  # the runs of those that went (one changed since the select stays, with its runs)
+        gone = delete(JobRun).where(JobRun.job_id.in_(ids), ~exists().where(Job.id == JobRun.job_id))
+        session.execute(gone.execution_options(**NO_SYNC))
     session.commit()
-    return len(gone)
+    return deleted
 
 
 # ---------------------------------------------------------------- batches, with their jobs
