@@ -10,6 +10,7 @@ from api.deps import SessionDep, StateDep
 from api.schemas.health import Health, Readiness
 from gpuq import store
 from gpuq.errors import RETRY_AFTER_S
+from gpuq.fleet.workers import LiveWorker, live_workers
 
 router = APIRouter(tags=["health"])
 
@@ -31,13 +32,27 @@ async def readyz(db: SessionDep, state: StateDep) -> JSONResponse:
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"unreachable: {exc}"
+    workers = "unknown"
     try:
-        await to_thread.run_sync(state.redis.ping)
+        workers = _workers(await to_thread.run_sync(live_workers, state.redis))
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"unreachable: {exc}"
     if all(v == "ok" for v in checks.values()):
-        return JSONResponse({"status": "ok", **checks})
+        return JSONResponse({"status": "ok", **checks, "workers": workers})
     return JSONResponse(
-        {"status": "unavailable", **checks}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}
+        {"status": "unavailable", **checks, "workers": workers},
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
+
+
+def _workers(live: list[LiveWorker]) -> str:
+    """Whether any worker can take a job now: a supervisor that died, or every worker drained,
+    leaves the API accepting jobs that nothing runs."""
+    taking = sum(1 for worker in live if not worker.drain_requested)
+    if taking:
+        return f"{taking} can take jobs"
+    if live:
+        return f"none can take jobs: all {len(live)} live workers are drained"
+    return "none can take jobs: no live worker"
