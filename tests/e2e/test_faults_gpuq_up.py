@@ -1,5 +1,6 @@
 """`gpuq up` on one data directory: stopped by SIGTERM or killed outright, it leaves no
-process behind, and a second one cannot start beside it."""
+process behind, and a second one cannot start beside it; its supervisor killed, it starts
+it again, and /readyz says meanwhile that no worker can take a job."""
 
 import os
 import signal
@@ -9,8 +10,12 @@ from pathlib import Path
 
 import httpx
 
+from gpuq import store
+from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.local.redis_server import free_port
 from tests.e2e.conftest import wait_until
+
+NOOP = {"kind": "noop", "model": "smollm2-135m"}
 
 
 def _descendants(pid: int) -> set[int]:
@@ -103,4 +108,55 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
                 os.kill(pid, signal.SIGKILL)
     finally:  # on a failure, leave no stray process to the tests that follow
         for pid in _alive({first.pid, *first_children}):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _supervisors(up_pid: int) -> set[int]:
+    return {pid for pid in _alive(_descendants(up_pid)) if b"supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+
+
+def _statuses(data_dir: Path, job_ids: list[str]) -> list[tuple[str, int]]:
+    """Each job's status and attempts, as the SQL history of `gpuq up` has them."""
+    engine = sync_engine(f"sqlite:///{data_dir / 'gpuq.db'}")
+    try:
+        with sync_sessions(engine)() as session:
+            return [(job.status, job.attempts) for job in (store.get_job(session, i) for i in job_ids)]
+    finally:
+        engine.dispose()
+
+
+def test_gpuq_up_starts_its_supervisor_again_after_it_is_killed_and_readyz_says_when_no_worker_can_run(tmp_path):
+    data_dir, port = tmp_path / "data", free_port()
+    up = _up(data_dir, port)
+    children: set[int] = set()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        children = _started(up, port)
+        [killed] = _supervisors(up.pid)
+        key = (data_dir / "admin.key").read_text().strip()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+            wait_until(lambda: http.get("/readyz").json()["workers"] == "1 can take jobs", "no worker ever took jobs")
+            before = http.post("/v1/jobs", json=NOOP).json()["id"]
+            wait_until(lambda: http.get(f"/v1/jobs/{before}").json()["status"] == "succeeded", "no job ran")
+
+            os.kill(killed, signal.SIGKILL)  # as the OOM killer does
+            # Its worker gets its death signal and leaves: for a moment nothing can run a job.
+            wait_until(
+                lambda: http.get("/readyz").json()["workers"] == "none can take jobs: no live worker",
+                "/readyz never said that no worker could take a job",
+                timeout_s=30,
+            )
+            assert http.get("/readyz").status_code == 200  # the API itself still takes jobs
+            queued = [http.post("/v1/jobs", json=NOOP).json()["id"] for _ in range(3)]
+            wait_until(lambda: _supervisors(up.pid) - {killed}, "gpuq up never started its supervisor again", 60)
+            wait_until(lambda: http.get("/readyz").json()["workers"] == "1 can take jobs", "no worker came back", 120)
+            ids = [before, *queued]
+            wait_until(lambda: all(s == "succeeded" for s, _ in _statuses(data_dir, ids)), "jobs stayed queued", 60)
+        assert _statuses(data_dir, ids) == [("succeeded", 1)] * 4
+        children |= _descendants(up.pid)
+        up.send_signal(signal.SIGTERM)
+        out, _ = up.communicate(timeout=60)
+        assert f"the supervisor (pid {killed}) exited (killed by SIGKILL); starting it again in 1 s" in out
+    finally:
+        for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
             os.kill(pid, signal.SIGKILL)
