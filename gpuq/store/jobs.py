@@ -456,7 +456,9 @@ def return_to_queue(
     )
     changed = rows_changed(session, statement)
     if changed:
-        record_run_end(session, job_id, worker=worker, outcome=RunOutcome.REQUEUED, reason=reason, refunded=refund_attempt)
+        record_run_end(
+            session, job_id, worker=worker, outcome=RunOutcome.REQUEUED, reason=reason, refunded=refund_attempt
+        )
     session.commit()
     return bool(changed)
 

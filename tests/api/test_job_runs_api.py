@@ -18,7 +18,9 @@ def test_a_job_rerun_after_dying_beside_others_shows_both_runs(client, session):
     died = "worker w1 died with 2 jobs running; not charged, run alone next"
     store.return_to_queue(session, job["id"], worker="w1", reason=died, refund_attempt=True)
     store.claim_job(session, job["id"], worker="w2", device="cpu", host="h2")
-    store.record_outcomes(session, [store.Outcome(job["id"], "w2", JobStatus.SUCCEEDED, utcnow(), result={}, attempt=1)])
+    store.record_outcomes(
+        session, [store.Outcome(job["id"], "w2", JobStatus.SUCCEEDED, utcnow(), result={}, attempt=1)]
+    )
 
     shown = client.get(f"/v1/jobs/{job['id']}").json()
     assert shown["status"] == "succeeded" and shown["attempts"] == 1
