@@ -81,7 +81,8 @@ def restart_delay_s(failures: int) -> float:
 
 
 class SupervisorKeeper:
-    """The supervisor of ``gpuq up``, started again whenever it exits on its own.
+    """The supervisor of ``gpuq up``, started again whenever it dies (a signal or a non-zero
+    exit status; an exit 0 is a stop it was asked for).
 
     Without it a supervisor killed by the OOM killer (or crashing) left ``gpuq up`` serving
     an API whose jobs were accepted and never run. Its watch thread is the restarted
@@ -106,6 +107,11 @@ class SupervisorKeeper:
             process = self.process
             if process is None or process.poll() is None:
                 continue
+            if process.returncode == 0:
+                # It was told to stop and drained its workers: the signal was meant for all of
+                # gpuq up (Ctrl-C reaches the whole process group), or someone stopped it.
+                log.warning("the supervisor (pid %d) stopped; not starting it again", process.pid)
+                return
             if time.monotonic() - started >= RESTART_STABLE_AFTER_S:
                 failures = 0
             delay = restart_delay_s(failures)

@@ -230,6 +230,23 @@ def cancel_queued_job(session: Session, job_id: str) -> bool:
     return commit_changed(session, statement)
 
 
+def cancel_queued_jobs_saying(session: Session, ids: Sequence[str], *, error: str) -> list[QueueEntry]:
+    """Those of ``ids`` still queued to cancelled, with ``error`` as the reason; returns those
+    changed (to take out of Redis)."""
+    if not ids:
+        return []
+    now = utcnow()
+    rows = session.execute(
+        update(Job)
+        .execution_options(**NO_SYNC)
+        .where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.CANCELLED, error=error, cancel_requested_at=now, finished_at=now)
+        .returning(*QUEUE_ENTRY_COLUMNS)
+    ).all()
+    session.commit()
+    return [queue_entry(r) for r in rows]
+
+
 def mark_cancel_requested(session: Session, job_id: str) -> bool:
     """Record that a running job should stop; the worker makes it final."""
     still_running = (Job.id == job_id, Job.status == JobStatus.RUNNING)

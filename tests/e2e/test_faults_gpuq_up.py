@@ -1,11 +1,13 @@
 """`gpuq up` on one data directory: stopped by SIGTERM or killed outright, it leaves no
 process behind, and a second one cannot start beside it; its supervisor killed, it starts
-it again, and /readyz says meanwhile that no worker can take a job."""
+it again, and /readyz says meanwhile that no worker can take a job; Ctrl-C answers the
+streaming calls still waiting in the queue and exits."""
 
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -16,6 +18,8 @@ from gpuq.local.redis_server import free_port
 from tests.e2e.conftest import wait_until
 
 NOOP = {"kind": "noop", "model": "smollm2-135m"}
+# At temperature 0 SmolLM2 keeps counting to max_tokens (about 60 tokens/s on two cores).
+COUNTING = {"kind": "generate", "model": "smollm2-135m", "prompt": "Count: 1, 2, 3,", "temperature": 0}
 
 
 def _descendants(pid: int) -> set[int]:
@@ -48,11 +52,13 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def _up(data_dir: Path, port: int) -> subprocess.Popen[str]:
+def _up(data_dir: Path, port: int, *, settings: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`gpuq up` in a process group of its own, as a shell runs it in a terminal."""
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
         "GPUQ_DATA_DIR": str(data_dir),
         "GPUQ_WORKER_THREADS": "1",
+        **(settings or {}),
     }
     return subprocess.Popen(
         [sys.executable, "-m", "gpuq.cli", "up", "--port", str(port)],
@@ -60,6 +66,7 @@ def _up(data_dir: Path, port: int) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        process_group=0,
     )
 
 
@@ -157,6 +164,60 @@ def test_gpuq_up_starts_its_supervisor_again_after_it_is_killed_and_readyz_says_
         up.send_signal(signal.SIGTERM)
         out, _ = up.communicate(timeout=60)
         assert f"the supervisor (pid {killed}) exited (killed by SIGKILL); starting it again in 1 s" in out
+    finally:
+        for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _statuses_and_errors(data_dir: Path, job_ids: list[str]) -> list[tuple[str, str | None]]:
+    engine = sync_engine(f"sqlite:///{data_dir / 'gpuq.db'}")
+    try:
+        with sync_sessions(engine)() as session:
+            return [(job.status, job.error) for job in (store.get_job(session, i) for i in job_ids)]
+    finally:
+        engine.dispose()
+
+
+def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_path):
+    data_dir, port = tmp_path / "data", free_port()
+    up = _up(data_dir, port, settings={"GPUQ_WORKER_SLOTS": "1"})  # one job at a time: the calls wait
+    children: set[int] = set()
+    url = f"http://127.0.0.1:{port}"
+    answers: dict[str, str] = {}
+    try:
+        children = _started(up, port)
+        key = (data_dir / "admin.key").read_text().strip()
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
+            long = http.post("/v1/jobs", json=COUNTING | {"max_tokens": 300}).json()["id"]
+            wait_until(lambda: http.get(f"/v1/jobs/{long}").json()["status"] == "running", "the long job never ran")
+
+            def call() -> None:
+                body = {"model": "smollm2-135m", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+                with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+                    answers[r.headers["x-gpuq-job-id"]] = "".join(r.iter_text())
+
+            callers = [threading.Thread(target=call) for _ in range(2)]
+            for caller in callers:
+                caller.start()
+            queued = lambda: http.get("/v1/jobs", params={"status": "queued"}).json()["data"]  # noqa: E731
+            wait_until(lambda: len(queued()) == 2, "the two calls never waited in the queue")
+            calls = [job["id"] for job in queued()]
+            children |= _descendants(up.pid)
+
+            os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in the terminal: every process of the group
+            for caller in callers:
+                caller.join(timeout=60)
+        assert not any(caller.is_alive() for caller in callers), "a streaming call was never answered"
+        out, _ = up.communicate(timeout=120)  # the long job is finished first (the drain), then all exits
+        assert "starting it again" not in out  # a supervisor stopped by Ctrl-C is not restarted
+        assert sorted(answers) == sorted(calls)
+        for text in answers.values():
+            assert "the server is shutting down and this call's job had not started" in text
+        assert _statuses_and_errors(data_dir, [long]) == [("succeeded", None)]
+        assert {s for s, _ in _statuses_and_errors(data_dir, calls)} == {"cancelled"}
+        assert all("shutting down" in (e or "") for _, e in _statuses_and_errors(data_dir, calls))
+        assert not _alive(children), "Ctrl-C must stop the supervisor, its workers and Redis too"
     finally:
         for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
             os.kill(pid, signal.SIGKILL)
