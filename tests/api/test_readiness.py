@@ -14,6 +14,7 @@ def test_readyz_says_when_no_worker_can_take_a_job(client, redis):
         "status": "ok",
         "database": "ok",
         "redis": "ok",
+        "disk": "ok",
         "workers": "none can take jobs: no live worker",
     }
 

@@ -109,3 +109,31 @@ def test_an_upload_left_unfinished_by_a_killed_api_is_removed_at_the_next_start(
         processes.stop_all()
     assert size_left > 0
     assert after == [] and files == []
+
+
+def _fill(path: Path) -> None:
+    """Writes ``path`` until the disk under it is full."""
+    with path.open("wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 65536)
+            filler.flush()
+
+
+def test_readyz_says_not_ready_while_the_data_directorys_disk_is_full(tmp_path, database_url, redis_url, small_disk):
+    (tmp_path / "models").mkdir()
+    processes = GpuqProcesses(database_url, redis_url, tmp_path)
+    processes.settings |= {"GPUQ_DATA_DIR": str(small_disk / "data")}
+    try:
+        _api, url = processes.start_api()
+        before = httpx.get(f"{url}/readyz", timeout=30)
+        _fill(small_disk / "filler")
+        full = httpx.get(f"{url}/readyz", timeout=30)
+        (small_disk / "filler").unlink()
+        after = httpx.get(f"{url}/readyz", timeout=30)
+    finally:
+        processes.stop_all()
+    assert (before.status_code, before.json()["disk"]) == (200, "ok")
+    assert full.status_code == 503 and full.headers["retry-after"]
+    assert full.json()["status"] == "unavailable"
+    assert full.json()["disk"].startswith("full: ") and "uploads and writes there fail" in full.json()["disk"]
+    assert (after.status_code, after.json()["disk"]) == (200, "ok")
