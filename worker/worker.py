@@ -276,8 +276,9 @@ class GpuqWorker(SimpleWorker):
             except SQLAlchemyError as exc:  # keep serving what it served; retried next interval
                 self.runner.sql.failed("reading the models it serves", exc)
                 servable = self._servable
-            else:
-                self.runner.sql.succeeded()
+            # A read that answers does not end the claims' backoff: on a full disk SQLite reads
+            # and cannot write, and clearing it here had the worker retry a failing claim at
+            # every wake-up. Only a claim that goes through ends it (``JobRunner.claim``).
             if servable != self._servable:
                 log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
                 self._servable = servable
