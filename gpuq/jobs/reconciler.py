@@ -15,7 +15,8 @@ conditional claim makes a duplicate queue entry harmless):
   the queue, or fails once it has used up its attempts. Jobs that died together on one
   worker are not charged the attempt and run alone next (``RUN_ALONE_KEY``). Before that,
   the outcomes such a worker spooled during a database outage are written
-  (``gpuq.jobs.outcome_spool``): those jobs finished, and are not run again;
+  (``gpuq.jobs.outcome_spool``; from Redis, or from files when Redis was down too and this
+  scheduler shares the workers' data directory): those jobs finished, and are not run again;
 * a row SQL says is ``running`` on a live worker that runs no execution of it and has no
   outcome of it on the way (its claim committed but the worker never learned so) goes
   back to the queue, uncharged, once two passes ``orphan_limit_s`` apart saw it so.
@@ -33,6 +34,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 from redis import Redis
 from redis.typing import EncodableT, FieldT
@@ -86,11 +88,14 @@ def reconcile_once(
     in_flight_limit_s: float = IN_FLIGHT_LIMIT_S,
     orphan_limit_s: float = ORPHAN_LIMIT_S,
     redis_settle_s: float = ORPHAN_LIMIT_S,
+    spool_dir: Path | None = None,
 ) -> ReconcileReport:
+    """One pass. ``spool_dir``: where this machine's workers spool outcomes to files when
+    Redis is down too (a scheduler sharing their data directory, as in ``gpuq up``)."""
     report = ReconcileReport()
     settled = redis_age_s(redis) >= redis_settle_s
     if settled:
-        _write_spools_of_dead_workers(session, redis, report=report)
+        _write_spools_of_dead_workers(session, redis, report=report, spool_dir=spool_dir)
     _requeue_lost_entries(
         session, redis, grace_s=grace_s, timeout_s=timeout_s, in_flight_limit_s=in_flight_limit_s, report=report
     )
@@ -119,10 +124,14 @@ def redis_age_s(redis: Redis) -> float:
     return now - float(began) if began is not None else 0.0
 
 
-def _write_spools_of_dead_workers(session: Session, redis: Redis, *, report: ReconcileReport) -> None:
+def _write_spools_of_dead_workers(
+    session: Session, redis: Redis, *, report: ReconcileReport, spool_dir: Path | None
+) -> None:
     spooling = outcome_spool.spooling_workers(redis)
     for worker in spooling - _live_workers(redis, spooling):
         report.spooled.extend(outcome_spool.apply_spool(session, redis, worker))
+    if spool_dir is not None:
+        report.spooled.extend(outcome_spool.apply_file_spools(session, redis, spool_dir))
 
 
 def _requeue_lost_entries(
