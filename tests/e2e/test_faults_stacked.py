@@ -5,10 +5,12 @@ finished while both are down outlive their worker's death in a file."""
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpuq import store
@@ -190,3 +192,81 @@ def _job(database_url: str, job_id: str) -> tuple[str, int, int | None, str | No
             return job.status, job.attempts, job.completion_tokens, job.worker, runs
     finally:
         engine.dispose()
+
+
+def test_a_bounded_soak_with_redis_and_the_database_restarted_under_load_runs_every_job_once(
+    tmp_path, private_redis, postgres
+):
+    """Jobs submitted without pause while the test's Redis, then its PostgreSQL, stop for 5 s
+    and start again: submissions refused during an outage get a 503 (and are sent again by
+    the client), and every job accepted ends succeeded, run once."""
+    (tmp_path / "models").mkdir()
+    processes = GpuqProcesses(postgres.url, private_redis.url, tmp_path)
+    processes.settings |= {
+        "GPUQ_WORKER_TTL_S": "30",
+        "GPUQ_WORKER_HEARTBEAT_INTERVAL_S": "1",
+        "GPUQ_RECONCILE_INTERVAL_S": "2",
+    }
+    accepted: list[str] = []
+    refused: list[int] = []
+    stop = threading.Event()
+    try:
+        _api, url = processes.start_api()
+        processes.start_worker()
+        processes.start_scheduler()
+        headers = {"authorization": f"Bearer {processes.admin_key}"}
+
+        def submit_without_pause() -> None:
+            with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+                while not stop.is_set():
+                    try:
+                        answer = http.post("/v1/jobs", json=NOOP)
+                    except httpx.TransportError:
+                        continue
+                    if answer.status_code == 202:
+                        accepted.append(answer.json()["id"])
+                    else:
+                        refused.append(answer.status_code)
+                        stop.wait(0.2)
+
+        submitter = threading.Thread(target=submit_without_pause)
+        submitter.start()
+        try:
+            wait_until(lambda: len(accepted) >= 50, "no job was accepted")
+            for outage in (private_redis, postgres):
+                outage.stop()
+                time.sleep(5)
+                if outage is private_redis:
+                    private_redis.start(port=private_redis.port)
+                else:
+                    postgres.start()
+                wait_until(lambda n=len(accepted): len(accepted) > n + 50, "submissions never resumed", 60)
+        finally:
+            stop.set()
+            submitter.join(timeout=60)
+        wait_until(lambda: _all_final(postgres.url, accepted), "some accepted jobs never finished", 180)
+        ends = _ends(postgres.url, accepted)
+    finally:
+        processes.stop_all()
+    assert len(accepted) > 150 and refused and set(refused) == {503}  # an outage is a 503, never a 500
+    assert {end for end in ends.values()} == {("succeeded", 1, 1)}, {
+        i: e for i, e in ends.items() if e != ("succeeded", 1, 1)
+    }
+
+
+def _ends(database_url: str, job_ids: list[str]) -> dict[str, tuple[str, int, int]]:
+    """Each job's status, attempts and number of runs, as SQL has them."""
+    engine = sync_engine(database_url)
+    try:
+        with sync_sessions(engine)() as session:
+            return {
+                i: (job.status, job.attempts, len(store.runs_of_job(session, i)))
+                for i in job_ids
+                if (job := store.get_job(session, i)) is not None
+            } | {i: ("missing", 0, 0) for i in job_ids if store.get_job(session, i) is None}
+    finally:
+        engine.dispose()
+
+
+def _all_final(database_url: str, job_ids: list[str]) -> bool:
+    return all(status not in ("queued", "running") for status, _a, _r in _ends(database_url, job_ids).values())
