@@ -94,7 +94,6 @@ class SupervisorKeeper:
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # a restart and a stop never cross
         self.process: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
         self._thread = threading.Thread(target=self._watch, name="supervisor-keeper", daemon=True)
 
     def start(self) -> None:
@@ -132,7 +131,6 @@ class SupervisorKeeper:
                 except OSError:
                     log.exception("starting the supervisor again failed; will retry")
                     continue
-                self.restarts += 1
                 started = time.monotonic()
             log.warning("the supervisor started again (pid %d)", self.process.pid)
 

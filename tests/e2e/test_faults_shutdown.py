@@ -11,9 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from gpuq.local.embedded import SUPERVISOR_STOP_TIMEOUT_S
 from tests.e2e.conftest import wait_until
-from worker.supervisor import DRAIN_TIMEOUT_S
 
 MODEL = "smollm2-135m"
 # At temperature 0 SmolLM2 keeps counting to max_tokens (about 60 tokens/s on two cores).
@@ -47,7 +45,3 @@ def test_a_worker_sent_its_death_signal_while_draining_still_finishes_its_job(pr
     assert [(r["outcome"], r["refunded"]) for r in done["runs"]] == [("succeeded", False)]
     # The worker writes to its supervisor's log.
     assert "SIGTERM again while finishing its jobs: still finishing them" in supervisor.log.read_text()
-
-
-def test_gpuq_up_waits_for_its_supervisors_whole_drain_before_killing_it():
-    assert SUPERVISOR_STOP_TIMEOUT_S > DRAIN_TIMEOUT_S + 10
