@@ -32,6 +32,7 @@ STATIC_FILES = {
     "js/auth.js": _JS,
     "js/chart.js": _JS,
     "js/dom.js": _JS,
+    "js/events.js": _JS,
     "js/refresh.js": _JS,
     "js/pages/batches.js": _JS,
     "js/pages/job.js": _JS,

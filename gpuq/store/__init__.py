@@ -39,6 +39,15 @@ from gpuq.store.batches import (
     save_file,
     set_batch_status,
 )
+from gpuq.store.events import (
+    EventFilter,
+    NewEvent,
+    list_events,
+    record_events,
+    record_gpu_events,
+    restarts_by_slot,
+    worker_identity,
+)
 from gpuq.store.fleet import (
     delete_rule,
     get_rule,
@@ -119,8 +128,10 @@ from gpuq.store.webhooks import (
 
 __all__ = [
     "ClaimedJob",
+    "EventFilter",
     "JobFilter",
     "KeyUsage",
+    "NewEvent",
     "NewJob",
     "Outcome",
     "Revocation",
@@ -169,6 +180,7 @@ __all__ = [
     "list_api_keys",
     "list_batches",
     "list_deliveries",
+    "list_events",
     "list_files",
     "list_gpus",
     "list_jobs",
@@ -182,12 +194,15 @@ __all__ = [
     "new_job_ids",
     "prune_gpu_samples",
     "queued_jobs_created_before",
+    "record_events",
+    "record_gpu_events",
     "record_gpu_samples",
     "record_outcomes",
     "record_outcomes_written",
     "record_schedule_fired",
     "request_cancel_of_running_jobs",
     "requeue_running_job",
+    "restarts_by_slot",
     "retry_finished_jobs",
     "return_to_queue",
     "revoke_api_key",
@@ -205,4 +220,5 @@ __all__ = [
     "set_next_fire_time",
     "upsert_gpus",
     "usage_by_key_since",
+    "worker_identity",
 ]

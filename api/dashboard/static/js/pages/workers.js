@@ -1,8 +1,17 @@
-// Workers and hosts: drain and undrain a worker or a whole host, unload a model from a worker.
+// Workers and hosts: drain and undrain a worker or a whole host, unload a model from a worker;
+// how often each slot's worker was restarted, and the events that say why.
 
 import { api, has } from "../api.js";
 import { $, ago, button, device, el, fillTable, gpusByUuid, jobLink, notAvailable, status, when } from "../dom.js";
+import { eventRows } from "../events.js";
 import { act } from "../refresh.js";
+
+// Restarts of the worker's supervisor slot: a restarted worker has a new name and jobs done at
+// 0, so this (and the events below) is what says it crashed.
+function restartsCell(n) {
+  const attrs = { class: `num restarts${n ? " restarts-some" : ""}` };
+  return el("td", attrs, n ? `${n} restart${n === 1 ? "" : "s"}` : "0");
+}
 
 // "2 of 4 slots busy": a worker decodes up to `slots` jobs of one model together.
 function slotsText(w) {
@@ -20,7 +29,11 @@ export async function load() {
     notAvailable($("#workers"), "/v1/workers");
     return notAvailable($("#hosts"), "/v1/workers");
   }
-  const [{ data: workers, drained_hosts: drainedHosts }, gpus] = await Promise.all([api("/v1/workers"), api("/v1/gpus")]);
+  const [{ data: workers, drained_hosts: drainedHosts }, gpus, events] = await Promise.all([
+    api("/v1/workers"),
+    api("/v1/gpus"),
+    has("/v1/events") ? api("/v1/events?limit=30") : null,
+  ]);
   const byUuid = gpusByUuid(gpus.data);
   const post = (path, body) => () => act(() => api(path, { method: "POST", body }));
   const rows = workers.map((w) => {
@@ -39,6 +52,7 @@ export async function load() {
         el("span", { class: "list" }, w.loaded_models.join(", ")),
         runningJobs(w.running_jobs),
         String(w.jobs_done),
+        restartsCell(w.restarts),
         el("span", { title: when(w.last_heartbeat) }, ago(w.last_heartbeat)),
         el(
           "span",
@@ -48,7 +62,7 @@ export async function load() {
             : button("Drain", post(`/v1/workers/${name}/drain`)),
           ...held,
         ),
-      ].map((c) => el("td", {}, c)),
+      ].map((c) => (c instanceof Node && c.tagName === "TD" ? c : el("td", {}, c))),
     );
   });
   fillTable($("#workers"), rows, "no workers running");
@@ -70,4 +84,6 @@ export async function load() {
     );
   });
   fillTable($("#hosts"), hostRows, "no hosts");
+  if (events) fillTable($("#worker-events"), eventRows(events.data, byUuid), "no events recorded");
+  else notAvailable($("#worker-events"), "/v1/events");
 }
