@@ -53,7 +53,7 @@ def record_events(session: Session, events: Sequence[NewEvent]) -> None:
 
 def record_gpu_events(session: Session, kind: EventKind, gpu_uuids: Sequence[str], detail: str | None) -> None:
     """One event per GPU, each with the host the inventory has it on."""
-    hosts = dict(session.execute(select(Gpu.uuid, Gpu.host).where(Gpu.uuid.in_(gpu_uuids))).tuples().all())
+    hosts = {uuid: host for uuid, host in session.execute(select(Gpu.uuid, Gpu.host).where(Gpu.uuid.in_(gpu_uuids)))}
     record_events(session, [NewEvent(kind, host=hosts.get(u), gpu_uuids=(u,), detail=detail) for u in gpu_uuids])
 
 
@@ -110,5 +110,5 @@ def restarts_by_slot(session: Session, *, since: datetime | None = None) -> dict
     query = select(WorkerEvent.host, WorkerEvent.slot, func.count()).where(WorkerEvent.kind == EventKind.RESTARTED)
     if since is not None:
         query = query.where(WorkerEvent.at >= since)
-    rows = session.execute(query.group_by(WorkerEvent.host, WorkerEvent.slot)).tuples()
+    rows = session.execute(query.group_by(WorkerEvent.host, WorkerEvent.slot))
     return {(host, slot): n for host, slot, n in rows if host is not None and slot is not None}

@@ -51,7 +51,7 @@ def test_drains_gpu_marks_and_clears_are_events_newest_first_and_filterable(clie
 
     events = _events(client)["data"]
     assert [e["kind"] for e in events] == ["gpu_cleared", "gpu_unhealthy", "drained", "undrained", "drained"]
-    cleared, unhealthy, host_drain, undrain, drain = events
+    cleared, unhealthy, host_drain, _undrain, drain = events
     assert (unhealthy["host"], unhealthy["gpu_uuids"], unhealthy["detail"]) == (
         "node1",
         ["GPU-1"],
