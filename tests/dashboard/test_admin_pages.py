@@ -9,7 +9,9 @@ another. Screenshots go to test-artifacts/screenshots/.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,6 @@ import pytest
 from playwright.sync_api import Page, expect
 from redis import Redis
 
-from gpuq import store
 from gpuq.cli.client import GpuqClient
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.fleet import health
@@ -158,9 +159,8 @@ def test_the_models_page_shows_where_each_model_is_loaded_and_registers_and_unlo
 def test_the_gpus_page_shows_each_hosts_gpus_their_marks_and_history_and_clears_them(system: System, tab: Tab) -> None:
     gpus = sorted(_data(system, "/v1/gpus"), key=lambda g: g["index"])
     sick, small = gpus[0]["uuid"], gpus[1]["uuid"]
-    engine = sync_engine(system.database_url)
-    with sync_sessions(engine)() as session:  # as a worker does after repeated CUDA errors
-        store.set_gpu_health(session, sick, healthy=False, reason="3 CUDA errors in a row")
+    engine = sync_engine(system.database_url)  # as a worker does after repeated CUDA errors
+    health.mark_unhealthy(sync_sessions(engine), [sick], "3 CUDA errors in a row")
     engine.dispose()
     redis = Redis.from_url(system.redis_url)
     health.mark_too_small(redis, (small,), "big-model", ttl_s=3600)  # as an out-of-memory load on it alone does
@@ -179,9 +179,10 @@ def test_the_gpus_page_shows_each_hosts_gpus_their_marks_and_history_and_clears_
         card = page.locator(f'#gpu-hosts .card[data-uuid="{uuid}"]')
         expect(card.locator('.history-row[data-measure="memory"] svg polyline').first).to_be_attached()
         expect(card.locator('.history-row[data-measure="power"]')).to_contain_text("no readings")
-    events = page.locator("section#gpu-events")
-    expect(events).to_have_count(1)
-    assert events.inner_html() == ""  # the placeholder the worker and GPU events fill
+    marked = page.locator('#gpu-event-list tr[data-kind="gpu_unhealthy"]')
+    expect(marked).to_have_count(1)
+    expect(marked).to_contain_text(f"{host} / {gpus[0]['index']}")
+    expect(marked.locator("td.text")).to_have_text("3 CUDA errors in a row")
     assert_fits_both_widths(page, "gpus")
 
     for card in (sick_card, small_card):
@@ -189,6 +190,7 @@ def test_the_gpus_page_shows_each_hosts_gpus_their_marks_and_history_and_clears_
         expect(card.get_by_role("button", name="Clear")).to_have_count(0)
     expect(sick_card.locator(".gpu-health")).to_have_text("healthy")
     expect(small_card.locator(".too-small")).to_have_count(0)
+    expect(page.locator('#gpu-event-list tr[data-kind="gpu_cleared"]')).to_have_count(2)
     after = {g["uuid"]: g for g in _data(system, "/v1/gpus")}
     assert after[sick]["healthy"] and after[sick]["unhealthy_reason"] is None
     assert after[small]["too_small_for"] == []
@@ -238,4 +240,28 @@ def test_the_keys_page_lists_usage_and_creates_a_key_shown_once_and_revokes_it(s
     created.get_by_role("button", name="Revoke").click()
     expect(created).to_have_count(0)
     assert _get(system, "/v1/keys/me", secret).status_code == 401
+    assert tab.errors == []
+
+
+def test_the_workers_page_says_a_killed_worker_crashed_and_counts_its_slots_restarts(system: System, tab: Tab) -> None:
+    victim = sorted(_data(system, "/v1/workers"), key=lambda w: w["name"])[0]
+    pid = int(victim["name"].split(".")[-2])  # worker names: host.slot.pid.xxxx
+    os.kill(pid, signal.SIGKILL)  # as the OOM killer or a CUDA abort would
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/workers")
+    loaded(page)
+    crashed = page.locator('#worker-events tr[data-kind="crashed"]')
+    expect(crashed).to_have_count(1)  # the page refreshes until the supervisor has seen it
+    expect(crashed.locator("td.text")).to_have_text("crashed: killed by SIGKILL")
+    expect(crashed).to_contain_text(f"{victim['host']} / {victim['slot']}")
+    expect(page.locator('#worker-events tr[data-kind="restarted"]')).to_have_count(1)
+    # The successor, once it has registered: a new name, and its slot's restart counted.
+    expect(page.locator("#workers .restarts", has_text="1 restart")).to_have_count(1)
+    [successor] = [w for w in _data(system, "/v1/workers") if w["slot"] == victim["slot"]]
+    assert successor["name"] != victim["name"] and successor["restarts"] == 1
+    expect(page.locator(f'#workers tr[data-worker="{successor["name"]}"] .restarts')).to_have_text("1 restart")
+    assert_fits_both_widths(page, "workers-events")
+    page.goto(f"{system.url}/dashboard/gpus")  # a crash of a GPU's worker is also the GPU's news
+    loaded(page)
+    expect(page.locator('#gpu-event-list tr[data-kind="crashed"]')).to_have_count(1)
     assert tab.errors == []

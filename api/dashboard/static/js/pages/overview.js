@@ -12,13 +12,13 @@ import {
   el,
   energy,
   fillTable,
-  jobHref,
   jobLink,
   mib,
   notAvailable,
   number,
   numCell,
   row,
+  shortJobLink,
   status,
   textCell,
   when,
@@ -96,14 +96,6 @@ function workersByGpu(workers) {
     for (const uuid of w.gpu_uuids) pinned.set(uuid, [...(pinned.get(uuid) || []), w]);
   }
   return pinned;
-}
-
-// A job id is long ("job_" + its submission time + random hex digits); its random tail
-// tells the few jobs on one GPU apart. The full id is the link's title.
-function shortJobLink(id) {
-  const a = el("a", { href: jobHref(id), class: "id" }, `…${id.slice(-6)}`);
-  a.title = id;
-  return a;
 }
 
 const slotsText = (n) => `${n} slot${n === 1 ? "" : "s"}`;
