@@ -265,3 +265,32 @@ def test_the_workers_page_says_a_killed_worker_crashed_and_counts_its_slots_rest
     loaded(page)
     expect(page.locator('#gpu-event-list tr[data-kind="crashed"]')).to_have_count(1)
     assert tab.errors == []
+
+
+def test_the_overview_shows_throughput_apart_from_decode_speed_and_a_failed_count_of_0_not_red(
+    system: System, tab: Tab
+) -> None:
+    summary = _get(system, "/v1/stats/summary").json()
+    assert summary["finished"]["failed"] == 0
+    page = tab.page
+    sign_in(page, system.url, system.admin_key)
+    loaded(page)
+    tiles = page.locator("#summary")
+    usage = summary["usage"]
+    expect(tiles.locator('[data-tile="throughput"] .tile-value')).to_have_text(re.compile(r"^\d+\.\d tok/s$"))
+    expect(tiles.locator('[data-tile="throughput"] .tile-detail')).to_have_text(
+        f"completion tokens per second of the hour: {usage['completion_tokens']} completion, "
+        f"{usage['prompt_tokens']} prompt"
+    )
+    expect(tiles.locator('[data-tile="decode speed"] .tile-detail')).to_have_text("per sequence, while decoding")
+    expect(tiles.locator('[data-tile="tokens/s"]')).to_have_count(0)  # the one figure that said both
+    colour = "(e) => getComputedStyle(e).color"
+    failed = tiles.locator('[data-tile="failed"] .tile-value')
+    expect(failed).to_have_text("0")
+    assert failed.evaluate(colour) == tiles.locator('[data-tile="queued"] .tile-value').evaluate(colour)
+    expect(page.locator("#energy thead")).to_contain_text("tokens prompt + completion")
+    row = page.locator(f'#energy tr[data-model="{MODEL}"]')
+    expect(row.locator("td").nth(2)).to_have_text(re.compile(r"^\d+ \+ \d+$"))
+    assert_laid_out(page)
+    screenshot(page, "overview-figures")
+    assert tab.errors == []
