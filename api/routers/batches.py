@@ -22,7 +22,8 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 async def _object(db: SessionDep, batch: Batch) -> BatchObject:
     counts = await db.run_sync(lambda s: batches.request_counts(s, batch))
-    return BatchObject.of(batch, counts)
+    endpoints = await db.run_sync(lambda s: store.batch_endpoints(s, batch.id))
+    return BatchObject.of(batch, counts, endpoints or [batch.endpoint])
 
 
 @router.post("", response_model=BatchObject, responses=errors(404, 429, 503))

@@ -97,9 +97,12 @@ class BatchObject(BaseModel):
     request_counts: RequestCounts
     metadata: dict[str, str] | None
     owner: str | None = Field(None, description="gpuq: the tenant it belongs to")
+    endpoints: list[str] = Field(
+        description="gpuq: the endpoints its lines name; a file may mix them, and `endpoint` is its first line's",
+    )
 
     @classmethod
-    def of(cls, batch: Batch, counts: dict[str, int]) -> BatchObject:
+    def of(cls, batch: Batch, counts: dict[str, int], endpoints: list[str]) -> BatchObject:
         return cls(
             id=batch.id,
             endpoint=batch.endpoint,
@@ -120,6 +123,7 @@ class BatchObject(BaseModel):
             owner=batch.owner,
             request_counts=RequestCounts(**counts),
             metadata=batch.batch_metadata,
+            endpoints=endpoints,
         )
 
 

@@ -22,6 +22,7 @@ from gpuq.store.api_keys import (
     revoke_key_keeping_an_admin,
 )
 from gpuq.store.batches import (
+    batch_endpoints,
     batch_jobs,
     batch_line_counts,
     batches_with_status,
@@ -136,6 +137,7 @@ __all__ = [
     "Outcome",
     "Revocation",
     "RunningJob",
+    "batch_endpoints",
     "batch_jobs",
     "batch_line_counts",
     "batch_status",

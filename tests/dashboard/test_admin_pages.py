@@ -9,11 +9,13 @@ another. Screenshots go to test-artifacts/screenshots/.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -293,4 +295,57 @@ def test_the_overview_shows_throughput_apart_from_decode_speed_and_a_failed_coun
     expect(row.locator("td").nth(2)).to_have_text(re.compile(r"^\d+ \+ \d+$"))
     assert_laid_out(page)
     screenshot(page, "overview-figures")
+    assert tab.errors == []
+
+
+def test_the_jobs_page_shows_what_each_job_asks_its_batch_and_a_running_jobs_progress(system: System, tab: Tab) -> None:
+    embedding = {
+        "custom_id": "emb-1",
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": MODEL, "input": "x"},
+    }
+    chat = {
+        "custom_id": "chat-1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    }
+    path = system.workdir / "mixed.jsonl"
+    path.write_text(f"{json.dumps(chat)}\n{json.dumps(embedding)}\n")
+    batch = system.client.create_batch(system.client.upload(str(path))["id"], endpoint="/v1/chat/completions")
+    asked = system.client.submit({"kind": "generate", "model": MODEL, "prompt": "Name three  primary\ncolours."})
+    # A job seen while it runs: a quick job never stays running, so its listing is made so.
+    running = {
+        "status": "running",
+        "started_at": (datetime.now(UTC) - timedelta(seconds=42)).isoformat(),
+        "completion_tokens": None,
+        "run_ms": None,
+        "tokens_so_far": 17,
+    }
+
+    def make_running(body: dict[str, Any]) -> None:
+        for job in body["data"]:
+            if job["id"] == asked["id"]:
+                job.update(running)
+
+    page = tab.page
+    page.route("**/v1/jobs?*", lambda route: shared._answer_changed(route, make_running))
+    sign_in(page, system.url, system.admin_key, "/jobs")
+    loaded(page)
+    row = page.locator(f'#jobs tr[data-job="{asked["id"]}"]')
+    expect(row.locator("td.snippet")).to_have_text("Name three primary colours.")
+    expect(row.locator("td.so-far").first).to_have_text(re.compile(r"^4\d s so far$"))
+    expect(row.locator("td.so-far").nth(1)).to_have_text(re.compile(r"^\d+ \+ 17 so far$"))
+    lines = page.locator(f'#jobs tr:has(td.batch a[title="{batch["id"]}"])')
+    expect(lines).to_have_count(2)  # the embedding line and the chat line
+    expect(page.locator("#jobs td.snippet", has_text="emb-1")).to_have_count(1)
+    expect(page.locator("#jobs td.snippet", has_text="chat-1")).to_have_count(1)
+    screenshot(page, "jobs-snippets")
+    assert_laid_out(page)
+    page.goto(f"{system.url}/dashboard/batches")
+    loaded(page)
+    endpoint = page.locator(f'#batches tr[data-batch="{batch["id"]}"] td.endpoint')
+    expect(endpoint).to_have_text("mixed")
+    expect(endpoint).to_have_attribute("title", "/v1/chat/completions, /v1/embeddings")
     assert tab.errors == []

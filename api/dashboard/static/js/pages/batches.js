@@ -31,6 +31,13 @@ async function download(fileId, name) {
   setTimeout(() => URL.revokeObjectURL(url), 10_000); // once the browser has taken it
 }
 
+// A batch's endpoint; "mixed" when its lines name several (each is answered in its own format).
+function endpointCell(b) {
+  const endpoints = b.endpoints || [b.endpoint];
+  if (endpoints.length < 2) return el("td", { class: "endpoint" }, b.endpoint);
+  return el("td", { class: "endpoint", title: endpoints.join(", ") }, "mixed");
+}
+
 function files(b) {
   const offer = (fileId, label, suffix) =>
     fileId
@@ -59,7 +66,7 @@ export async function load() {
       { "data-batch": b.id },
       el("td", {}, el("a", { href: `/dashboard/jobs?batch_id=${encodeURIComponent(b.id)}`, class: "id" }, b.id)),
       el("td", {}, status(b.status)),
-      el("td", {}, b.endpoint),
+      endpointCell(b),
       el("td", {}, b.owner || ""),
       el("td", {}, when(b.created_at)),
       el("td", { class: "finished" }, when(finishedAt(b))),

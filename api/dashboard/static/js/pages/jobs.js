@@ -58,20 +58,52 @@ export function setup() {
   $("#jobs-older").addEventListener("click", () => goTo(current + 1));
 }
 
+// Today's times as "07:30:46Z", older ones with their date: the column stays narrow (the
+// full time is the cell's title).
+function shortWhen(iso) {
+  const full = when(iso);
+  return full.slice(0, 10) === when(new Date().toISOString()).slice(0, 10) ? full.slice(11) : full.slice(0, 16) + "Z";
+}
+
+// A running job's figures so far: its elapsed time, and its tokens from its token stream
+// (only jobs of streaming calls have one); a finished job's own figures otherwise.
+function runCell(j) {
+  if (j.status !== "running" || !j.started_at) return numCell(duration(j.run_ms));
+  const elapsed = Date.now() - new Date(j.started_at).getTime();
+  return el("td", { class: "num so-far", title: `started ${when(j.started_at)}` }, `${duration(Math.max(0, elapsed))} so far`);
+}
+
+function tokensCell(j) {
+  if (j.prompt_tokens === null) return numCell("");
+  if (j.status === "running") {
+    const generated = j.tokens_so_far === null ? "…" : `${j.tokens_so_far} so far`;
+    return el("td", { class: "num so-far" }, `${j.prompt_tokens} + ${generated}`);
+  }
+  return numCell(`${j.prompt_tokens} + ${j.completion_tokens ?? 0}`);
+}
+
+// The batch a job answers a line of, as its id's tail linking to the batch's jobs.
+function batchCell(j) {
+  if (!j.batch_id) return el("td", {}, "");
+  const a = el("a", { href: `/dashboard/jobs?batch_id=${encodeURIComponent(j.batch_id)}`, class: "id" }, `…${j.batch_id.slice(-6)}`);
+  a.title = j.batch_id;
+  return el("td", { class: "batch" }, a);
+}
+
 function jobRow(j, gpus) {
   return el(
     "tr",
     { "data-job": j.id },
     el("td", {}, jobLink(j.id)),
-    el("td", {}, status(j.status)),
-    el("td", {}, j.kind),
-    el("td", {}, j.model),
-    el("td", {}, j.priority),
+    el("td", {}, status(j.status), el("span", { class: "small muted sub-line" }, j.priority)),
+    el("td", {}, j.model, el("span", { class: "small muted sub-line" }, j.kind)),
+    el("td", { class: "text snippet" }, j.snippet),
+    batchCell(j),
     el("td", {}, j.owner || ""),
-    el("td", { title: j.created_at }, when(j.created_at)),
+    el("td", { title: when(j.created_at) }, shortWhen(j.created_at)),
     numCell(duration(j.queue_wait_ms)),
-    numCell(duration(j.run_ms)),
-    numCell(j.prompt_tokens === null ? "" : `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`),
+    runCell(j),
+    tokensCell(j),
     el("td", {}, device(j.device, gpus)),
     textCell(j.error || ""),
   );
