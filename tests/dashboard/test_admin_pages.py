@@ -1,8 +1,8 @@
 """The dashboard's models, GPUs and keys pages in headless Chromium, against real gpuq processes.
 
-One system for the module: the API and a supervisor running two workers on simulated GPUs
-(24 and 80 GiB, sampled every second), one of which has loaded the bundled model for an
-embedding. The browser, the tabs (strict CSP, console errors recorded) and the layout checks
+One system for the module: the API, the scheduler and a supervisor running two workers on
+simulated GPUs (24 and 80 GiB, sampled every second), one of which has loaded the bundled
+model for an embedding. The browser, the tabs (strict CSP, console errors recorded) and the layout checks
 are test_dashboard.py's; each page is also checked at 800 px, and for sections drawn over one
 another. Screenshots go to test-artifacts/screenshots/.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -66,6 +67,7 @@ def system(
             _api, url = processes.start_api()
             with processes.client(url) as client:
                 processes.start_supervisor(expected_workers=2)
+                processes.start_scheduler()  # finalises batches: their output files
                 job = client.submit({"kind": "embed", "model": MODEL, "input": "hi"})
                 assert client.wait(job["id"], timeout_s=120)["status"] == "succeeded"
                 yield System(url, processes.admin_key, client, database_url, redis_url, workdir, model_path)
@@ -348,4 +350,80 @@ def test_the_jobs_page_shows_what_each_job_asks_its_batch_and_a_running_jobs_pro
     endpoint = page.locator(f'#batches tr[data-batch="{batch["id"]}"] td.endpoint')
     expect(endpoint).to_have_text("mixed")
     expect(endpoint).to_have_attribute("title", "/v1/chat/completions, /v1/embeddings")
+    assert tab.errors == []
+
+
+def test_a_schedule_made_and_edited_in_the_page_runs_and_its_batch_page_shows_how_it_went(
+    system: System, tab: Tab
+) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+    lines = [
+        {"custom_id": "greet-1", "method": "POST", "url": "/v1/chat/completions", "body": chat},
+        {"custom_id": "greet-2", "method": "POST", "url": "/v1/chat/completions", "body": chat},
+        {"custom_id": "vec-1", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}},
+    ]
+    page = tab.page
+    sign_in(page, system.url, system.admin_key, "/schedules")
+    loaded(page)
+    form = page.locator("#schedule-form")
+    form.locator("input[name=name]").fill("nightly-greetings")
+    form.locator("input[name=cron]").fill("0 2 * * *")
+    form.locator("input[name=timezone]").fill("Europe/Paris")
+    form.locator("textarea[name=requests]").fill("\n".join(json.dumps(line) for line in lines))
+    form.locator("button[type=submit]").click()
+    row = page.locator("#schedules tbody tr", has_text="nightly-greetings")
+    expect(row).to_have_count(1)
+    [made] = [s for s in system.client.schedules()["data"] if s["name"] == "nightly-greetings"]
+    assert (made["cron"], made["timezone"], made["priority"], made["enabled"]) == (
+        "0 2 * * *",
+        "Europe/Paris",
+        "low",
+        True,
+    )
+    expect(row.locator('[data-time="last"]')).to_have_text("never run")
+
+    row.get_by_role("button", name="Edit").click()
+    expect(form.locator("input[name=name]")).to_be_disabled()  # the name and input stay
+    form.locator("input[name=cron]").fill("30 3 * * 1")
+    form.locator("select[name=priority]").select_option("normal")
+    form.locator("button[type=submit]").click()
+    expect(row.locator("td.cron .cron-expr")).to_have_text("30 3 * * 1")
+    expect(row.locator("td.name")).to_contain_text("enabled · normal")
+    edited = system.client.schedules("GET", f"/{made['id']}")
+    assert (edited["name"], edited["cron"], edited["priority"]) == ("nightly-greetings", "30 3 * * 1", "normal")
+    expect(page.locator("#schedule-form-title")).to_have_text("Create a schedule")
+
+    row.get_by_role("button", name="Run now").click()
+    deadline = time.monotonic() + 180
+    while not (runs := system.client.schedules("GET", f"/{made['id']}/runs")["data"]) or not runs[0]["batch_id"]:
+        assert time.monotonic() < deadline and not (runs and runs[0]["error"]), runs
+        time.sleep(0.2)
+    [run] = runs
+    while system.client.batch(run["batch_id"])["status"] != "completed":
+        assert time.monotonic() < deadline, system.client.batch(run["batch_id"])
+        time.sleep(0.5)
+    # Beside the run's time, how it went: the batch's status and its lines.
+    expect(row.locator('[data-time="last"] .outcome')).to_have_text("completed 3 of 3 lines")
+    row.get_by_role("button", name="History").click()
+    history = page.locator("#schedule-runs tbody tr")
+    expect(history).to_have_count(1)
+    expect(history.locator("td").nth(1)).to_have_text("completed 3 of 3 lines")
+    assert_fits_both_widths(page, "schedules-made")
+
+    history.locator("a").click()
+    expect(page).to_have_url(f"{system.url}/dashboard/batches/{run['batch_id']}")
+    loaded(page)
+    expect(page.locator("#batch-fields")).to_contain_text(f"nightly-greetings (schedule {made['id']})")
+    expect(page.locator("#batch-fields")).to_contain_text("mixed: /v1/chat/completions, /v1/embeddings")
+    expect(page.locator('#batch-counts tr[data-status="succeeded"] td.num')).to_have_text("3")
+    expect(page.locator("#batch-pace")).to_contain_text("finished")
+    expect(page.locator("#batch-jobs tbody tr[data-job]")).to_have_count(3)
+    for custom_id in ("greet-1", "greet-2", "vec-1"):
+        expect(page.locator("#batch-jobs tbody", has_text=custom_id)).to_have_count(1)
+    expect(page.locator("#batch-cancel")).to_be_hidden()
+    assert_fits_both_widths(page, "batch")
+    with page.expect_download() as download:
+        page.locator('#batch-files button[data-file="output"]').click()
+    output = Path(download.value.path()).read_text().splitlines()
+    assert sorted(json.loads(line)["custom_id"] for line in output) == ["greet-1", "greet-2", "vec-1"]
     assert tab.errors == []
