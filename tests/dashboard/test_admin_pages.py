@@ -336,19 +336,18 @@ def test_the_jobs_page_shows_what_each_job_asks_its_batch_and_a_running_jobs_pro
     sign_in(page, system.url, system.admin_key, "/jobs")
     loaded(page)
     row = page.locator(f'#jobs tr[data-job="{asked["id"]}"]')
-    expect(row.locator("td.snippet")).to_have_text("Name three primary colours.")
-    expect(row.locator("td.so-far").first).to_have_text(re.compile(r"^4\d s so far$"))
-    expect(row.locator("td.so-far").nth(1)).to_have_text(re.compile(r"^\d+ \+ 17 so far$"))
-    lines = page.locator(f'#jobs tr:has(td.batch a[title="{batch["id"]}"])')
+    expect(row.locator(".snippet")).to_have_text("Name three primary colours.")
+    expect(row.locator("td.run")).to_contain_text(re.compile(r"^4\d s so far"))
+    expect(row.locator("td.tokens")).to_have_text(re.compile(r"^\d+ \+ 17 so far$"))
+    lines = page.locator(f'#jobs tr:has(td.asked a[title="{batch["id"]}"])')
     expect(lines).to_have_count(2)  # the embedding line and the chat line
-    expect(page.locator("#jobs td.snippet", has_text="emb-1")).to_have_count(1)
-    expect(page.locator("#jobs td.snippet", has_text="chat-1")).to_have_count(1)
-    screenshot(page, "jobs-snippets")
-    assert_laid_out(page)
+    expect(page.locator("#jobs .snippet", has_text="emb-1")).to_have_count(1)
+    expect(page.locator("#jobs .snippet", has_text="chat-1")).to_have_count(1)
+    assert_fits_both_widths(page, "jobs-snippets")
     page.goto(f"{system.url}/dashboard/batches")
     loaded(page)
     endpoint = page.locator(f'#batches tr[data-batch="{batch["id"]}"] td.endpoint')
-    expect(endpoint).to_have_text("mixed")
+    expect(endpoint.locator(".name")).to_have_text("mixed")
     expect(endpoint).to_have_attribute("title", "/v1/chat/completions, /v1/embeddings")
     assert tab.errors == []
 
@@ -426,4 +425,51 @@ def test_a_schedule_made_and_edited_in_the_page_runs_and_its_batch_page_shows_ho
         page.locator('#batch-files button[data-file="output"]').click()
     output = Path(download.value.path()).read_text().splitlines()
     assert sorted(json.loads(line)["custom_id"] for line in output) == ["greet-1", "greet-2", "vec-1"]
+    assert tab.errors == []
+
+
+def test_every_page_fits_800_and_1280_px_with_no_section_over_another_and_no_errors(system: System, tab: Tab) -> None:
+    client = system.client
+    path = system.workdir / "every-page.jsonl"
+    line = {"custom_id": "v", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}}
+    path.write_text(json.dumps(line) + "\n")
+    batch = client.create_batch(client.upload(str(path))["id"], endpoint="/v1/embeddings")
+    client.schedules("POST", json={"name": "every-page", "cron": "0 4 * * *", "requests": [line]})
+    [job] = client.jobs(limit=1)["data"]
+    # A rule that keeps the model off every GPU: its reason is the same for each GPU of the preview.
+    rule = client.add_rule({"model_pattern": MODEL, "effect": "deny", "kind": "generate", "precedence": 5})["rule"]
+    page = tab.page
+    try:
+        sign_in(page, system.url, system.admin_key)
+        paths = ["", "/jobs", f"/jobs/{job['id']}", "/batches", f"/batches/{batch['id']}", "/schedules"]
+        paths += ["/rules", "/workers", "/models", "/gpus", "/keys"]
+        for path_ in paths:
+            page.goto(f"{system.url}/dashboard{path_}")
+            loaded(page)
+            if path_ == "/rules":
+                page.locator("#preview-form button[type=submit]").click()
+                expect(page.locator("#preview tbody tr")).to_have_count(2)
+                # The rule's reason and how the VRAM figure is estimated, each once under the
+                # table, and each GPU's row referring to them.
+                notes = page.locator("#preview-notes li")
+                expect(notes).to_have_count(2)
+                expect(notes.first).to_contain_text(f"rule {rule['id']}")
+                expect(notes.nth(1)).to_contain_text("estimate for generation")
+                reasons = page.locator("#preview tbody td.text")
+                expect(reasons).to_have_text(
+                    [re.compile(r"^see \(1\); fits: needs \d+ MiB of \d+ MiB \(see \(2\)\)$")] * 2
+                )
+            if path_ == "":
+                chart = page.locator("#throughput svg")
+                ticks = chart.locator("text.x-tick").all_text_contents()  # every 10 minutes of the hour
+                assert 5 <= len(ticks) <= 7 and all(re.fullmatch(r"\d\d:\d0", t) for t in ticks), ticks
+                legend_bottom = chart.locator("text.legend").first.bounding_box()
+                plot_top = chart.locator("line.axis").nth(1).bounding_box()
+                assert legend_bottom and plot_top and legend_bottom["y"] + legend_bottom["height"] <= plot_top["y"] + 1
+                expect(chart.locator("text.legend.failed")).to_have_text("failed: none")  # not a red line on the axis
+                expect(chart.locator("polyline.failed")).to_have_count(0)
+            name = path_.strip("/").split("/")[0] or "overview"
+            assert_fits_both_widths(page, f"every-{name}{'-one' if path_.count('/') > 1 else ''}")
+    finally:
+        client.delete_rule(rule["id"])
     assert tab.errors == []

@@ -20,11 +20,12 @@ function finishedAt(b) {
   return b.completed_at ?? b.failed_at ?? b.expired_at ?? b.cancelled_at ?? null;
 }
 
-// A batch's endpoint; "mixed" when its lines name several (each is answered in its own format).
-function endpointCell(b) {
+// A batch's endpoint, "mixed" when its lines name several (each is answered in its own
+// format); beneath it, its owner.
+function endpointCell(b, beneath) {
   const endpoints = b.endpoints || [b.endpoint];
-  if (endpoints.length < 2) return el("td", { class: "endpoint" }, b.endpoint);
-  return el("td", { class: "endpoint", title: endpoints.join(", ") }, "mixed");
+  if (endpoints.length < 2) return el("td", { class: "endpoint" }, el("span", { class: "name" }, b.endpoint), beneath);
+  return el("td", { class: "endpoint", title: endpoints.join(", ") }, el("span", { class: "name" }, "mixed"), beneath);
 }
 
 export async function load() {
@@ -40,19 +41,18 @@ export async function load() {
     const cancel = FINAL_BATCH_STATUSES.has(b.status)
       ? ""
       : button("Cancel", () => act(() => api(`/v1/batches/${encodeURIComponent(b.id)}/cancel`, { method: "POST" })));
+    const sub = (...children) => el("span", { class: "small muted sub-line" }, ...children);
+    const id = el("a", { href: `/dashboard/batches/${encodeURIComponent(b.id)}`, class: "id", title: b.id }, `…${b.id.slice(-8)}`);
+    const finished = finishedAt(b);
     return el(
       "tr",
       { "data-batch": b.id },
-      el("td", {}, el("a", { href: `/dashboard/batches/${encodeURIComponent(b.id)}`, class: "id" }, b.id)),
-      el("td", {}, status(b.status)),
-      endpointCell(b),
-      el("td", {}, b.owner || ""),
-      el("td", {}, when(b.created_at)),
-      el("td", { class: "finished" }, when(finishedAt(b))),
+      el("td", {}, id, sub(when(b.created_at))),
+      el("td", {}, status(b.status), finished ? el("span", { class: "small muted sub-line finished" }, when(finished)) : ""),
+      endpointCell(b, b.owner ? sub(b.owner) : ""),
       numCell(c.failed ? link(`/dashboard/jobs?batch_id=${encodeURIComponent(b.id)}&status=failed`, String(c.failed)) : "0"),
       el("td", { class: "progress" }, bar(c.total ? done / c.total : 0, label)),
-      el("td", {}, batchFiles(b)),
-      el("td", {}, cancel),
+      el("td", {}, el("span", { class: "actions" }, batchFiles(b), cancel)),
     );
   });
   fillTable($("#batches"), rows, "no batches");

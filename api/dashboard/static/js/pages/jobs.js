@@ -3,7 +3,7 @@
 // page's cursor (`after`), so a view can be shared.
 
 import { api, query } from "../api.js";
-import { $, device, duration, el, fillTable, gpusByUuid, jobLink, numCell, status, textCell, when } from "../dom.js";
+import { $, device, duration, el, fillTable, gpusByUuid, numCell, shortJobLink, status, textCell, when } from "../dom.js";
 import { refresh } from "../refresh.js";
 
 const PAGE_SIZE = 50;
@@ -65,46 +65,54 @@ function shortWhen(iso) {
   return full.slice(0, 10) === when(new Date().toISOString()).slice(0, 10) ? full.slice(11) : full.slice(0, 16) + "Z";
 }
 
-// A running job's figures so far: its elapsed time, and its tokens from its token stream
-// (only jobs of streaming calls have one); a finished job's own figures otherwise.
-function runCell(j) {
-  if (j.status !== "running" || !j.started_at) return numCell(duration(j.run_ms));
-  const elapsed = Date.now() - new Date(j.started_at).getTime();
-  return el("td", { class: "num so-far", title: `started ${when(j.started_at)}` }, `${duration(Math.max(0, elapsed))} so far`);
+const sub = (...children) => el("span", { class: "small muted sub-line" }, ...children);
+
+// A running job's time so far; a finished job's run time. Beneath: how long it waited, and
+// where it ran.
+function runCell(j, gpus) {
+  const running = j.status === "running" && j.started_at;
+  const elapsed = running ? Math.max(0, Date.now() - new Date(j.started_at).getTime()) : null;
+  const time = running ? `${duration(elapsed)} so far` : duration(j.run_ms);
+  const waited = j.queue_wait_ms === null ? "" : `waited ${duration(j.queue_wait_ms)}`;
+  return el(
+    "td",
+    { class: `num run${running ? " so-far" : ""}`, title: running ? `started ${when(j.started_at)}` : null },
+    time,
+    waited ? sub(waited) : "",
+    j.device ? sub(device(j.device, gpus)) : "",
+  );
 }
 
+// Prompt and completion tokens; a running job's completion so far, from its token stream
+// (only jobs of streaming calls have one).
 function tokensCell(j) {
   if (j.prompt_tokens === null) return numCell("");
   if (j.status === "running") {
     const generated = j.tokens_so_far === null ? "…" : `${j.tokens_so_far} so far`;
-    return el("td", { class: "num so-far" }, `${j.prompt_tokens} + ${generated}`);
+    return el("td", { class: "num tokens so-far" }, `${j.prompt_tokens} + ${generated}`);
   }
-  return numCell(`${j.prompt_tokens} + ${j.completion_tokens ?? 0}`);
+  return el("td", { class: "num tokens" }, `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`);
 }
 
-// The batch a job answers a line of, as its id's tail linking to the batch's jobs.
-function batchCell(j) {
-  if (!j.batch_id) return el("td", {}, "");
-  const a = el("a", { href: `/dashboard/jobs?batch_id=${encodeURIComponent(j.batch_id)}`, class: "id" }, `…${j.batch_id.slice(-6)}`);
-  a.title = j.batch_id;
-  return el("td", { class: "batch" }, a);
+// What it asks (its custom_id or the start of its prompt); beneath, the batch it answers a line of.
+function askedCell(j) {
+  const batch = j.batch_id
+    ? sub("batch ", el("a", { href: `/dashboard/batches/${encodeURIComponent(j.batch_id)}`, class: "id", title: j.batch_id }, `…${j.batch_id.slice(-6)}`))
+    : "";
+  return el("td", { class: "text asked" }, el("span", { class: "snippet" }, j.snippet), batch);
 }
 
+// Seven columns, secondary figures beneath the main ones, so the table fits 800 px.
 function jobRow(j, gpus) {
   return el(
     "tr",
     { "data-job": j.id },
-    el("td", {}, jobLink(j.id)),
-    el("td", {}, status(j.status), el("span", { class: "small muted sub-line" }, j.priority)),
-    el("td", {}, j.model, el("span", { class: "small muted sub-line" }, j.kind)),
-    el("td", { class: "text snippet" }, j.snippet),
-    batchCell(j),
-    el("td", {}, j.owner || ""),
-    el("td", { title: when(j.created_at) }, shortWhen(j.created_at)),
-    numCell(duration(j.queue_wait_ms)),
-    runCell(j),
+    el("td", { title: when(j.created_at) }, shortJobLink(j.id), sub(shortWhen(j.created_at))),
+    el("td", {}, status(j.status), sub(j.priority)),
+    el("td", {}, j.model, sub(`${j.kind}${j.owner ? ` · ${j.owner}` : ""}`)),
+    askedCell(j),
+    runCell(j, gpus),
     tokensCell(j),
-    el("td", {}, device(j.device, gpus)),
     textCell(j.error || ""),
   );
 }
