@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gpuq.store.api_keys import (
     Revocation,
+    active_key_named,
     create_api_key,
     find_active_key,
     get_api_key,
@@ -138,6 +139,7 @@ __all__ = [
     "Outcome",
     "Revocation",
     "RunningJob",
+    "active_key_named",
     "batch_endpoints",
     "batch_jobs",
     "batch_line_counts",
