@@ -447,6 +447,8 @@ def test_every_page_fits_800_and_1280_px_with_no_section_over_another_and_no_err
             page.goto(f"{system.url}/dashboard{path_}")
             loaded(page)
             if path_ == "/rules":
+                page.locator("#preview-model").select_option(MODEL)
+                page.locator("#preview-form select[name=kind]").select_option("generate")
                 page.locator("#preview-form button[type=submit]").click()
                 expect(page.locator("#preview tbody tr")).to_have_count(2)
                 # The rule's reason and how the VRAM figure is estimated, each once under the
