@@ -454,6 +454,10 @@ class Supervisor:
     def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         """SIGTERM to every worker (RQ's warm shutdown: finish the current job), then wait.
         Each exit is recorded as an event, best effort: the supervisor is on its way out."""
+        for child in self.children:  # died since the last check: its exit is news too
+            if child.process is not None and child.process.poll() is not None:
+                self._record_exit_event(child.slot, child.process)
+                child.process = None
         running = [(c.slot, c.process) for c in self.children if c.process is not None and c.process.poll() is None]
         running += [(self._retired_slots[p.pid], p) for p in self._retired if p.poll() is None]
         for _slot, process in running:

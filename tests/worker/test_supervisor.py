@@ -307,3 +307,19 @@ def test_a_killed_worker_is_recorded_as_crashed_with_its_signal_then_restarted_a
     ]
     assert {(e.host, e.gpu_uuids) for e in events} == {("node1", uuid)}
     assert redis.hget(METRICS_RESTARTS, "node1\tgpu0") == b"1"  # gpuq_worker_restarts_total on /metrics
+
+
+def test_a_worker_that_died_just_before_its_supervisor_stopped_is_recorded_too(database_url, redis):
+    supervisor, _spawned, engine = make_supervisor(database_url, redis, "import time; time.sleep(60)")
+    supervisor.start()
+    child = supervisor.children[0].process
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    supervisor.drain(timeout_s=5)  # before any check() saw the death
+    with sync_sessions(engine)() as session:
+        events, _more = store.list_events(session, store.EventFilter(slot="gpu0"), limit=10)
+    engine.dispose()
+    assert [(e.kind, e.detail) for e in reversed(events)] == [
+        ("started", None),
+        ("crashed", "crashed: killed by SIGKILL"),
+    ]
