@@ -30,6 +30,11 @@ for the API and ``/metrics``), and history to SQL (``gpu_samples``) every
 ``GPUQ_GPU_SAMPLE_INTERVAL_S``, pruned past ``GPUQ_GPU_SAMPLE_RETENTION_DAYS``, for the
 utilisation-over-time charts.
 
+Every start, exit (crashed, with its signal or status, or stopped) and restart of a worker
+is an event in SQL (``GET /v1/events``; kept while the database is down, like the marks),
+and each restart also counts in ``gpuq_worker_restarts_total``: a restarted worker has a new
+name and its counts at 0, so these are what say that its predecessor crashed.
+
 Workers are spawned, never forked, each as a fresh ``gpuq worker`` process whose
 environment already has ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES``
 set to its GPUs' UUIDs, so CUDA is first touched with the right devices visible.
@@ -58,7 +63,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.children import spawn_child
-from gpuq.db.tables import Gpu, Model, utcnow
+from gpuq.db.tables import EventKind, Gpu, Model, utcnow
 from gpuq.fleet import health, telemetry
 from gpuq.fleet import workers as control
 from gpuq.fleet.gpus import GpuInfo, Inventory, UnreadableGpu, discover_gpus, is_mig_uuid, with_free_memory
@@ -66,6 +71,7 @@ from gpuq.fleet.placement import group_for
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.redis_keys import GPUS_FIELD, LOADED_FIELD
 from gpuq.settings import ENV_PREFIX, Settings
+from gpuq.stats import metrics
 from worker.device import EXIT_DEVICE_UNUSABLE
 from worker.outages import EXIT_OUTAGE, is_outage, wait_for_dependencies
 
@@ -150,6 +156,7 @@ class Child:
     backoff_s: float = BACKOFF_START_S
     next_start_at: float = 0.0
     abnormal_exits: deque[float] = field(default_factory=deque)  # when, within ABNORMAL_EXIT_WINDOW_S
+    last_exit: str = ""  # how its last worker ended, for the restart's event
 
 
 Spawn = Callable[[SlotPlan], subprocess.Popen[bytes]]
@@ -171,6 +178,8 @@ class Supervisor:
     _stop: threading.Event = field(default_factory=threading.Event)
     _failed: set[str] = field(default_factory=set)  # GPUs this supervisor saw NVML lose
     _unwritten_marks: list[tuple[tuple[str, ...], str]] = field(default_factory=list)  # (GPUs, reason), SQL down
+    _unwritten_events: list[store.NewEvent] = field(default_factory=list)  # SQL down: written when it answers
+    _retired_slots: dict[int, SlotPlan] = field(default_factory=dict)  # pid of a retired worker -> its slot
 
     def record_inventory(self) -> None:
         rows = [
@@ -208,6 +217,43 @@ class Supervisor:
             child.process.pid,
             ",".join(child.slot.gpu_uuids) or "cpu",
         )
+        if child.restarts:
+            detail = f"restart {child.restarts} of this slot by its supervisor, after its worker {child.last_exit}"
+            self.record_event(child.slot, child.process.pid, EventKind.RESTARTED, detail=detail)
+            metrics.record_restart(self.redis, host=self.inventory.host, slot=child.slot.name)
+        else:
+            self.record_event(child.slot, child.process.pid, EventKind.STARTED)
+
+    def record_event(
+        self, slot: SlotPlan, pid: int, kind: EventKind, *, exit_status: int | None = None, detail: str | None = None
+    ) -> None:
+        """An event of one of this host's workers, in SQL now or, while the database is down,
+        kept (with the time it happened) and written once it answers."""
+        worker = f"{socket.gethostname()}.{slot.name}.{pid}"  # worker names: host.slot.pid.hex
+        event = store.NewEvent(
+            kind,
+            host=self.inventory.host,
+            slot=slot.name,
+            worker=worker,
+            gpu_uuids=slot.gpu_uuids,
+            exit_status=exit_status,
+            detail=detail,
+        )
+        self._unwritten_events.append(event)
+        self.write_events()
+
+    def write_events(self) -> None:
+        if not self._unwritten_events:
+            return
+        try:
+            with self.sessions() as session:
+                store.record_events(session, self._unwritten_events)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning("could not record %d worker event(s) yet (the database is down)", len(self._unwritten_events))
+            return
+        self._unwritten_events.clear()
 
     def plan_groups(self) -> None:
         """Start a worker for each GPU group that models now need, drain the ones no longer needed."""
@@ -226,6 +272,9 @@ class Supervisor:
                 if child.process is not None and child.process.poll() is None:
                     child.process.send_signal(signal.SIGTERM)
                     self._retired.append(child.process)
+                    self._retired_slots[child.process.pid] = slot
+                    detail = "its GPU group is no longer needed by any model"
+                    self.record_event(slot, child.process.pid, EventKind.DRAINED, detail=detail)
 
     def mark_unreadable(self, unreadable: Sequence[UnreadableGpu]) -> None:
         """GPUs NVML cannot read: unhealthy in SQL, once each (by UUID, or by this host's row
@@ -281,6 +330,7 @@ class Supervisor:
                     child.backoff_s,
                 )
                 self._record_exit(child, process)
+                child.last_exit = self._record_exit_event(child.slot, process)
                 self._count_exit(child, process.returncode, now)
                 child.process = None
                 child.next_start_at = now + child.backoff_s
@@ -295,6 +345,12 @@ class Supervisor:
             control.record_exit(self.redis, hostname=socket.gethostname(), slot=child.slot.name, pid=process.pid)
         except RedisError:
             log.warning("could not record the exit of worker %s; its key expires instead", child.slot.name)
+
+    def _record_exit_event(self, slot: SlotPlan, process: subprocess.Popen[bytes], *, why: str = "") -> str:
+        """The exit as an event (crashed, or stopped when it meant to go); returns how it ended."""
+        kind, ended = _exit_event(process.returncode)
+        self.record_event(slot, process.pid, kind, exit_status=process.returncode, detail=ended + why)
+        return ended
 
     def _count_exit(self, child: Child, returncode: int, now: float) -> None:
         if returncode == EXIT_DEVICE_UNUSABLE:
@@ -376,6 +432,7 @@ class Supervisor:
         while not self._stop.wait(LOOP_INTERVAL_S):
             self.check()
             self.write_marks()
+            self.write_events()
             now = time.monotonic()
             telemetry_due, sample_due = now >= next_telemetry, now >= next_sample
             if not (telemetry_due or sample_due):
@@ -395,19 +452,42 @@ class Supervisor:
         self.drain()
 
     def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
-        """SIGTERM to every worker (RQ's warm shutdown: finish the current job), then wait."""
-        running = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
-        running += [p for p in self._retired if p.poll() is None]
-        for process in running:
+        """SIGTERM to every worker (RQ's warm shutdown: finish the current job), then wait.
+        Each exit is recorded as an event, best effort: the supervisor is on its way out."""
+        for child in self.children:  # died since the last check: its exit is news too
+            if child.process is not None and child.process.poll() is not None:
+                self._record_exit_event(child.slot, child.process)
+                child.process = None
+        running = [(c.slot, c.process) for c in self.children if c.process is not None and c.process.poll() is None]
+        running += [(self._retired_slots[p.pid], p) for p in self._retired if p.poll() is None]
+        for _slot, process in running:
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for process in running:
+        for slot, process in running:
+            why = " (its supervisor stopped and drained it)"
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("worker pid %d did not finish in time; killing it", process.pid)
                 process.kill()
                 process.wait()
+                why = f" (its supervisor stopping killed it after {timeout_s:.0f} s of draining)"
+            self._record_exit_event(slot, process, why=why)
+
+
+def _exit_event(returncode: int) -> tuple[EventKind, str]:
+    """Crashed (a signal, an error status) or stopped (a clean exit, a refusal of its GPUs, an
+    outage it exits to wait out), and how it ended, in words."""
+    status = _exit_status(returncode)
+    if returncode == 0:
+        return EventKind.STOPPED, f"exited cleanly ({status})"
+    if returncode in (-signal.SIGTERM, -signal.SIGINT):  # asked to stop, and it did
+        return EventKind.STOPPED, f"stopped when asked ({status})"
+    if returncode == EXIT_DEVICE_UNUSABLE:
+        return EventKind.STOPPED, f"refused to start on its GPUs and marked them unhealthy ({status})"
+    if returncode == EXIT_OUTAGE:
+        return EventKind.STOPPED, f"could not reach Redis or the database ({status})"
+    return EventKind.CRASHED, f"crashed: {status}"
 
 
 def _what_it_suggests(returncode: int) -> str:

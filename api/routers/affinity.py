@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fnmatch import fnmatchcase
 
 from fastapi import APIRouter, Response, status
@@ -10,10 +11,10 @@ from api.deps import ADMIN_ONLY, RowId, SessionDep, StateDep
 from api.errors import errors
 from api.schemas import PlacementPreview, PreviewGpu, RuleCreate, RulePublic, RuleSaved, RulesPublic
 from gpuq import store
-from gpuq.db.tables import AffinityRule, JobKind
+from gpuq.db.tables import AffinityRule, JobKind, Model
 from gpuq.errors import RequestError
-from gpuq.fleet.placement import Candidate, PlacementRequest, preview
-from gpuq.fleet.snapshot import load_fleet, rule_of
+from gpuq.fleet.placement import PlacementRequest, placeable, preview
+from gpuq.fleet.snapshot import Fleet, load_fleet, request_of, rule_of
 from gpuq.registry.models import vram_basis
 
 router = APIRouter(prefix="/v1/affinity-rules", tags=["affinity"], dependencies=ADMIN_ONLY, responses=errors(403))
@@ -26,7 +27,8 @@ async def list_rules(db: SessionDep) -> RulesPublic:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RuleSaved)
 async def create_rule(body: RuleCreate, db: SessionDep) -> RuleSaved:
-    """A rule that selects no known GPU, or names no registered model, is saved with a warning."""
+    """A rule that selects no known GPU, names no registered model, or leaves a model's kind of
+    jobs no GPU to run on (they would be refused) is saved with a warning."""
     return await _save(db, AffinityRule(**body.model_dump()))
 
 
@@ -92,15 +94,25 @@ async def preview_placement(
 async def _save(db: SessionDep, rule: AffinityRule) -> RuleSaved:
     saved = await db.run_sync(store.save_rule, rule)
     fleet = await db.run_sync(load_fleet)
-    names = [m.name for m in await db.run_sync(store.list_models)]
-    return RuleSaved(rule=RulePublic.of(saved), warnings=_warnings(saved, fleet.gpus, names))
+    models = await db.run_sync(store.list_models)
+    return RuleSaved(rule=RulePublic.of(saved), warnings=_warnings(saved, fleet, models))
 
 
-def _warnings(row: AffinityRule, gpus: list[Candidate], models: list[str]) -> list[str]:
+def _warnings(row: AffinityRule, fleet: Fleet, models: Sequence[Model]) -> list[str]:
     rule = rule_of(row)
     warnings = []
-    if gpus and not any(rule.selects(g.target) for g in gpus):
-        warnings.append(f"the rule selects none of the {len(gpus)} known GPUs")
-    if not any(fnmatchcase(m, rule.model_pattern) for m in models):
+    if fleet.gpus and not any(rule.selects(g.target) for g in fleet.gpus):
+        warnings.append(f"the rule selects none of the {len(fleet.gpus)} known GPUs")
+    matched = [m for m in models if fnmatchcase(m.name, rule.model_pattern)]
+    if not matched:
         warnings.append(f"no registered model matches {rule.model_pattern!r}")
+    for model in matched if fleet.gpus else []:
+        for kind in model.kinds:
+            if (row.kind is None or row.kind == kind) and not placeable(
+                request_of(model, kind), fleet.gpus, fleet.rules
+            ):
+                warnings.append(
+                    f"{model.name} now has no GPU it may run {kind} jobs on: they will be refused until a rule allows "
+                    f"a GPU that holds it (GET /v1/affinity-rules/preview?model={model.name}&kind={kind} says why)"
+                )
     return warnings

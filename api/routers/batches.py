@@ -22,7 +22,8 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 async def _object(db: SessionDep, batch: Batch) -> BatchObject:
     counts = await db.run_sync(lambda s: batches.request_counts(s, batch))
-    return BatchObject.of(batch, counts)
+    endpoints = await db.run_sync(lambda s: store.batch_endpoints(s, batch.id))
+    return BatchObject.of(batch, counts, endpoints or [batch.endpoint])
 
 
 @router.post("", response_model=BatchObject, responses=errors(404, 429, 503))
@@ -87,10 +88,12 @@ async def cancel_batch(batch_id: str, db: SessionDep, state: StateDep, caller: C
 
 @router.get("/{batch_id}/progress", response_model=BatchProgress, responses=errors(404))
 async def batch_progress(batch_id: str, db: SessionDep, caller: CallerDep) -> BatchProgress:
-    """gpuq's own view: input lines per job status, throughput so far and an ETA."""
+    """gpuq's own view: input lines per job status, throughput so far and an ETA, and the
+    schedule whose run started it."""
     batch = await visible_batch(db, caller, batch_id)
     by_status = await db.run_sync(lambda s: store.batch_line_counts(s, batch_id))
-    return BatchProgress.of(batch, by_status)
+    run = await db.run_sync(lambda s: store.schedule_run_of_batch(s, batch_id))
+    return BatchProgress.of(batch, by_status, run)
 
 
 @router.get(

@@ -32,7 +32,10 @@ STATIC_FILES = {
     "js/auth.js": _JS,
     "js/chart.js": _JS,
     "js/dom.js": _JS,
+    "js/downloads.js": _JS,
+    "js/events.js": _JS,
     "js/refresh.js": _JS,
+    "js/pages/batch.js": _JS,
     "js/pages/batches.js": _JS,
     "js/pages/job.js": _JS,
     "js/pages/jobs.js": _JS,
@@ -50,6 +53,7 @@ PAGES = {
     "jobs": "Jobs",
     "job": "Job",
     "batches": "Batches",
+    "batch": "Batch",
     "schedules": "Schedules",
     "rules": "Affinity rules",
     "workers": "Workers",
@@ -123,6 +127,12 @@ async def job(job_id: str) -> HTMLResponse:
 @router.get("/batches", response_class=HTMLResponse)
 async def batches() -> HTMLResponse:
     return _page("batches")
+
+
+@router.get("/batches/{batch_id}", response_class=HTMLResponse)
+async def batch(batch_id: str) -> HTMLResponse:
+    # The id is read by js/pages/batch.js from the address, never written into the HTML.
+    return _page("batch")
 
 
 @router.get("/schedules", response_class=HTMLResponse)

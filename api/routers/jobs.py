@@ -6,7 +6,9 @@ from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import APIRouter, Header, Query, Response, status
+from redis.exceptions import RedisError
 
 from api.deps import CallerDep, SessionDep, StateDep, visible_job
 from api.errors import errors
@@ -15,12 +17,14 @@ from api.schemas.common import PriorityName
 from api.schemas.jobs import EmbedJobCreate, GenerateJobCreate, NoopJobCreate
 from gpuq import store
 from gpuq.auth.access import Caller
-from gpuq.db.tables import JobKind, JobStatus
+from gpuq.db.tables import Job, JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.position import job_position_async
 from gpuq.jobs.submit import JobSpec, submit_jobs
 from gpuq.queue_names import Priority
+from gpuq.streams.events import wants_tokens
+from gpuq.streams.progress import tokens_streamed
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -101,6 +105,7 @@ async def read_position(job_id: str, db: SessionDep, state: StateDep, caller: Ca
 @router.get("", response_model=JobsPublic)
 async def list_jobs(
     db: SessionDep,
+    state: StateDep,
     caller: CallerDep,
     status_: Annotated[list[JobStatus] | None, Query(alias="status")] = None,
     model: str | None = None,
@@ -116,7 +121,8 @@ async def list_jobs(
     batch_id: str | None = None,
 ) -> JobsPublic:
     """Newest first. Filters combine; `status` may repeat. Page with `after` = `next_after`.
-    Submitters see their own tenant's jobs; admins see all, or one tenant's with `owner`."""
+    Submitters see their own tenant's jobs; admins see all, or one tenant's with `owner`.
+    A running job of a streaming call has `tokens_so_far`, read from its token stream."""
     for bound in (created_after, created_before):
         if bound is not None and bound.tzinfo is None:
             raise RequestError(422, "created_after/created_before need a time zone, e.g. 2026-01-31T12:00:00Z")
@@ -136,9 +142,21 @@ async def list_jobs(
         jobs, has_more = await db.run_sync(lambda s: store.list_jobs(s, flt, limit=limit, after=after))
     except LookupError:
         raise RequestError(422, f"`after` names job {after!r}, which does not exist") from None
+    so_far = await _tokens_so_far(state, jobs)
     return JobsPublic(
-        data=[JobSummary.of(j) for j in jobs], has_more=has_more, next_after=jobs[-1].id if has_more else None
+        data=[JobSummary.listed(j, so_far.get(j.id)) for j in jobs],
+        has_more=has_more,
+        next_after=jobs[-1].id if has_more else None,
     )
+
+
+async def _tokens_so_far(state: StateDep, jobs: list[Job]) -> dict[str, int]:
+    """Running jobs' tokens from their streams; none while Redis is down (the list is SQL's)."""
+    streaming = [j.id for j in jobs if j.status == JobStatus.RUNNING and wants_tokens(j.request)]
+    try:
+        return await to_thread.run_sync(lambda: tokens_streamed(state.redis, streaming)) if streaming else {}
+    except RedisError:
+        return {}
 
 
 @router.post(

@@ -17,9 +17,18 @@ from gpuq.errors import RequestError
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated, responses=errors(403))
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated, responses=errors(403, 409))
 async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCreated:
-    """The response holds the secret; gpuq keeps only its hash and cannot show it again."""
+    """The response holds the secret; gpuq keeps only its hash and cannot show it again. A
+    name the owner's active keys already use is a 409: names are how keys are told apart."""
+    same = await db.run_sync(lambda s: store.active_key_named(s, owner=body.owner, name=body.name))
+    if same is not None:
+        raise RequestError(
+            409,
+            f"{body.owner} already has an active key named {body.name!r} ({same.id}): choose another name, "
+            "or revoke that key first",
+            param="name",
+        )
     key, secret = await db.run_sync(
         lambda s: store.create_api_key(
             s,

@@ -82,7 +82,7 @@ async def summary(q: QueryDep, db: SessionDep) -> StatsSummary:
             window=_window(window),
             finished=r.finished,
             in_flight=r.in_flight,
-            usage=UsageSums.of(r.sums),
+            usage=UsageSums.of(r.sums, window),
             queue_wait=LatencyPercentiles.of(r.queue_wait),
             run_time=LatencyPercentiles.of(r.run_time),
         )
@@ -143,9 +143,9 @@ async def failures(q: QueryDep, db: SessionDep, top: Annotated[int, Query(ge=1, 
     return await db.run_sync(run)
 
 
-def _rows(sums: dict[tuple[object, ...], Sums]) -> list[EnergyRow]:
+def _rows(sums: dict[tuple[object, ...], Sums], window: Window) -> list[EnergyRow]:
     return sorted(
-        (EnergyRow(key=str(key[0]), **UsageSums.of(s).model_dump()) for key, s in sums.items()),
+        (EnergyRow(key=str(key[0]), **UsageSums.of(s, window).model_dump()) for key, s in sums.items()),
         key=lambda r: (-r.energy_j, -r.jobs, r.key),
     )
 
@@ -162,7 +162,10 @@ async def energy(q: QueryDep, db: SessionDep) -> StatsEnergy:
         for part in by_model.values():
             total.add(part)
         return StatsEnergy(
-            window=_window(window), total=UsageSums.of(total), by_model=_rows(by_model), by_tenant=_rows(by_tenant)
+            window=_window(window),
+            total=UsageSums.of(total, window),
+            by_model=_rows(by_model, window),
+            by_tenant=_rows(by_tenant, window),
         )
 
     return await db.run_sync(run)
@@ -201,7 +204,7 @@ async def gpus(
                 host=host,
                 live=uuid in live,
                 loaded_models=live.get(uuid, {}).get("loaded_models", []),
-                usage=UsageSums.of(usage.get(uuid, Sums())),
+                usage=UsageSums.of(usage.get(uuid, Sums()), window),
                 series=[GpuPointPublic(**asdict(p)) for p in series.get(uuid, ("", []))[1]],
             )
             for uuid, host in sorted(hosts.items())

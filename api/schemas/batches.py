@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 from api.schemas.common import PriorityName, unix_time
-from gpuq.db.tables import FINAL_STATUSES, Batch, File, utcnow
+from gpuq.db.tables import FINAL_STATUSES, Batch, File, ScheduleRun, utcnow
 
 
 class FileObject(BaseModel):
@@ -97,9 +98,12 @@ class BatchObject(BaseModel):
     request_counts: RequestCounts
     metadata: dict[str, str] | None
     owner: str | None = Field(None, description="gpuq: the tenant it belongs to")
+    endpoints: list[str] = Field(
+        description="gpuq: the endpoints its lines name; a file may mix them, and `endpoint` is its first line's",
+    )
 
     @classmethod
-    def of(cls, batch: Batch, counts: dict[str, int]) -> BatchObject:
+    def of(cls, batch: Batch, counts: dict[str, int], endpoints: list[str]) -> BatchObject:
         return cls(
             id=batch.id,
             endpoint=batch.endpoint,
@@ -120,6 +124,7 @@ class BatchObject(BaseModel):
             owner=batch.owner,
             request_counts=RequestCounts(**counts),
             metadata=batch.batch_metadata,
+            endpoints=endpoints,
         )
 
 
@@ -138,9 +143,12 @@ class BatchProgress(BaseModel):
     lines_by_status: dict[str, int]
     lines_per_s: float | None = Field(description="throughput observed since the batch started")
     eta_s: float | None = Field(description="seconds to finish the rest at that throughput")
+    schedule_id: int | None = Field(None, description="the schedule whose run started it; null if none did")
+    schedule_name: str | None = None
+    scheduled_for: datetime | None = Field(None, description="the fire time of that run")
 
     @classmethod
-    def of(cls, batch: Batch, by_status: dict[str, int]) -> BatchProgress:
+    def of(cls, batch: Batch, by_status: dict[str, int], run: tuple[ScheduleRun, str] | None = None) -> BatchProgress:
         done = sum(n for status, n in by_status.items() if status in FINAL_STATUSES)
         elapsed = (utcnow() - batch.in_progress_at).total_seconds() if batch.in_progress_at else 0.0
         rate = done / elapsed if done and elapsed > 0 else None
@@ -152,4 +160,7 @@ class BatchProgress(BaseModel):
             lines_by_status=by_status,
             lines_per_s=round(rate, 3) if rate else None,
             eta_s=round(remaining / rate, 1) if rate and remaining > 0 else (0.0 if remaining == 0 else None),
+            schedule_id=run[0].schedule_id if run else None,
+            schedule_name=run[1] if run else None,
+            scheduled_for=run[0].fire_time if run else None,
         )

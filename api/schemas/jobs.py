@@ -33,6 +33,7 @@ from gpuq.jobs.request import (
     embedding,
     generation,
 )
+from gpuq.jobs.snippet import snippet
 from gpuq.jobs.submit import JobSpec
 from gpuq.queue_names import Priority
 
@@ -156,6 +157,10 @@ class JobSummary(BaseModel):
     id: str
     kind: str
     model: str
+    snippet: str = Field(
+        description="what it is, in a few words: its batch line's custom_id, else the start of its prompt, last "
+        "message or first input (80 characters at most)"
+    )
     priority: str
     status: str
     created_at: datetime
@@ -166,6 +171,11 @@ class JobSummary(BaseModel):
     run_ms: int | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    tokens_so_far: int | None = Field(
+        None,
+        description="a running job's completion tokens so far, from its token stream (jobs of streaming calls); "
+        "null otherwise (a finished job has completion_tokens)",
+    )
     cached_tokens: int | None = Field(
         None,
         description="of the prompt's tokens, those whose KV the worker reused instead of evaluating them",
@@ -190,6 +200,11 @@ class JobSummary(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobSummary:
         return cls(**_job_fields(job))
+
+    @classmethod
+    def listed(cls, job: Job, tokens_so_far: int | None) -> JobSummary:
+        """As a list shows it: a running job with its tokens so far."""
+        return cls(**_job_fields(job), tokens_so_far=tokens_so_far)
 
 
 class JobRunPublic(BaseModel):
@@ -251,6 +266,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "id": job.id,
         "kind": job.kind,
         "model": job.model,
+        "snippet": snippet(job.request, job.custom_id),
         "priority": Priority(job.priority).label,
         "status": job.status,
         "created_at": job.created_at,

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from gpuq.stats.filters import Window
 from gpuq.stats.queries import Percentiles, Sums
 
 
@@ -21,19 +22,27 @@ class UsageSums(BaseModel):
     jobs: int
     prompt_tokens: int
     completion_tokens: int
-    tokens_per_s: float | None = Field(description="completion tokens per second of generation run time")
+    tokens_per_s: float | None = Field(
+        description="per-sequence decode speed: completion tokens over the summed run time of the jobs that made "
+        "them (it falls as more sequences decode together); not the fleet's throughput"
+    )
+    fleet_tokens_per_s: float | None = Field(
+        description="throughput: completion tokens per wall-clock second of the window (up to now)"
+    )
     gpu_seconds: float
     gpu_seconds_jobs: int
     energy_j: float
     energy_jobs: int
 
     @classmethod
-    def of(cls, s: Sums) -> UsageSums:
+    def of(cls, s: Sums, window: Window) -> UsageSums:
+        fleet = s.fleet_tokens_per_s(window)
         return cls(
             jobs=s.jobs,
             prompt_tokens=s.prompt_tokens,
             completion_tokens=s.completion_tokens,
             tokens_per_s=round(s.tokens_per_s, 2) if s.tokens_per_s is not None else None,
+            fleet_tokens_per_s=round(fleet, 3) if fleet is not None else None,
             gpu_seconds=round(s.gpu_seconds, 3),
             gpu_seconds_jobs=s.gpu_seconds_jobs,
             energy_j=round(s.energy_j, 3),

@@ -29,10 +29,14 @@ class WorkerPublic(BaseModel):
     last_heartbeat: datetime | None
     started_at: datetime | None
     jobs_done: int = Field(description="jobs this worker process has run")
+    restarts: int = Field(
+        description="restarts of its supervisor slot (host and slot) in the events kept: a crashed worker comes "
+        "back under a new name with jobs_done at 0, and this says so (GET /v1/events?kind=crashed)"
+    )
     drained_by: list[Literal["worker", "host"]] = Field(description="whose drain flag holds it: its own, its host's")
 
     @classmethod
-    def of(cls, worker: LiveWorker, running_jobs: list[str]) -> WorkerPublic:
+    def of(cls, worker: LiveWorker, running_jobs: list[str], restarts: int = 0) -> WorkerPublic:
         flags: tuple[tuple[Literal["worker", "host"], bool], ...] = (
             ("worker", worker.drained_itself),
             ("host", worker.drained_by_host),
@@ -52,6 +56,7 @@ class WorkerPublic(BaseModel):
             last_heartbeat=worker.last_heartbeat,
             started_at=worker.birth,
             jobs_done=worker.jobs_done,
+            restarts=restarts,
             drained_by=[who for who, on in flags if on],
         )
 

@@ -117,6 +117,11 @@ class GpuqClient:
     def workers(self) -> dict[str, Any]:
         return self._call("GET", "/v1/workers")
 
+    def events(self, **filters: Any) -> dict[str, Any]:
+        """Worker and GPU events, newest first (``kind`` may be a list)."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self._call("GET", "/v1/events", params=params)
+
     def drain(self, worker: str, *, undo: bool = False) -> dict[str, Any]:
         return self._call("POST", f"/v1/workers/{worker}/{'undrain' if undo else 'drain'}")
 

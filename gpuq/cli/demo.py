@@ -27,6 +27,9 @@ QUESTIONS = [
 TEXTS = ["The cat sat on the mat.", "A cat was sitting on a mat.", "Quarterly revenue grew by 12 percent."]
 
 
+START_TIMEOUT_S = 60.0
+
+
 @contextmanager
 def serve_api(settings: Settings) -> Iterator[str]:
     """The API on a free loopback port in a background thread, for as long as the block runs."""
@@ -38,10 +41,10 @@ def serve_api(settings: Settings) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()
-    # Listening before anyone is told the URL: on a busy machine the first request could
-    # otherwise come before the socket is bound (connection refused).
-    deadline = time.monotonic() + 60
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:  # the first call must not race uvicorn's start (a busy machine is slow)
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the API did not start on port {port}")
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}"

@@ -74,6 +74,11 @@ def keys_create(
     from gpuq.queue_names import Priority
 
     with _session() as session:
+        same = store.active_key_named(session, owner=owner, name=name)
+        if same is not None:
+            stop(
+                f"{owner} already has an active key named {name!r} ({same.id}): choose another name, or revoke that key"
+            )
         key, secret = store.create_api_key(
             session,
             name=name,

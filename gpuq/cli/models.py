@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from gpuq.cli.support import connect, table, url_option
@@ -34,9 +36,17 @@ def models(ctx: click.Context, url: str) -> None:
 @click.option("--context-length", type=int, default=None)
 @click.pass_obj
 def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], context_length: int | None) -> None:
-    """Register NAME for the GGUF file PATH (relative to the models directory)."""
+    """Register NAME for the GGUF file PATH: a file this directory has (`models/x.gguf`), or
+    a path relative to the API's models directory (GPUQ_MODELS_DIR); it must be inside that."""
     with connect(url) as client:
         model = client.register_model(
-            {"name": name, "path": path, "kinds": list(kinds), "context_length": context_length}
+            {"name": name, "path": _as_the_api_reads_it(path), "kinds": list(kinds), "context_length": context_length}
         )
     click.echo(f"registered {model['id']} ({', '.join(model['kinds'])}, context {model['context_length']})")
+
+
+def _as_the_api_reads_it(path: str) -> str:
+    """A relative path that names a file here is sent whole (absolute): the API would read it
+    inside its models directory (`models/x.gguf` as `models/models/x.gguf`). Any other path
+    goes as written, for the API to read inside its models directory."""
+    return os.path.abspath(path) if not os.path.isabs(path) and os.path.isfile(path) else path

@@ -13,6 +13,7 @@ import click
 
 from gpuq.cli.errors import stop
 from gpuq.cli.serving import listen, serve
+from gpuq.cli.support import remember_url
 from gpuq.settings import Settings, get_settings
 
 
@@ -32,14 +33,18 @@ def _with_redis(settings: Settings) -> Settings:
 @click.option("--access-log", is_flag=True, help="log every request (default: writes and errors, not the reads)")
 def up(workers: int, host: str | None, port: int | None, access_log: bool) -> None:
     """Run everything on this machine: private Redis (unless GPUQ_REDIS_URL), migrations,
-    workers, the reconciler and the API. Ctrl-C stops it all."""
+    workers, the reconciler and the API. Ctrl-C stops it all. Its address is saved in the
+    data directory (api.url), where later CLI commands find it without --url."""
     settings = get_settings()
-    sock = listen(host or settings.api_host, port or settings.api_port)  # before anything else starts
+    host, port = host or settings.api_host, port or settings.api_port
+    sock = listen(host, port)  # before anything else starts
 
     from api.main import create_app
     from gpuq.local.embedded import embedded_system
 
     with sock, embedded_system(settings, workers=workers) as system:
+        # Once the data directory is this process's: the next CLI command finds it without --url.
+        remember_url(system.settings.data_dir, host, port)
         serve(create_app(system.settings), sock, quiet_reads=not access_log)
 
 

@@ -366,6 +366,45 @@ class ScheduleRun(Base):
     )
 
 
+class EventKind(enum.StrEnum):
+    """What happened to a worker or a GPU (``worker_events``)."""
+
+    STARTED = "started"  # a worker's first start in its slot
+    RESTARTED = "restarted"  # started again after its predecessor in the slot exited
+    STOPPED = "stopped"  # exited cleanly (a drain, a refusal of its GPUs, an outage it waits out)
+    CRASHED = "crashed"  # exited abnormally: a signal (SIGKILL, SIGABRT) or an error status
+    DRAINED = "drained"  # asked to take no more jobs (a worker, or a whole host)
+    UNDRAINED = "undrained"
+    GPU_UNHEALTHY = "gpu_unhealthy"
+    GPU_CLEARED = "gpu_cleared"
+
+
+class WorkerEvent(Base):
+    """A worker's life and its GPUs' health, as it happened: what a restarted worker's fresh
+    name and zeroed counts no longer say. Written by supervisors (starts, exits), workers and
+    supervisors (GPUs marked unhealthy) and the API (drains, clears)."""
+
+    __tablename__ = "worker_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str | None] = mapped_column(String(255))
+    slot: Mapped[str | None] = mapped_column(String(64))
+    # The worker's name up to its pid (names are host.slot.pid.xxxx): a supervisor knows the
+    # pid it started, not the suffix the worker picks.
+    worker: Mapped[str | None] = mapped_column(String(255))
+    gpu_uuids: Mapped[str] = mapped_column(Text, default="")  # comma-separated; empty for a CPU worker
+    exit_status: Mapped[int | None] = mapped_column(Integer)  # negative: the signal that ended it
+    detail: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("ix_worker_events_at", "at"),
+        Index("ix_worker_events_slot", "host", "slot", "kind"),
+        {"sqlite_autoincrement": True},
+    )
+
+
 class DeliveryStatus(enum.StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"

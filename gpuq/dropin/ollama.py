@@ -53,6 +53,11 @@ def strip_tag(name: str) -> str:
     return name.removesuffix(":latest")
 
 
+def tagged(name: str) -> str:
+    """A model as Ollama lists it, with the tag its clients expect (``name:latest``)."""
+    return f"{name}:latest"
+
+
 def refuse(param: str, why: str) -> RequestError:
     return RequestError(400, f"{param} is not supported by gpuq: {why}", param=param)
 
@@ -288,10 +293,10 @@ def _size_label(n_params: int) -> str:
 
 
 def tag(model: Model, metadata: dict[str, str], n_params: int) -> dict[str, Any]:
-    """One model of /api/tags."""
+    """One model of /api/tags, named as Ollama names it (``name:latest``)."""
     return {
-        "name": model.name,
-        "model": model.name,
+        "name": tagged(model.name),
+        "model": tagged(model.name),
         "modified_at": model.created_at.isoformat(),
         "size": model.size_bytes,
         "digest": digest(model),
@@ -340,8 +345,8 @@ def running(
     """One loaded model of /api/ps (gpuq adds the worker and host that hold it)."""
     vram = model.vram_mib * 1024 * 1024
     return {
-        "name": model.name,
-        "model": model.name,
+        "name": tagged(model.name),
+        "model": tagged(model.name),
         "size": max(vram, model.size_bytes),
         "digest": digest(model),
         "details": details(model, metadata, n_params),

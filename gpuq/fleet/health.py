@@ -23,13 +23,16 @@ from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
+from gpuq.db.tables import EventKind
 from gpuq.redis_keys import too_small_key
 
 
 def mark_unhealthy(sessions: sessionmaker[Session], gpu_uuids: Sequence[str], reason: str) -> None:
+    """The mark, and an event per GPU saying why (``GET /v1/events``)."""
     with sessions() as session:
         for uuid in gpu_uuids:
             store.set_gpu_health(session, uuid, healthy=False, reason=reason[:2000])
+        store.record_gpu_events(session, EventKind.GPU_UNHEALTHY, gpu_uuids, reason)
 
 
 def mark_too_small(redis: Redis, gpu_uuids: Sequence[str], model: str, *, ttl_s: float) -> None:
@@ -61,4 +64,5 @@ def clear(session: Session, redis: Redis, uuid: str) -> bool:
     if not store.set_gpu_health(session, uuid, healthy=True, reason=None):
         return False
     redis.delete(too_small_key(uuid))
+    store.record_gpu_events(session, EventKind.GPU_CLEARED, [uuid], "cleared by an admin")
     return True

@@ -154,6 +154,12 @@ def group_for(request: PlacementRequest, gpus: Sequence[Candidate], rules: list[
     return best
 
 
+def placeable(request: PlacementRequest, gpus: Sequence[Candidate], rules: list[Rule]) -> bool:
+    """Whether some GPU, or GPUs of one host together, may ever run the request: what a
+    submission is checked against (``gpuq.jobs.submit.check_placeable``)."""
+    return any(v.ok for v in evaluate(request, gpus, can_ever_run(rules))) or bool(group_for(request, gpus, rules))
+
+
 def explain_unplaceable(request: PlacementRequest, verdicts: list[Verdict]) -> str:
     parts = [f"GPU {v.gpu.target.index} on {v.gpu.target.host}: {'; '.join(v.reasons)}" for v in verdicts]
     return (

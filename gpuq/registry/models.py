@@ -34,7 +34,8 @@ def resolve_model_path(models_dir: Path, path: str) -> Path:
     if not full.is_relative_to(root):
         raise InvalidModel(f"model path {path!r} is outside the models directory {root}")
     if not full.is_file():
-        raise InvalidModel(f"model file {full} does not exist")
+        relative = "" if os.path.isabs(path) else f" (a relative path is read inside the models directory {root})"
+        raise InvalidModel(f"model file {full} does not exist{relative}")
     return full
 
 

@@ -6,9 +6,10 @@ would reset with every API restart and differ between API replicas, and the work
 no HTTP server to scrape. So the process where an event happens adds it to Redis hashes
 (``HINCRBY``/``HINCRBYFLOAT``, one pipeline): workers at job end, inside the outcome
 writer's group commit, and at each model load; the API's cancel and the reconciler for
-the final states they decide. Any API process renders the same cumulative figures. If
-Redis is emptied the counters start again from zero, which Prometheus reads as a counter
-reset (``rate()`` handles it); SQL keeps the history.
+the final states they decide; supervisors at each restart of a worker. Any API process
+renders the same cumulative figures. If Redis is emptied the counters start again from
+zero, which Prometheus reads as a counter reset (``rate()`` handles it); SQL keeps the
+history (the worker events table too).
 
 Gauges (queue depth and the age of each queue's oldest job, GPU telemetry, workers, their
 slots) are read at scrape time from Redis (and SQL: when a queue's front job was submitted,
@@ -52,6 +53,7 @@ from gpuq.redis_keys import (
     METRICS_LOAD_TIME,
     METRICS_LOADS,
     METRICS_QUEUE_WAIT,
+    METRICS_RESTARTS,
     METRICS_RUN,
     METRICS_TOKENS,
     rq_queue_key,
@@ -175,6 +177,14 @@ def record_model_load(redis: Redis, model: str, seconds: float) -> None:
         log.warning("could not count the load of %s in the metrics", model, exc_info=True)
 
 
+def record_restart(redis: Redis, *, host: str, slot: str) -> None:
+    """A supervisor restarted the worker of one of its slots (after a crash or any exit)."""
+    try:
+        redis.hincrby(METRICS_RESTARTS, _SEP.join((host, slot)), 1)
+    except Exception:
+        log.warning("could not count the restart of %s/%s in the metrics", host, slot, exc_info=True)
+
+
 # ---------------------------------------------------------------- rendering (API, at scrape)
 
 
@@ -210,7 +220,15 @@ def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
 def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequence[Gpu]) -> Snapshot:
     """``queues``: the (model, kind) pairs to report depth for, all three priorities each."""
     names = [(m, k, p.label, queue_name(m, k, p)) for m, k in queues for p in Priority]
-    keys = (METRICS_JOBS, METRICS_TOKENS, METRICS_LOADS, METRICS_QUEUE_WAIT, METRICS_RUN, METRICS_LOAD_TIME)
+    keys = (
+        METRICS_JOBS,
+        METRICS_TOKENS,
+        METRICS_LOADS,
+        METRICS_QUEUE_WAIT,
+        METRICS_RUN,
+        METRICS_LOAD_TIME,
+        METRICS_RESTARTS,
+    )
     with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hgetall(key)
@@ -355,6 +373,12 @@ class _SnapshotCollector(Collector):
         yield _counter("gpuq_model_loads", "models loaded by workers", ["model"], c[METRICS_LOADS])
         yield _histogram(
             "gpuq_model_load_seconds", "time to load a model", ["model"], c[METRICS_LOAD_TIME], LOAD_BUCKETS_S
+        )
+        yield _counter(
+            "gpuq_worker_restarts",
+            "workers a supervisor restarted in one of its slots, after a crash or any other exit",
+            ["host", "slot"],
+            c[METRICS_RESTARTS],
         )
         yield from _gpu_families(s.gpus)
         workers = GaugeMetricFamily("gpuq_workers", "live workers by host and state", labels=["host", "state"])

@@ -28,6 +28,7 @@ from gpuq.db.tables import (
     JobStatsDaily,
     JobStatsHourly,
     JobStatus,
+    utcnow,
 )
 from gpuq.errors import RequestError
 from gpuq.stats.filters import StatsFilter, Window
@@ -131,8 +132,16 @@ class Sums:
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Generation speed while running: completion tokens over the run time of the jobs that made them."""
+        """Per-sequence decode speed: completion tokens over the summed run time of the jobs that
+        made them. Sequences decoded together each count their whole run, so this falls as a
+        GPU does more at once (8 together: 13.6 -> 6.0) while the fleet's throughput rises."""
         return self.completion_tokens / (self.generated_run_ms / 1000) if self.generated_run_ms else None
+
+    def fleet_tokens_per_s(self, window: Window, *, now: datetime | None = None) -> float | None:
+        """Fleet throughput: completion tokens per wall-clock second of the window, up to now
+        (a window reaching into the future has not had those seconds yet)."""
+        elapsed_s = (min(window.until, now or utcnow()) - window.since).total_seconds()
+        return self.completion_tokens / elapsed_s if elapsed_s > 0 else None
 
 
 def grouped_sums(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gpuq.store.api_keys import (
     Revocation,
+    active_key_named,
     create_api_key,
     find_active_key,
     get_api_key,
@@ -22,6 +23,7 @@ from gpuq.store.api_keys import (
     revoke_key_keeping_an_admin,
 )
 from gpuq.store.batches import (
+    batch_endpoints,
     batch_jobs,
     batch_line_counts,
     batches_with_status,
@@ -38,6 +40,15 @@ from gpuq.store.batches import (
     running_batch_jobs,
     save_file,
     set_batch_status,
+)
+from gpuq.store.events import (
+    EventFilter,
+    NewEvent,
+    list_events,
+    record_events,
+    record_gpu_events,
+    restarts_by_slot,
+    worker_identity,
 )
 from gpuq.store.fleet import (
     delete_rule,
@@ -111,6 +122,7 @@ from gpuq.store.schedules import (
     list_schedules,
     record_schedule_fired,
     save_schedule,
+    schedule_run_of_batch,
     schedule_runs,
     schedules_reading_file,
     set_next_fire_time,
@@ -121,12 +133,16 @@ from gpuq.store.webhooks import (
 
 __all__ = [
     "ClaimedJob",
+    "EventFilter",
     "JobFilter",
     "KeyUsage",
+    "NewEvent",
     "NewJob",
     "Outcome",
     "Revocation",
     "RunningJob",
+    "active_key_named",
+    "batch_endpoints",
     "batch_jobs",
     "batch_line_counts",
     "batch_status",
@@ -172,6 +188,7 @@ __all__ = [
     "list_api_keys",
     "list_batches",
     "list_deliveries",
+    "list_events",
     "list_files",
     "list_gpus",
     "list_jobs",
@@ -185,12 +202,15 @@ __all__ = [
     "new_job_ids",
     "prune_gpu_samples",
     "queued_jobs_created_before",
+    "record_events",
+    "record_gpu_events",
     "record_gpu_samples",
     "record_outcomes",
     "record_outcomes_written",
     "record_schedule_fired",
     "request_cancel_of_running_jobs",
     "requeue_running_job",
+    "restarts_by_slot",
     "retry_finished_jobs",
     "return_to_queue",
     "revoke_api_key",
@@ -202,6 +222,7 @@ __all__ = [
     "save_model",
     "save_rule",
     "save_schedule",
+    "schedule_run_of_batch",
     "schedule_runs",
     "schedules_reading_file",
     "set_batch_status",
@@ -209,4 +230,5 @@ __all__ = [
     "set_next_fire_time",
     "upsert_gpus",
     "usage_by_key_since",
+    "worker_identity",
 ]

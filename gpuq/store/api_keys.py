@@ -81,6 +81,12 @@ def list_api_keys(session: Session, *, include_revoked: bool = False) -> list[Ap
     return list(session.scalars(stmt))
 
 
+def active_key_named(session: Session, *, owner: str, name: str) -> ApiKey | None:
+    """The owner's unrevoked key of that name, if any: names tell a tenant's keys apart."""
+    stmt = select(ApiKey).where(ApiKey.owner == owner, ApiKey.name == name, ApiKey.revoked_at.is_(None))
+    return session.scalars(stmt.limit(1)).first()
+
+
 def get_api_key(session: Session, key_id: str) -> ApiKey | None:
     return session.get(ApiKey, key_id)
 

@@ -116,6 +116,20 @@ def batch_jobs(session: Session, batch_id: str) -> Iterator[Job]:
     yield from session.scalars(query)
 
 
+def batch_endpoints(session: Session, batch_id: str) -> list[str]:
+    """The endpoints a batch's lines name, sorted: a file may mix them (jobs of batches from
+    before lines recorded theirs count as the batch's own)."""
+    endpoint = func.coalesce(Job.request["endpoint"].as_string(), Batch.endpoint)
+    query = (
+        select(endpoint)
+        .distinct()
+        .select_from(Job)
+        .join(Batch, Batch.id == Job.batch_id)
+        .where(Job.batch_id == batch_id)
+    )
+    return sorted(session.scalars(query))
+
+
 def batches_with_status(session: Session, statuses: Sequence[str]) -> list[Batch]:
     return list(session.scalars(select(Batch).where(Batch.status.in_(statuses))))
 

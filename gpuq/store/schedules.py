@@ -88,3 +88,15 @@ def schedule_runs(session: Session, schedule_id: int, *, limit: int) -> list[tup
         .limit(limit)
     )
     return [(run, status) for run, status in rows]
+
+
+def schedule_run_of_batch(session: Session, batch_id: str) -> tuple[ScheduleRun, str] | None:
+    """The run of a schedule that started this batch, with the schedule's name; None for a
+    batch someone created (or whose schedule was deleted)."""
+    row = session.execute(
+        select(ScheduleRun, Schedule.name)
+        .join(Schedule, Schedule.id == ScheduleRun.schedule_id)
+        .where(ScheduleRun.batch_id == batch_id)
+        .limit(1)
+    ).first()
+    return (row[0], row[1]) if row is not None else None

@@ -2,7 +2,7 @@
 attempt was refunded), so a job run again after its worker died shows both runs
 
 Revision ID: 0017_job_runs
-Revises: 0015_cached_tokens
+Revises: 0016_worker_events
 Create Date: 2026-12-03
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from gpuq.db.tables import UTCDateTime
 
 revision = "0017_job_runs"
-down_revision = "0015_cached_tokens"
+down_revision = "0016_worker_events"
 branch_labels = None
 depends_on = None
 

@@ -355,3 +355,18 @@ def test_a_submitter_reads_its_own_batchs_output_and_error_files_with_the_openai
     for file_id in (done.output_file_id, done.error_file_id, uploaded.id):
         with pytest.raises(openai.NotFoundError):
             globex.files.content(file_id)
+
+
+@both_databases
+def test_a_second_active_key_of_the_same_name_and_owner_is_a_409_and_creates_nothing(client):
+    first = client.post("/v1/keys", json={"name": "evals", "owner": "acme"}).json()
+    again = client.post("/v1/keys", json={"name": "evals", "owner": "acme"})
+    assert again.status_code == 409
+    assert again.json()["detail"] == (
+        f"acme already has an active key named 'evals' ({first['id']}): choose another name, or revoke that key first"
+    )
+    assert [k["id"] for k in client.get("/v1/keys").json()["data"] if k["name"] == "evals"] == [first["id"]]
+    # Another tenant's key of that name, or one after the first is revoked, is fine.
+    assert client.post("/v1/keys", json={"name": "evals", "owner": "globex"}).status_code == 201
+    assert client.delete(f"/v1/keys/{first['id']}").status_code == 204
+    assert client.post("/v1/keys", json={"name": "evals", "owner": "acme"}).status_code == 201

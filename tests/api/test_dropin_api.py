@@ -115,7 +115,10 @@ def test_a_bad_priority_header_is_refused_before_anything_is_queued(client, job_
 def test_ollamas_routes_that_need_no_job(client):
     assert client.get("/api/version").json() == {"version": client.app.version}
     [tag] = client.get("/api/tags").json()["models"]
-    assert tag["name"] == MODEL and tag["details"]["parameter_size"] == "135M"
+    # Named with the tag Ollama's clients expect, and taken back with it.
+    assert (tag["name"], tag["model"]) == (f"{MODEL}:latest", f"{MODEL}:latest")
+    assert tag["details"]["parameter_size"] == "135M"
+    assert client.post("/api/show", json={"model": tag["name"]}).status_code == 200
     assert client.get("/api/ps").json() == {"models": []}  # no worker holds anything
     assert client.post("/api/pull", json={"model": f"{MODEL}:latest"}).json() == {"status": "success"}
 

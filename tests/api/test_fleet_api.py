@@ -181,3 +181,18 @@ def test_a_rule_may_name_a_mig_device_by_its_uuid(client, fleet):
     assert response.json()["rule"]["gpu_uuids"] == [mig]
     refused = client.post("/v1/affinity-rules", json={"model_pattern": MODEL, "effect": "allow", "gpu_uuids": ["0"]})
     assert refused.status_code == 422
+
+
+@both_databases
+def test_a_rule_that_leaves_a_model_no_gpu_is_saved_with_a_warning_saying_so(client, fleet):
+    denied = client.post("/v1/affinity-rules", json={"model_pattern": MODEL, "kind": "generate", "effect": "deny"})
+    assert denied.status_code == 201
+    assert denied.json()["warnings"] == [
+        f"{MODEL} now has no GPU it may run generate jobs on: they will be refused until a rule allows a GPU that "
+        f"holds it (GET /v1/affinity-rules/preview?model={MODEL}&kind=generate says why)"
+    ]
+    refused = client.post("/v1/jobs", json=GEN)
+    assert refused.status_code == 422  # what the warning said
+    # A rule that leaves it somewhere says nothing of the kind.
+    partial = client.post("/v1/affinity-rules", json={"model_pattern": MODEL, "effect": "deny", "gpu_indices": [0]})
+    assert [w for w in partial.json()["warnings"] if "embed jobs" in w] == []

@@ -1,5 +1,6 @@
 """Cron schedules over HTTP: checked at creation, paused, resumed, run by hand, previewed."""
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -107,3 +108,21 @@ def test_a_schedule_cannot_be_changed_to_a_cron_that_never_or_too_often_fires(cl
     response = client.patch(f"/v1/schedules/{schedule['id']}", json={"cron": cron})
     assert response.status_code == 422, response.text
     assert client.get(f"/v1/schedules/{schedule['id']}").json()["cron"] == "0 2 * * *"
+
+
+@both_databases
+def test_a_batch_a_schedule_started_names_the_schedule_and_the_run_in_its_progress(client):
+    schedule = client.post("/v1/schedules", json=NIGHTLY).json()
+    run = client.post(f"/v1/schedules/{schedule['id']}/run").json()
+    progress = client.get(f"/v1/batches/{run['batch_id']}/progress").json()
+    assert (progress["schedule_id"], progress["schedule_name"]) == (schedule["id"], "nightly")
+    assert progress["scheduled_for"] == run["fire_time"]
+    upload = client.post(
+        "/v1/files", files={"file": ("in.jsonl", json.dumps(LINE).encode())}, data={"purpose": "batch"}
+    )
+    direct = client.post(
+        "/v1/batches",
+        json={"input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
+    progress = client.get(f"/v1/batches/{direct['id']}/progress").json()
+    assert (progress["schedule_id"], progress["schedule_name"], progress["scheduled_for"]) == (None, None, None)

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import utcnow
 from tests.api.conftest import bearer
+from tests.conftest import both_databases
 from tests.gpuq.stats.test_stats import MODEL, job
 
 ENDPOINTS = ["summary", "throughput", "failures", "energy", "gpus", "queues"]
@@ -92,3 +93,29 @@ def test_position_is_for_the_owner_or_admins_and_null_when_not_queued(
     assert finished["position"] is None and finished["status"] == "succeeded"
     other = make_key("submitter", "globex")
     assert client.get(f"/v1/jobs/{job_id}/position", headers=bearer(other)).status_code == 404
+
+
+@both_databases
+def test_fleet_throughput_is_per_wall_clock_second_apart_from_each_sequences_decode_speed(
+    client: TestClient, database_url: str
+) -> None:
+    # Eight sequences decoded together for the same 10 s, 100 tokens each: each ran at 10 tok/s,
+    # and the fleet made 800 tokens in a 10-minute window.
+    engine = sync_engine(database_url)
+    end = utcnow() - timedelta(minutes=2)
+    with sync_sessions(engine)() as s:
+        s.add_all([job(n, end, run_ms=10_000, tokens=100) for n in range(8)])
+        s.commit()
+    engine.dispose()
+    window = {"since": (end - timedelta(minutes=8)).isoformat(), "until": (end + timedelta(minutes=2)).isoformat()}
+    usage = client.get("/v1/stats/summary", params=window).json()["usage"]
+    assert (usage["completion_tokens"], usage["prompt_tokens"]) == (800, 40)
+    assert usage["tokens_per_s"] == 10.0  # per sequence: 100 tokens over its 10 s
+    assert usage["fleet_tokens_per_s"] == pytest.approx(800 / 600, abs=0.001)  # per second of the window
+    # A window reaching past now counts only the seconds that have passed.
+    ahead = {"since": window["since"], "until": (utcnow() + timedelta(minutes=50)).isoformat()}
+    assert client.get("/v1/stats/summary", params=ahead).json()["usage"]["fleet_tokens_per_s"] == pytest.approx(
+        800 / 600, rel=0.01
+    )
+    energy = client.get("/v1/stats/energy", params=window).json()
+    assert energy["by_model"][0]["fleet_tokens_per_s"] == pytest.approx(800 / 600, abs=0.001)

@@ -435,7 +435,7 @@ def test_the_batches_page_shows_failures_and_finish_times_and_downloads_both_fil
     row = page.locator(f'#batches tr[data-batch="{system.batch_id}"]')
     expect(row.locator("td.num")).to_have_text("1")  # one failed line, linked to its jobs
     finished = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(batch["completed_at"]))
-    expect(row.locator("td.finished")).to_have_text(finished)
+    expect(row.locator(".finished")).to_have_text(finished)
     expect(row.locator(".bar")).to_contain_text("3 / 3")
     assert_laid_out(page)
     screenshot(page, "batches")

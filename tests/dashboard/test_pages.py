@@ -14,7 +14,19 @@ from api.main import create_app
 from api.routers.dashboard import DASHBOARD_DIR, PAGES, STATIC_FILES
 from gpuq.settings import Settings
 
-PATHS = ["", "/jobs", "/jobs/job_123", "/batches", "/schedules", "/rules", "/workers", "/models", "/gpus", "/keys"]
+PATHS = [
+    "",
+    "/jobs",
+    "/jobs/job_123",
+    "/batches",
+    "/batches/batch_123",
+    "/schedules",
+    "/rules",
+    "/workers",
+    "/models",
+    "/gpus",
+    "/keys",
+]
 SCRIPTS = [name for name in STATIC_FILES if name.endswith(".js")]
 
 

@@ -52,17 +52,20 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def _up(data_dir: Path, port: int, *, settings: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """`gpuq up` in a process group of its own, as a shell runs it in a terminal."""
-    env = {
+def _env(data_dir: Path, settings: dict[str, str] | None = None) -> dict[str, str]:
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
         "GPUQ_DATA_DIR": str(data_dir),
         "GPUQ_WORKER_THREADS": "1",
         **(settings or {}),
     }
+
+
+def _up(data_dir: Path, port: int, *, settings: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`gpuq up` in a process group of its own, as a shell runs it in a terminal."""
     return subprocess.Popen(
         [sys.executable, "-m", "gpuq.cli", "up", "--port", str(port)],
-        env=env,
+        env=_env(data_dir, settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -92,12 +95,19 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
     first_children: set[int] = set()
     try:
         first_children = _started(first, first_port)
+        # Its --port is remembered in the data directory: the next command needs no --url.
+        assert (data_dir / "api.url").read_text() == f"http://127.0.0.1:{first_port}\n"
+        jobs = subprocess.run(
+            [sys.executable, "-m", "gpuq.cli", "jobs"], env=_env(data_dir), capture_output=True, text=True, timeout=60
+        )
+        assert jobs.returncode == 0, jobs.stderr
 
         second = _up(data_dir, second_port)  # same data directory: refused, nothing started
         out, _ = second.communicate(timeout=60)
         assert second.returncode != 0
         assert f"another gpuq (pid {first.pid}) is running on the data directory" in out
         assert out.strip().splitlines()[-1].startswith("error: ")
+        assert (data_dir / "api.url").read_text() == f"http://127.0.0.1:{first_port}\n"  # not the refused one's
 
         first.kill()  # SIGKILL: no shutdown code runs; its children are told by the kernel
         first.wait()

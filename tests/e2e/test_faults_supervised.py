@@ -1,15 +1,18 @@
 """Workers under their supervisor: a worker killed outright stops counting as live at once,
-and a host's cores are shared out among its workers."""
+is recorded as crashed (with its signal) and restarted, and a host's cores are shared out
+among its workers."""
 
 import os
 import signal
 import time
 from pathlib import Path
 
+import httpx
 from redis import Redis
 from rq.worker import Worker
 
 from tests.e2e.conftest import reconcile, wait_until
+from tests.metrics_parsing import samples, value
 
 MODEL = "smollm2-135m"
 LONG = {"kind": "generate", "model": MODEL, "prompt": "Count from 1 to 1000: 1, 2, 3,", "temperature": 0}
@@ -46,3 +49,29 @@ def test_a_killed_worker_is_dead_at_once_not_a_ttl_later_and_its_job_runs_again(
     assert gone_after_s < 10  # the supervisor recorded the death (the TTL is 120 s)
     assert report.recovered == [job["id"]]
     assert done["status"] == "succeeded" and done["attempts"] == 2 and done["worker"] != victim
+
+
+def test_a_sigkilled_worker_is_an_event_crashed_by_sigkill_then_restarted_and_counted(processes):
+    processes.settings |= {"GPUQ_SIMULATED_GPUS": "24"}
+    _api, url = processes.start_api()
+    _supervisor, [started] = processes.start_supervisor(expected_workers=1)
+    with processes.client(url) as client:
+        [victim] = client.workers()["data"]
+        assert victim["restarts"] == 0
+        os.kill(started.pid, signal.SIGKILL)
+        wait_until(lambda: [w["restarts"] for w in client.workers()["data"]] == [1], "no restarted worker", 60)
+        [successor] = client.workers()["data"]
+        crashed = client.events(kind="crashed")["data"]
+        restarted = client.events(worker=successor["name"])["data"]
+        of_victim = client.events(worker=victim["name"])["data"]
+        metrics = samples(httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {processes.admin_key}"}).text)
+    assert successor["name"] != victim["name"] and successor["jobs_done"] == 0  # a new process...
+    # ...and the events say what happened to the old one.
+    assert [(e["slot"], e["exit_status"], e["detail"]) for e in crashed] == [
+        ("gpu0", -signal.SIGKILL, "crashed: killed by SIGKILL")
+    ]
+    assert [e["kind"] for e in of_victim] == ["crashed", "started"]
+    assert [(e["kind"], e["detail"]) for e in restarted] == [
+        ("restarted", "restart 1 of this slot by its supervisor, after its worker crashed: killed by SIGKILL")
+    ]
+    assert value(metrics, "gpuq_worker_restarts_total", host=victim["host"], slot="gpu0") == 1

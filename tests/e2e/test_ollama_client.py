@@ -73,7 +73,7 @@ def test_embed_a_list_and_the_older_embeddings_route(client):
 
 
 def test_models_listed_shown_and_loaded_with_keep_alive_honoured(system, client):
-    [listed] = [m for m in client.list().models if m.model == MODEL]
+    [listed] = [m for m in client.list().models if m.model == f"{MODEL}:latest"]
     assert listed.details.format == "gguf" and listed.details.quantization_level == "Q4_1" and listed.size > 0
     shown = client.show(MODEL)
     assert set(shown.capabilities) == {"completion", "embedding"} and "im_start" in shown.template
@@ -83,7 +83,7 @@ def test_models_listed_shown_and_loaded_with_keep_alive_honoured(system, client)
     assert _latest_job(system)["request"]["keep_alive"] == 600
     deadline = time.monotonic() + 15  # the worker publishes expiry times between jobs
     while time.monotonic() < deadline:
-        loaded = [m for m in client.ps().models if m.model == MODEL]
+        loaded = [m for m in client.ps().models if m.model == f"{MODEL}:latest"]
         if loaded and loaded[0].expires_at:
             break
         time.sleep(0.2)
@@ -94,9 +94,9 @@ def test_models_listed_shown_and_loaded_with_keep_alive_honoured(system, client)
     client.embed(model=MODEL, input="Hi", keep_alive=0)
     client.generate(model=MODEL, prompt="Hi", options={"num_predict": 1}, keep_alive=0)
     deadline = time.monotonic() + 15
-    while any(m.model == MODEL for m in client.ps().models) and time.monotonic() < deadline:
+    while any(m.model == f"{MODEL}:latest" for m in client.ps().models) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(m.model == MODEL for m in client.ps().models)
+    assert not any(m.model == f"{MODEL}:latest" for m in client.ps().models)
 
 
 def test_refusals_are_ollamas_errors(system, client):

@@ -3,6 +3,8 @@ GPU health as only the supervisor sees it (lost GPUs, workers aborting), with NV
 by the stand-in (tests/nvml_standin)."""
 
 import itertools
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +17,9 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Gpu
 from gpuq.fleet import telemetry
 from gpuq.fleet.gpus import Inventory, discover_gpus, simulated_inventory
+from gpuq.redis_keys import METRICS_RESTARTS
 from gpuq.settings import Settings
+from tests.conftest import both_databases
 from tests.nvml_standin import StandinMig, gpu_uuid, mig_uuid
 from worker.device import EXIT_DEVICE_UNUSABLE
 from worker.outages import EXIT_OUTAGE
@@ -263,3 +267,59 @@ def test_gpu_rows_are_only_those_nvml_reads(nvml, database_url, redis):
     supervisor.drain(timeout_s=5)
     assert list(gpu_rows(engine)) == [gpu_uuid(0)] and isinstance(gpu_rows(engine)[gpu_uuid(0)], Gpu)
     engine.dispose()
+
+
+@both_databases
+def test_a_killed_worker_is_recorded_as_crashed_with_its_signal_then_restarted_and_counted(database_url, redis):
+    sleeper = "import time; time.sleep(60)"
+    supervisor, spawned, engine = make_supervisor(database_url, redis, sleeper, backoff_start_s=0.05)
+    supervisor.start()
+    first = supervisor.children[0].process
+    first.send_signal(signal.SIGKILL)  # no goodbye, as a CUDA abort or the OOM killer
+    first.wait()
+    deadline = time.monotonic() + 10
+    while len(spawned) < 2 and time.monotonic() < deadline:
+        supervisor.check()
+        time.sleep(0.02)
+    second = supervisor.children[0].process
+    supervisor.drain(timeout_s=5)  # SIGTERM: the stand-in dies of it, as asked
+    with sync_sessions(engine)() as session:
+        events, _more = store.list_events(session, store.EventFilter(slot="gpu0"), limit=10)
+    engine.dispose()
+    uuid = supervisor.inventory.gpus[0].uuid
+    seen = [(e.kind, e.worker, e.exit_status, e.detail) for e in reversed(events)]
+    me = socket.gethostname()
+    assert seen == [
+        ("started", f"{me}.gpu0.{first.pid}", None, None),
+        ("crashed", f"{me}.gpu0.{first.pid}", -signal.SIGKILL, "crashed: killed by SIGKILL"),
+        (
+            "restarted",
+            f"{me}.gpu0.{second.pid}",
+            None,
+            "restart 1 of this slot by its supervisor, after its worker crashed: killed by SIGKILL",
+        ),
+        (
+            "stopped",
+            f"{me}.gpu0.{second.pid}",
+            -signal.SIGTERM,
+            "stopped when asked (killed by SIGTERM) (its supervisor stopped and drained it)",
+        ),
+    ]
+    assert {(e.host, e.gpu_uuids) for e in events} == {("node1", uuid)}
+    assert redis.hget(METRICS_RESTARTS, "node1\tgpu0") == b"1"  # gpuq_worker_restarts_total on /metrics
+
+
+def test_a_worker_that_died_just_before_its_supervisor_stopped_is_recorded_too(database_url, redis):
+    supervisor, _spawned, engine = make_supervisor(database_url, redis, "import time; time.sleep(60)")
+    supervisor.start()
+    child = supervisor.children[0].process
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    supervisor.drain(timeout_s=5)  # before any check() saw the death
+    with sync_sessions(engine)() as session:
+        events, _more = store.list_events(session, store.EventFilter(slot="gpu0"), limit=10)
+    engine.dispose()
+    assert [(e.kind, e.detail) for e in reversed(events)] == [
+        ("started", None),
+        ("crashed", "crashed: killed by SIGKILL"),
+    ]

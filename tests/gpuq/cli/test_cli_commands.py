@@ -86,3 +86,21 @@ def test_jobs_show_durations_in_human_units_and_say_when_none_match(env: dict[st
         "3.8 min",
         "2.0 h",
     ]
+
+
+def test_models_register_takes_a_path_as_this_directory_sees_it_or_says_where_it_looked(
+    api: Api, env: dict[str, str | None], model_path: str
+) -> None:
+    (api.data_dir / "models" / "here.gguf").symlink_to(model_path)
+    # From the directory above the models directory, `models/here.gguf` is that file.
+    made = run(["models", "register", "here", "models/here.gguf", "--kind", "embed"], env, api.data_dir)
+    assert made.exit_code == 0, made.output
+    assert made.stdout.startswith("registered here (embed")
+    # A path no file here has is read inside the models directory, and the error says so.
+    missing = run(["models", "register", "gone", "models/gone.gguf"], env, api.data_dir)
+    assert missing.exit_code != 0
+    assert f"a relative path is read inside the models directory {api.data_dir / 'models'}" in missing.stderr
+    # A file here outside the models directory is still refused.
+    (api.data_dir / "elsewhere.gguf").symlink_to(model_path)
+    outside = run(["models", "register", "out", "elsewhere.gguf"], env, api.data_dir)
+    assert outside.exit_code != 0 and "outside the models directory" in outside.stderr

@@ -128,13 +128,20 @@ def test_keys_on_an_unmigrated_database_say_to_upgrade(tmp_path: Path) -> None:
     assert_one_line_error(run(["keys", "list"], env, tmp_path), "`gpuq db upgrade` creates its tables", 1)
 
 
-def test_keys_revoke_of_an_unknown_key_and_create_with_a_bad_role(api: Api, tmp_path: Path) -> None:
+def test_keys_revoke_of_an_unknown_key_and_create_with_a_bad_role_or_a_name_in_use(api: Api, tmp_path: Path) -> None:
     env = {"GPUQ_DATABASE_URL": api.database_url}
     assert_one_line_error(run(["keys", "revoke", "key_nope"], env, tmp_path), "does not exist", 1)
     assert_one_line_error(
         run(["keys", "create", "--name", "n", "--owner", "o", "--role", "root"], env, tmp_path), "'--role'", 2
     )
     assert_one_line_error(run(["keys", "create", "--owner", "o"], env, tmp_path), "Missing option '--name'", 2)
+    made = run(["keys", "create", "--name", "twice", "--owner", "o"], env, tmp_path)
+    assert made.exit_code == 0, made.stderr
+    assert_one_line_error(
+        run(["keys", "create", "--name", "twice", "--owner", "o"], env, tmp_path),
+        "o already has an active key named 'twice'",
+        1,
+    )
 
 
 def test_processes_without_a_redis_url_say_so(tmp_path: Path) -> None:

@@ -1,6 +1,5 @@
 // Charts drawn by hand as inline SVG (no chart library, nothing from a CDN): a line chart
-// (one polyline per series, a legend, labels for the top value and the first and last
-// times), and sparklines (one small series over a fixed window, with gaps where nothing
+// (one polyline per series, a legend above the plot, the top value, time ticks), and sparklines (one small series over a fixed window, with gaps where nothing
 // was read).
 
 import { el, mib, number, when } from "./dom.js";
@@ -15,30 +14,50 @@ function svg(tag, attrs, text) {
   return node;
 }
 
+// Time between x ticks: the first step giving at most 7 ticks over `span` milliseconds.
+const MINUTE = 60_000;
+const TICK_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 360, 720, 1440].map((m) => m * MINUTE);
+const tickStep = (span) => TICK_STEPS.find((step) => span / step <= 7) || TICK_STEPS[TICK_STEPS.length - 1];
+
 // series: [{name, css, points: [{t, v}]}], t in milliseconds since the epoch; `css` is the
-// class that colours the line and its legend entry.
-export function lineChart(series, { width = 480, height = 150 } = {}) {
+// class that colours the line and its legend entry. The legend sits above the plot, never on
+// it; x ticks every few minutes (UTC, as every time in the dashboard); a series that is 0
+// throughout is not drawn over the axis but said in the legend ("failed: none").
+export function lineChart(series, { width = 640, height = 180 } = {}) {
   const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "line-chart" });
   const points = series.flatMap((s) => s.points);
   if (points.length < 2) {
     chart.append(svg("text", { x: 10, y: height / 2 }, "not enough data yet"));
     return chart;
   }
-  const pad = 24;
+  const [left, right, top, bottom] = [30, 16, 24, 20];
+  const [plotWidth, plotHeight] = [width - left - right, height - top - bottom];
   const times = points.map((p) => p.t);
   const [t0, t1] = [Math.min(...times), Math.max(...times)];
-  const top = Math.max(1, ...points.map((p) => p.v));
-  const x = (t) => pad + ((t - t0) / (t1 - t0 || 1)) * (width - 2 * pad);
-  const y = (v) => height - pad - (v / top) * (height - 2 * pad);
-  series.forEach((s, i) => {
-    const coords = s.points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
-    chart.append(svg("polyline", { points: coords, class: s.css }));
-    chart.append(svg("text", { x: width - pad - 90, y: 12 + 12 * i, class: s.css }, `— ${s.name}`));
-  });
-  chart.append(svg("text", { x: 2, y: pad }, String(top)));
-  chart.append(svg("text", { x: 2, y: height - pad }, "0"));
-  chart.append(svg("text", { x: pad, y: height - 4 }, when(t0 / 1000).slice(11, 16)));
-  chart.append(svg("text", { x: width - pad - 30, y: height - 4 }, when(t1 / 1000).slice(11, 16)));
+  const highest = Math.max(1, ...points.map((p) => p.v));
+  const x = (t) => left + ((t - t0) / (t1 - t0 || 1)) * plotWidth;
+  const y = (v) => top + plotHeight - (v / highest) * plotHeight;
+  const axis = top + plotHeight;
+  chart.append(svg("line", { x1: left, y1: axis, x2: left + plotWidth, y2: axis, class: "axis" }));
+  chart.append(svg("line", { x1: left, y1: top, x2: left, y2: axis, class: "axis" }));
+  chart.append(svg("text", { x: left - 4, y: top + 4, "text-anchor": "end", class: "y-label" }, Number.isInteger(highest) ? String(highest) : number(highest, 1)));
+  chart.append(svg("text", { x: left - 4, y: axis + 4, "text-anchor": "end", class: "y-label" }, "0"));
+  const step = tickStep(t1 - t0);
+  for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
+    chart.append(svg("line", { x1: x(t), y1: axis, x2: x(t), y2: axis + 4, class: "axis" }));
+    chart.append(svg("text", { x: x(t), y: height - 4, "text-anchor": "middle", class: "x-tick" }, when(t / 1000).slice(11, 16)));
+  }
+  let legendX = left;
+  for (const s of series) {
+    const drawn = s.points.some((p) => p.v > 0);
+    if (drawn) {
+      const coords = s.points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
+      chart.append(svg("polyline", { points: coords, class: s.css }));
+    }
+    const label = drawn ? `— ${s.name}` : `${s.name}: none`;
+    chart.append(svg("text", { x: legendX, y: 12, class: `legend ${s.css}` }, label));
+    legendX += 12 + 7 * label.length;
+  }
   return chart;
 }
 

@@ -36,6 +36,14 @@ export function jobLink(id) {
   return el("a", { href: jobHref(id), class: "id" }, id);
 }
 
+// A job id is long ("job_" + its submission time + random hex digits); its random tail
+// tells the few jobs on one GPU or worker apart. The full id is the link's title.
+export function shortJobLink(id) {
+  const a = el("a", { href: jobHref(id), class: "id" }, `…${id.slice(-6)}`);
+  a.title = id;
+  return a;
+}
+
 // ---------------------------------------------------------------- tables
 //
 // Cells hold one line each (app.css: ids, names, numbers and times never wrap); a cell of

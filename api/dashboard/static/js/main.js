@@ -9,6 +9,7 @@
 
 import { loadEndpoints } from "./api.js";
 import { keyRefused, setupSignIn } from "./auth.js";
+import * as batch from "./pages/batch.js";
 import * as batches from "./pages/batches.js";
 import * as job from "./pages/job.js";
 import * as jobs from "./pages/jobs.js";
@@ -21,13 +22,14 @@ import * as gpus from "./pages/gpus.js";
 import * as keys from "./pages/keys.js";
 import { refresh, startPolling } from "./refresh.js";
 
-const PAGES = { overview, jobs, job, batches, schedules, rules, workers, models, gpus, keys };
+const PAGES = { overview, jobs, job, batches, batch, schedules, rules, workers, models, gpus, keys };
 const name = document.body.dataset.page;
 const page = PAGES[name];
 
-// The navigation marks the current page; one job counts as the jobs page.
+// The navigation marks the current page; one job counts as the jobs page, one batch as the batches page.
+const SECTION = { job: "jobs", batch: "batches" };
 for (const a of document.querySelectorAll("nav a")) {
-  if (a.dataset.nav === (name === "job" ? "jobs" : name)) a.classList.add("current");
+  if (a.dataset.nav === (SECTION[name] || name)) a.classList.add("current");
 }
 
 let started = false;

@@ -1,8 +1,9 @@
 // Batches: progress of each (rate and ETA for the running ones), how many lines failed, when
-// it finished; its output and error files to download; cancel.
+// it finished; its output and error files to download; cancel. Each id opens the batch's page.
 
-import { api, fetchWithKey } from "../api.js";
-import { $, bar, button, duration, el, fillTable, link, number, numCell, showMessage, status, when } from "../dom.js";
+import { api } from "../api.js";
+import { $, bar, button, duration, el, fillTable, link, number, numCell, status, when } from "../dom.js";
+import { batchFiles } from "../downloads.js";
 import { act } from "../refresh.js";
 
 const FINAL_BATCH_STATUSES = new Set(["completed", "failed", "expired", "cancelled"]);
@@ -19,26 +20,12 @@ function finishedAt(b) {
   return b.completed_at ?? b.failed_at ?? b.expired_at ?? b.cancelled_at ?? null;
 }
 
-// A file's content, fetched with the key (a plain link would not send it) and handed to the
-// browser as a download named after the batch.
-async function download(fileId, name) {
-  const response = await fetchWithKey(`/v1/files/${encodeURIComponent(fileId)}/content`);
-  const url = URL.createObjectURL(await response.blob());
-  const a = el("a", { href: url, download: name });
-  document.body.append(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 10_000); // once the browser has taken it
-}
-
-function files(b) {
-  const offer = (fileId, label, suffix) =>
-    fileId
-      ? button(label, () => download(fileId, `${b.id}-${suffix}.jsonl`).catch((error) => showMessage(error.message)), {
-          "data-file": suffix,
-        })
-      : "";
-  return el("span", { class: "downloads" }, offer(b.output_file_id, "Output", "output"), offer(b.error_file_id, "Errors", "errors"));
+// A batch's endpoint, "mixed" when its lines name several (each is answered in its own
+// format); beneath it, its owner.
+function endpointCell(b, beneath) {
+  const endpoints = b.endpoints || [b.endpoint];
+  if (endpoints.length < 2) return el("td", { class: "endpoint" }, el("span", { class: "name" }, b.endpoint), beneath);
+  return el("td", { class: "endpoint", title: endpoints.join(", ") }, el("span", { class: "name" }, "mixed"), beneath);
 }
 
 export async function load() {
@@ -54,19 +41,18 @@ export async function load() {
     const cancel = FINAL_BATCH_STATUSES.has(b.status)
       ? ""
       : button("Cancel", () => act(() => api(`/v1/batches/${encodeURIComponent(b.id)}/cancel`, { method: "POST" })));
+    const sub = (...children) => el("span", { class: "small muted sub-line" }, ...children);
+    const id = el("a", { href: `/dashboard/batches/${encodeURIComponent(b.id)}`, class: "id", title: b.id }, `…${b.id.slice(-8)}`);
+    const finished = finishedAt(b);
     return el(
       "tr",
       { "data-batch": b.id },
-      el("td", {}, el("a", { href: `/dashboard/jobs?batch_id=${encodeURIComponent(b.id)}`, class: "id" }, b.id)),
-      el("td", {}, status(b.status)),
-      el("td", {}, b.endpoint),
-      el("td", {}, b.owner || ""),
-      el("td", {}, when(b.created_at)),
-      el("td", { class: "finished" }, when(finishedAt(b))),
+      el("td", {}, id, sub(when(b.created_at))),
+      el("td", {}, status(b.status), finished ? el("span", { class: "small muted sub-line finished" }, when(finished)) : ""),
+      endpointCell(b, b.owner ? sub(b.owner) : ""),
       numCell(c.failed ? link(`/dashboard/jobs?batch_id=${encodeURIComponent(b.id)}&status=failed`, String(c.failed)) : "0"),
       el("td", { class: "progress" }, bar(c.total ? done / c.total : 0, label)),
-      el("td", {}, files(b)),
-      el("td", {}, cancel),
+      el("td", {}, el("span", { class: "actions" }, batchFiles(b), cancel)),
     );
   });
   fillTable($("#batches"), rows, "no batches");

@@ -1,10 +1,12 @@
 // GPUs: every host's GPUs, each with its health (and why it is unhealthy), the models a load
 // on it alone ran out of memory for, its memory now, and an hour of utilisation, memory and
-// power. Clear marks it healthy again and forgets its too-small marks.
+// power. Clear marks it healthy again and forgets its too-small marks. Below, the GPUs' events:
+// marked unhealthy (and why), cleared, and their workers' crashes.
 
 import { api, has } from "../api.js";
 import { gpuHistoryRows } from "../chart.js";
-import { $, ago, bar, button, el, mib, status, when } from "../dom.js";
+import { $, ago, bar, button, el, fillTable, gpusByUuid, mib, notAvailable, status, when } from "../dom.js";
+import { eventRows } from "../events.js";
 import { act } from "../refresh.js";
 
 // Samples change only as fast as supervisors write them (every 30 s by default).
@@ -49,8 +51,17 @@ function card(g, samples) {
   );
 }
 
+const GPU_EVENTS = "/v1/events?kind=gpu_unhealthy&kind=gpu_cleared&kind=crashed&limit=30";
+
 export async function load() {
-  const [gpus, samples] = await Promise.all([api("/v1/gpus"), hourOfSamples()]);
+  const [gpus, samples, events] = await Promise.all([
+    api("/v1/gpus"),
+    hourOfSamples(),
+    has("/v1/events") ? api(GPU_EVENTS) : null,
+  ]);
+  const ofGpus = events ? events.data.filter((e) => e.gpu_uuids.length) : [];  // not a CPU worker's crash
+  if (events) fillTable($("#gpu-event-list"), eventRows(ofGpus, gpusByUuid(gpus.data)), "no GPU events recorded");
+  else notAvailable($("#gpu-event-list"), "/v1/events");
   const series = new Map((samples ? samples.data : []).map((s) => [s.uuid, s.series]));
   const hosts = [...new Set(gpus.data.map((g) => g.host))].sort();
   const sections = hosts.map((host) =>

@@ -3,7 +3,7 @@
 // page's cursor (`after`), so a view can be shared.
 
 import { api, query } from "../api.js";
-import { $, device, duration, el, fillTable, gpusByUuid, jobLink, numCell, status, textCell, when } from "../dom.js";
+import { $, device, duration, el, fillTable, gpusByUuid, numCell, shortJobLink, status, textCell, when } from "../dom.js";
 import { refresh } from "../refresh.js";
 
 const PAGE_SIZE = 50;
@@ -58,21 +58,61 @@ export function setup() {
   $("#jobs-older").addEventListener("click", () => goTo(current + 1));
 }
 
+// Today's times as "07:30:46Z", older ones with their date: the column stays narrow (the
+// full time is the cell's title).
+function shortWhen(iso) {
+  const full = when(iso);
+  return full.slice(0, 10) === when(new Date().toISOString()).slice(0, 10) ? full.slice(11) : full.slice(0, 16) + "Z";
+}
+
+const sub = (...children) => el("span", { class: "small muted sub-line" }, ...children);
+
+// A running job's time so far; a finished job's run time. Beneath: how long it waited, and
+// where it ran.
+function runCell(j, gpus) {
+  const running = j.status === "running" && j.started_at;
+  const elapsed = running ? Math.max(0, Date.now() - new Date(j.started_at).getTime()) : null;
+  const time = running ? `${duration(elapsed)} so far` : duration(j.run_ms);
+  const waited = j.queue_wait_ms === null ? "" : `waited ${duration(j.queue_wait_ms)}`;
+  return el(
+    "td",
+    { class: `num run${running ? " so-far" : ""}`, title: running ? `started ${when(j.started_at)}` : null },
+    time,
+    waited ? sub(waited) : "",
+    j.device ? sub(device(j.device, gpus)) : "",
+  );
+}
+
+// Prompt and completion tokens; a running job's completion so far, from its token stream
+// (only jobs of streaming calls have one).
+function tokensCell(j) {
+  if (j.prompt_tokens === null) return numCell("");
+  if (j.status === "running") {
+    const generated = j.tokens_so_far === null ? "…" : `${j.tokens_so_far} so far`;
+    return el("td", { class: "num tokens so-far" }, `${j.prompt_tokens} + ${generated}`);
+  }
+  return el("td", { class: "num tokens" }, `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`);
+}
+
+// What it asks (its custom_id or the start of its prompt); beneath, the batch it answers a line of.
+function askedCell(j) {
+  const batch = j.batch_id
+    ? sub("batch ", el("a", { href: `/dashboard/batches/${encodeURIComponent(j.batch_id)}`, class: "id", title: j.batch_id }, `…${j.batch_id.slice(-6)}`))
+    : "";
+  return el("td", { class: "text asked" }, el("span", { class: "snippet" }, j.snippet), batch);
+}
+
+// Seven columns, secondary figures beneath the main ones, so the table fits 800 px.
 function jobRow(j, gpus) {
   return el(
     "tr",
     { "data-job": j.id },
-    el("td", {}, jobLink(j.id)),
-    el("td", {}, status(j.status)),
-    el("td", {}, j.kind),
-    el("td", {}, j.model),
-    el("td", {}, j.priority),
-    el("td", {}, j.owner || ""),
-    el("td", { title: j.created_at }, when(j.created_at)),
-    numCell(duration(j.queue_wait_ms)),
-    numCell(duration(j.run_ms)),
-    numCell(j.prompt_tokens === null ? "" : `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`),
-    el("td", {}, device(j.device, gpus)),
+    el("td", { title: when(j.created_at) }, shortJobLink(j.id), sub(shortWhen(j.created_at))),
+    el("td", {}, status(j.status), sub(j.priority)),
+    el("td", {}, j.model, sub(`${j.kind}${j.owner ? ` · ${j.owner}` : ""}`)),
+    askedCell(j),
+    runCell(j, gpus),
+    tokensCell(j),
     textCell(j.error || ""),
   );
 }

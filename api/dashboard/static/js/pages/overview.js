@@ -12,13 +12,13 @@ import {
   el,
   energy,
   fillTable,
-  jobHref,
   jobLink,
   mib,
   notAvailable,
   number,
   numCell,
   row,
+  shortJobLink,
   status,
   textCell,
   when,
@@ -53,10 +53,11 @@ export async function load() {
 
 // ---------------------------------------------------------------- the figures at the top
 
-function tile(label, value, detail = "") {
+// A figure at the top; `bad` colours its value (a failed count above 0, never a 0).
+function tile(label, value, detail = "", { bad = false } = {}) {
   return el(
     "div",
-    { class: "tile", "data-tile": label },
+    { class: `tile${bad ? " tile-bad" : ""}`, "data-tile": label },
     el("div", { class: "tile-label" }, label),
     el("div", { class: "tile-value" }, value),
     el("div", { class: "tile-detail" }, detail),
@@ -75,10 +76,21 @@ async function drawSummary() {
     tile("queued", String(s.in_flight.queued ?? 0), "waiting now"),
     tile("running", String(s.in_flight.running ?? 0), "now"),
     tile("succeeded", String(f.succeeded ?? 0), "last hour"),
-    tile("failed", String(f.failed ?? 0), `${f.cancelled ?? 0} cancelled, last hour`),
+    tile("failed", String(f.failed ?? 0), `${f.cancelled ?? 0} cancelled, last hour`, { bad: (f.failed ?? 0) > 0 }),
     tile("queue wait", duration(s.queue_wait.p50_ms) || "–", percentiles(s.queue_wait)),
     tile("run time", duration(s.run_time.p50_ms) || "–", percentiles(s.run_time)),
-    tile("tokens/s", u.tokens_per_s === null ? "–" : number(u.tokens_per_s, 1), `${u.completion_tokens} generated`),
+    // Two speeds, apart: what the fleet produced per second of the hour, and how fast each
+    // sequence decoded while it ran (which falls as more sequences share a GPU).
+    tile(
+      "throughput",
+      u.fleet_tokens_per_s === null ? "–" : `${number(u.fleet_tokens_per_s, 1)} tok/s`,
+      `completion tokens per second of the hour: ${u.completion_tokens} completion, ${u.prompt_tokens} prompt`,
+    ),
+    tile(
+      "decode speed",
+      u.tokens_per_s === null ? "–" : `${number(u.tokens_per_s, 1)} tok/s`,
+      "per sequence, while decoding",
+    ),
     tile(
       "energy",
       u.energy_jobs ? energy(u.energy_j) : "–",
@@ -96,14 +108,6 @@ function workersByGpu(workers) {
     for (const uuid of w.gpu_uuids) pinned.set(uuid, [...(pinned.get(uuid) || []), w]);
   }
   return pinned;
-}
-
-// A job id is long ("job_" + its submission time + random hex digits); its random tail
-// tells the few jobs on one GPU apart. The full id is the link's title.
-function shortJobLink(id) {
-  const a = el("a", { href: jobHref(id), class: "id" }, `…${id.slice(-6)}`);
-  a.title = id;
-  return a;
 }
 
 const slotsText = (n) => `${n} slot${n === 1 ? "" : "s"}`;
@@ -239,7 +243,7 @@ function drawEnergy(stats) {
       { "data-model": m.key },
       el("td", {}, m.key),
       numCell(String(m.jobs)),
-      numCell(String(m.prompt_tokens + m.completion_tokens)),
+      numCell(`${m.prompt_tokens} + ${m.completion_tokens}`),
       numCell(measured(m.gpu_seconds, m.gpu_seconds_jobs, (s) => duration(s * 1000))),
       numCell(measured(m.energy_j, m.energy_jobs, energy)),
     ),

@@ -88,10 +88,40 @@ export function setup() {
     .catch((error) => showMessage(error.message));
 }
 
+// A reason, or the long explanation in parentheses at its end (how the VRAM figure was
+// estimated), given for several GPUs is written once under the table and referred to by its
+// number in their rows, instead of repeated on each.
+const EXPLAINED = /^(.*) \(([^()]{40,})\)$/s;
+
+function notesOf(gpus) {
+  const counts = new Map();
+  const count = (text) => counts.set(text, (counts.get(text) || 0) + 1);
+  for (const g of gpus) {
+    for (const reason of new Set(g.reasons)) {
+      const explained = reason.match(EXPLAINED);
+      count(reason);
+      if (explained) count(explained[2]);
+    }
+  }
+  return [...counts].filter(([, n]) => n > 1).map(([text]) => text);
+}
+
+function why(reasons, notes) {
+  const see = (text) => `see (${notes.indexOf(text) + 1})`;
+  return reasons
+    .map((reason) => {
+      if (notes.includes(reason)) return see(reason);
+      const explained = reason.match(EXPLAINED);
+      return explained && notes.includes(explained[2]) ? `${explained[1]} (${see(explained[2])})` : reason;
+    })
+    .join("; ");
+}
+
 async function drawPreview() {
   const form = $("#preview-form");
   const result = await api(`/v1/affinity-rules/preview${query({ model: form.elements.model.value, kind: form.elements.kind.value })}`);
   $("#preview-summary").textContent = result.summary;
+  const notes = notesOf(result.gpus);
   fillTable(
     $("#preview"),
     result.gpus.map((g) =>
@@ -100,11 +130,12 @@ async function drawPreview() {
         g.may_run ? "yes" : "no",
         g.allowed ? "yes" : "no",
         g.fits ? "yes" : "no",
-        textCell(g.reasons.join("; ")),
+        textCell(why(g.reasons, notes)),
       ),
     ),
     "no GPUs registered",
   );
+  $("#preview-notes").replaceChildren(...notes.map((text, i) => el("li", { value: String(i + 1) }, text)));
 }
 
 export async function load() {

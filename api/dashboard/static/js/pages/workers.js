@@ -1,18 +1,72 @@
-// Workers and hosts: drain and undrain a worker or a whole host, unload a model from a worker.
+// Workers and hosts: drain and undrain a worker or a whole host, unload a model from a worker;
+// how often each slot's worker was restarted, and the events that say why.
+//
+// One row per worker, in five columns so that it fits 800 px: the worker (its host or GPUs
+// beneath), its state (slots busy, heartbeat beneath), its models (each with its Unload), the
+// jobs running on it (short ids), jobs done (its slot's restarts beneath), and Drain.
 
 import { api, has } from "../api.js";
-import { $, ago, button, device, el, fillTable, gpusByUuid, jobLink, notAvailable, status, when } from "../dom.js";
+import {
+  $,
+  ago,
+  button,
+  device,
+  el,
+  fillTable,
+  gpusByUuid,
+  notAvailable,
+  shortJobLink,
+  status,
+  when,
+} from "../dom.js";
+import { eventRows } from "../events.js";
 import { act } from "../refresh.js";
 
-// "2 of 4 slots busy": a worker decodes up to `slots` jobs of one model together.
-function slotsText(w) {
-  return el("span", { class: "small slots" }, `${w.slots_busy} of ${w.slots} slot${w.slots === 1 ? "" : "s"} busy`);
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+const post = (path, body) => () => act(() => api(path, { method: "POST", body }));
+
+// The worker's name; beneath, where it runs: its GPUs' places, or its host for a CPU worker.
+function workerCell(w, gpus) {
+  const where = w.gpu_uuids.length ? device(w.device, gpus) : `${w.host} · ${w.device || "cpu"}`;
+  return el("td", {}, w.name, el("span", { class: "worker-host small muted" }, where));
 }
 
-// Every job running on the worker, one link a line.
-function runningJobs(ids) {
-  const links = ids.map((id) => el("div", {}, jobLink(id)));
-  return el("span", { class: "running" }, ...links);
+// idle, busy, draining or drained; "2 of 4 slots busy" (a worker decodes up to `slots` jobs of
+// one model together); when it last sent a heartbeat.
+function stateCell(w) {
+  return el(
+    "td",
+    { class: "worker-state" },
+    status(w.state),
+    el("span", { class: "small slots" }, `${w.slots_busy} of ${plural(w.slots, "slot")} busy`),
+    el("span", { class: "small heartbeat muted", title: when(w.last_heartbeat) }, `heartbeat ${ago(w.last_heartbeat)}`),
+  );
+}
+
+// Each loaded model with the button that unloads it from this worker.
+function modelsCell(w) {
+  const name = encodeURIComponent(w.name);
+  const lines = w.loaded_models.map((m) =>
+    el(
+      "div",
+      { class: "loaded-model" },
+      m,
+      button("Unload", post(`/v1/workers/${name}/unload`, { model: m }), { title: `unload ${m} from this worker` }),
+    ),
+  );
+  return el("td", { class: "list" }, ...lines);
+}
+
+// Every job running on the worker, one short link a line (the full id is its title).
+function runningCell(ids) {
+  return el("td", { class: "running" }, ...ids.map((id) => el("div", {}, shortJobLink(id))));
+}
+
+// Jobs this process has run; beneath, restarts of its supervisor slot: a restarted worker has a
+// new name and jobs done at 0, so this (and the events below) is what says it crashed.
+function doneCell(w) {
+  const restarts = el("span", { class: `small restarts${w.restarts ? " restarts-some" : ""}` }, plural(w.restarts, "restart"));
+  return el("td", { class: "num" }, String(w.jobs_done), restarts);
 }
 
 export async function load() {
@@ -20,35 +74,27 @@ export async function load() {
     notAvailable($("#workers"), "/v1/workers");
     return notAvailable($("#hosts"), "/v1/workers");
   }
-  const [{ data: workers, drained_hosts: drainedHosts }, gpus] = await Promise.all([api("/v1/workers"), api("/v1/gpus")]);
+  const [{ data: workers, drained_hosts: drainedHosts }, gpus, events] = await Promise.all([
+    api("/v1/workers"),
+    api("/v1/gpus"),
+    has("/v1/events") ? api("/v1/events?limit=30") : null,
+  ]);
   const byUuid = gpusByUuid(gpus.data);
-  const post = (path, body) => () => act(() => api(path, { method: "POST", body }));
   const rows = workers.map((w) => {
     const name = encodeURIComponent(w.name);
     // Undrain offers to lift only the worker's own drain; a drained host is undrained below.
-    const ownDrain = w.drained_by.includes("worker");
-    const held = w.loaded_models.map((m) => button(`Unload ${m}`, post(`/v1/workers/${name}/unload`, { model: m })));
+    const drain = w.drained_by.includes("worker")
+      ? button("Undrain", post(`/v1/workers/${name}/undrain`))
+      : button("Drain", post(`/v1/workers/${name}/drain`));
     return el(
       "tr",
       { "data-worker": w.name },
-      ...[
-        w.name,
-        w.host,
-        el("span", { class: "worker-state" }, status(w.state), slotsText(w)),
-        device(w.device, byUuid),
-        el("span", { class: "list" }, w.loaded_models.join(", ")),
-        runningJobs(w.running_jobs),
-        String(w.jobs_done),
-        el("span", { title: when(w.last_heartbeat) }, ago(w.last_heartbeat)),
-        el(
-          "span",
-          { class: "actions" },
-          ownDrain
-            ? button("Undrain", post(`/v1/workers/${name}/undrain`))
-            : button("Drain", post(`/v1/workers/${name}/drain`)),
-          ...held,
-        ),
-      ].map((c) => el("td", {}, c)),
+      workerCell(w, byUuid),
+      stateCell(w),
+      modelsCell(w),
+      runningCell(w.running_jobs),
+      doneCell(w),
+      el("td", {}, el("span", { class: "actions" }, drain)),
     );
   });
   fillTable($("#workers"), rows, "no workers running");
@@ -70,4 +116,6 @@ export async function load() {
     );
   });
   fillTable($("#hosts"), hostRows, "no hosts");
+  if (events) fillTable($("#worker-events"), eventRows(events.data, byUuid), "no events recorded");
+  else notAvailable($("#worker-events"), "/v1/events");
 }
