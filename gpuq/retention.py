@@ -8,7 +8,8 @@ The order is what keeps it safe to run beside a live system, and to interrupt:
 2. finished batches go one by one, their jobs in chunks and the batch row last, so an
    interrupted prune leaves a finished batch with fewer jobs, which the next prune finishes;
 3. then finished jobs outside batches, files no batch or schedule refers to (rows first,
-   then the bytes on disk), settled webhook deliveries, GPU samples and schedule runs.
+   then the bytes on disk), settled webhook deliveries, GPU samples, schedule runs and
+   worker events.
 
 Every step is a short transaction of at most ``chunk_rows`` rows (``gpuq.store.retention``).
 """
@@ -59,6 +60,7 @@ class Pruned:
     webhook_deliveries: int = 0
     gpu_samples: int = 0
     schedule_runs: int = 0
+    worker_events: int = 0
 
     @property
     def held_back_by_rollups(self) -> bool:
@@ -101,6 +103,7 @@ def _count(session: Session, report: Pruned) -> None:
     report.webhook_deliveries = store.count_settled_deliveries(session, before=before)
     report.gpu_samples = store.count_gpu_samples(session, before=before)
     report.schedule_runs = store.count_schedule_runs(session, before=before)
+    report.worker_events = store.count_worker_events(session, before=before)
     session.commit()
 
 
@@ -127,6 +130,7 @@ def _delete(session: Session, report: Pruned, chunk_rows: int) -> None:
     )
     report.gpu_samples = _until_done(lambda: store.delete_gpu_samples(session, before=before, limit=chunk_rows))
     report.schedule_runs = _until_done(lambda: store.delete_schedule_runs(session, before=before, limit=chunk_rows))
+    report.worker_events = _until_done(lambda: store.delete_worker_events(session, before=before, limit=chunk_rows))
 
 
 def _delete_batch_jobs(session: Session, batch_id: str, chunk_rows: int) -> int:

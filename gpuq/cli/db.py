@@ -47,7 +47,7 @@ def db_upgrade(revision: str) -> None:
 @click.option("--dry-run", is_flag=True, help="count what would be deleted; delete nothing")
 def db_prune(older_than: str, dry_run: bool) -> None:
     """Delete finished jobs, batches (with their jobs), unreferenced files, settled webhook
-    deliveries, GPU samples and schedule runs that ended longer ago than --older-than, in
+    deliveries, GPU samples, schedule runs and worker events that ended longer ago than --older-than, in
     short transactions. The stats rollups are kept, so /v1/stats still counts them."""
     from gpuq.db.engine import sync_engine, sync_sessions
     from gpuq.retention import parse_age, prune
@@ -76,6 +76,7 @@ def _print_pruned(report: Pruned) -> None:
         ("webhook deliveries", report.webhook_deliveries, "delivered or given up"),
         ("GPU samples", report.gpu_samples, ""),
         ("schedule runs", report.schedule_runs, ""),
+        ("worker events", report.worker_events, "starts, exits, drains, GPU marks"),
     ]
     for name, count, note in rows:
         click.echo(f"  {name:<20}{count:>12,}  {note}".rstrip())

@@ -33,6 +33,7 @@ from gpuq.db.tables import (
     Schedule,
     ScheduleRun,
     WebhookDelivery,
+    WorkerEvent,
 )
 from gpuq.store._sql import NO_SYNC, rows_changed
 
@@ -190,3 +191,12 @@ def delete_schedule_runs(session: Session, *, before: datetime, limit: int) -> i
     firing only while schedulers may still fire it; once fired (or skipped), a schedule's
     next tick is after the time it was fired, so an old run's row guards nothing."""
     return _bounded_delete(session, ScheduleRun, ScheduleRun.id, [ScheduleRun.fire_time < before], limit)
+
+
+def count_worker_events(session: Session, *, before: datetime) -> int:
+    return _count(session, select(WorkerEvent.id).where(WorkerEvent.at < before))
+
+
+def delete_worker_events(session: Session, *, before: datetime, limit: int) -> int:
+    """Worker and GPU events before ``before`` (a slot's restart count then counts the rest)."""
+    return _bounded_delete(session, WorkerEvent, WorkerEvent.id, [WorkerEvent.at < before], limit)

@@ -21,6 +21,7 @@ from gpuq.db.tables import (
     Schedule,
     ScheduleRun,
     WebhookDelivery,
+    WorkerEvent,
     utcnow,
 )
 from gpuq.retention import parse_age, prune
@@ -134,6 +135,8 @@ def history(session: Session, tmp_path: Path) -> Path:
             sample(OLD),
             sample(OLD + timedelta(minutes=1)),
             sample(RECENT),
+            WorkerEvent(at=OLD, kind="crashed", host="h", slot="cpu", exit_status=-9),
+            WorkerEvent(at=RECENT, kind="started", host="h", slot="cpu"),
         ]
     )
     session.flush()
@@ -174,10 +177,11 @@ def test_prune_deletes_what_ended_before_the_cutoff_and_nothing_else(session, hi
     assert ids(session, WebhookDelivery) == {"whd_old_pending", "whd_recent"}
     assert session.scalar(select(func.count()).select_from(GpuSample)) == 1
     assert [r.fire_time for r in session.scalars(select(ScheduleRun))] == [RECENT]
+    assert [e.kind for e in session.scalars(select(WorkerEvent))] == ["started"]
     assert (report.jobs, report.batches, report.batch_jobs) == (3, 1, 2)
     assert (report.files, report.file_bytes) == (3, 3000)
     assert report.files_missing == [str(history / "file_orphan.jsonl")]
-    assert (report.webhook_deliveries, report.gpu_samples, report.schedule_runs) == (2, 2, 1)
+    assert (report.webhook_deliveries, report.gpu_samples, report.schedule_runs, report.worker_events) == (2, 2, 1, 1)
     assert not report.held_back_by_rollups
 
     after = old_day_summary(session)  # the day's stats are whole: they come from the rollups
@@ -189,13 +193,13 @@ def test_prune_deletes_what_ended_before_the_cutoff_and_nothing_else(session, hi
 
 @both_databases
 def test_a_dry_run_counts_what_prune_then_deletes_and_changes_nothing(session, history):
-    tables = (Job, Batch, File, WebhookDelivery, GpuSample, ScheduleRun)
+    tables = (Job, Batch, File, WebhookDelivery, GpuSample, ScheduleRun, WorkerEvent)
     rows, on_disk = [ids(session, t) for t in tables], sorted(history.iterdir())
     counted = prune(session, older_than=timedelta(days=90), dry_run=True, now=NOW)
     assert [ids(session, t) for t in tables] == rows and sorted(history.iterdir()) == on_disk
     done = prune(session, older_than=timedelta(days=90), now=NOW)
     fields = ("jobs", "batches", "batch_jobs", "files", "file_bytes", "webhook_deliveries", "gpu_samples",
-              "schedule_runs")  # fmt: skip
+              "schedule_runs", "worker_events")  # fmt: skip
     assert {f: getattr(counted, f) for f in fields} == {f: getattr(done, f) for f in fields}
     assert counted.dry_run and counted.jobs == 3
 
