@@ -153,17 +153,15 @@ class JobRunner:
             log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
         return claimed
 
-    def run(self, job_id: str, cancel: threading.Event) -> None:
-        """A job that runs no model (``noop``: the dispatch path alone), claim to outcome."""
+    def run_noop(self, job_id: str) -> None:
+        """A job that runs no model (``noop``: the dispatch path alone), claim to outcome.
+        Generations and embeddings never come here: they run through batching.py's runs."""
         claimed = self.claim(job_id)
         if claimed is None:
             return
+        assert claimed.kind == JobKind.NOOP, f"a {claimed.kind} job in the no-op path"
         running = self._start(claimed)
-        if claimed.kind == JobKind.NOOP:
-            running.outcome.result = {}
-        else:  # generations and embeddings run through batching.py's runs
-            running.outcome.status = JobStatus.FAILED
-            running.outcome.error = f"a {claimed.kind} job cannot run alone"
+        running.outcome.result = {}
         self._settle(running)
 
     # ------------------------------------------------------------- generations decoded together
