@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus, utcnow
 from gpuq.stats.metrics import FinishedJob
-from gpuq.streams.events import End, Start, wants_end, wants_tokens
+from gpuq.streams.events import End, Start, end_of_job, wants_end, wants_tokens
 from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelInfo
 from worker.decoding import BatchDecoder, Finished, Generation, Piece
@@ -406,10 +406,9 @@ def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
 
 def _end(outcome: store.Outcome, generation: Generation | None) -> End:
     """The end event of an interactive call's job, published once its outcome is committed."""
-    return End(
-        status=outcome.status.value,
-        finish_reason=(outcome.result or {}).get("finish_reason"),
-        finish_reasons=[c["finish_reason"] for c in (outcome.result or {}).get("choices", [])] or None,
+    return end_of_job(
+        outcome.status.value,
+        outcome.result,
         error=outcome.error,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,
