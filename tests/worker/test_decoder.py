@@ -23,8 +23,8 @@ PROMPTS = [
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": 7}
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "seed": 11}
 MAX_TOKENS = 16
-# A few-shot start longer than two prefill chunks, shared by the prompts of the cache tests.
-FEW_SHOT = "".join(f"Q: what is {a} plus {b}? A: {a + b}.\n" for a, b in zip(range(3, 23), range(40, 60), strict=True))
+# A few-shot start longer than two prefill chunks (164 tokens), shared by the prompts of the cache tests.
+FEW_SHOT = "".join(f"Q: what is {a} plus {b}? A: {a + b}.\n" for a, b in zip(range(3, 12), range(40, 49), strict=True))
 
 
 def _request(prompt: str, sampling: dict, max_tokens: int = MAX_TOKENS) -> dict:
@@ -145,7 +145,7 @@ def test_a_long_prompt_goes_in_chunk_by_chunk_while_the_others_keep_generating(f
     for i, key in enumerate(cancels):
         admit(four_slots, key, _request(PROMPTS[i], GREEDY, 400), cancels[key])
     decoder.step()  # their prompts
-    long_prompt = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 40
+    long_prompt = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 24  # ~250 tokens: 4 chunks
     cancels["long"] = threading.Event()
     admit(four_slots, "long", _request(long_prompt, GREEDY, 4), cancels["long"])
     prompt_tokens = len(four_slots.prompt_tokens(_request(long_prompt, GREEDY)))
