@@ -24,6 +24,11 @@ from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
 
 MODEL = "smollm2-135m"  # the bundled model, as tests/conftest.py registers it
+# llama.cpp's threads spin at every barrier of a step: on a 2-core machine shared with the test
+# process itself (and, often, another run), two threads mostly wait for each other. Measured on
+# the bundled model: 0.4 s of CPU for a 32-token generation with one thread, 3 s with two, the
+# same text (each output row is computed by one thread, so the count does not change a logit).
+THREADS = 1
 
 
 def engine_like_llama(model_path: str, *, n_ctx: int = 1024) -> Any:
@@ -37,7 +42,7 @@ def engine_like_llama(model_path: str, *, n_ctx: int = 1024) -> Any:
         n_ctx=n_ctx,
         n_batch=PREFILL_CHUNK_TOKENS,
         n_ubatch=PREFILL_CHUNK_TOKENS,
-        n_threads=2,
+        n_threads=THREADS,
         logits_all=True,
         verbose=False,
     )
@@ -197,7 +202,7 @@ def real_runner(
             spec.path,
             n_ctx=spec.n_ctx,
             embedding=spec.embedding,
-            threads=2,
+            threads=THREADS,
             gpu_layers=0,
             slots=slots,
             prompt_cache=prompt_cache,

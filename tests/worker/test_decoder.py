@@ -8,7 +8,7 @@ import time
 import llama_cpp
 import pytest
 
-from tests.worker.generation import admit, generate, run_together
+from tests.worker.generation import THREADS, admit, generate, run_together
 from worker.decoding import PREFILL_CHUNK_TOKENS
 from worker.engine import LoadedModel
 
@@ -38,7 +38,7 @@ def _model(
         model_path,
         n_ctx=n_ctx,
         embedding=False,
-        threads=2,
+        threads=THREADS,
         gpu_layers=0,
         slots=slots,
         prompt_cache=prompt_cache,
@@ -72,7 +72,7 @@ def test_sequences_decoded_together_give_the_text_each_gives_alone(alone, four_s
 
 def test_alone_the_decoder_gives_create_completions_own_text(alone, model_path):
     requests, expected = alone
-    direct = llama_cpp.Llama(model_path=model_path, n_ctx=1024, n_threads=2, verbose=False)
+    direct = llama_cpp.Llama(model_path=model_path, n_ctx=1024, n_threads=THREADS, verbose=False)
     try:
         for key, request in list(requests.items())[:6]:
             direct.reset()  # no prompt cache from the previous call: each starts afresh
@@ -145,7 +145,8 @@ def test_a_long_prompt_goes_in_chunk_by_chunk_while_the_others_keep_generating(f
     for i, key in enumerate(cancels):
         admit(four_slots, key, _request(PROMPTS[i], GREEDY, 400), cancels[key])
     decoder.step()  # their prompts
-    long_prompt = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 24  # ~250 tokens: 4 chunks
+    # About 250 tokens: four prefill chunks.
+    long_prompt = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 24
     cancels["long"] = threading.Event()
     admit(four_slots, "long", _request(long_prompt, GREEDY, 4), cancels["long"])
     prompt_tokens = len(four_slots.prompt_tokens(_request(long_prompt, GREEDY)))
