@@ -92,8 +92,14 @@ async def submit(db: AsyncSession, state: AppState, caller: Caller, spec: JobSpe
     return job
 
 
-def events(state: AppState, job_id: str) -> AsyncIterator[Event]:
-    return follow_job(state.streams, state.sessions, job_id)
+async def events(state: AppState, job_id: str) -> AsyncIterator[Event]:
+    """The job's events; meanwhile the job counts as a call this process answers (api/shutdown.py)."""
+    state.calls.add(job_id)
+    try:
+        async for event in follow_job(state.streams, state.sessions, job_id):
+            yield event
+    finally:
+        state.calls.discard(job_id)
 
 
 def stream(state: AppState, job: Job, content: AsyncIterator[bytes], media_type: str) -> CallStream:

@@ -4,7 +4,7 @@ the caller; and the one check that a caller may see a job, a batch or a file."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Protocol, TypeVar
 
 from anyio import to_thread
@@ -37,6 +37,9 @@ class AppState:
     # Interactive calls wait on their jobs' token streams here: a blocked XREAD holds one
     # connection of this pool, and no thread (gpuq/streams/follow.py).
     streams: AsyncRedis
+    # The jobs of the interactive calls this process is answering: when it stops, those not
+    # yet started are cancelled and their calls answered (gpuq/dropin/shutdown.py).
+    calls: set[str] = field(default_factory=set)
 
     async def check_webhook_url(self, url: object | None) -> None:
         """A 422 for a webhook URL that may not be sent to; the lookup runs off the event loop."""

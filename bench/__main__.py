@@ -15,6 +15,7 @@ from bench import (
     dispatch,
     generation,
     intake_burst,
+    invariance,
     model_swap,
     peer,
     scoring,
@@ -445,6 +446,17 @@ def bench_scoring(args: argparse.Namespace) -> None:
     print(f"scoring: gpuq/direct {ours / direct:.2f}x")
 
 
+def bench_invariance(args: argparse.Namespace) -> None:
+    checks = invariance.run(threads=args.threads)
+    print("\ninvariance: max |logit difference| of the same row computed in two passes (0: exact)")
+    for check in checks:
+        print(f"  flash attention {'on ' if check.flash_attn else 'off'}  {check.what:<58} {check.max_abs_diff:.3g}")
+    for flash_attn in (False, True):
+        own = [c for c in checks if c.flash_attn == flash_attn]
+        exact = sum(c.max_abs_diff == 0 for c in own)
+        print(f"invariance: flash attention {'on' if flash_attn else 'off'}, {exact} of {len(own)} exact")
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -464,6 +476,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "structured": bench_structured,
     "structured-replay": bench_structured_replay,
     "scoring": bench_scoring,
+    "invariance": bench_invariance,
 }
 
 

@@ -36,6 +36,7 @@ from gpuq.batches.service import advance_batches
 from gpuq.batches.webhooks import DeliveryPool, load_secret
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import utcnow
+from gpuq.jobs import outcome_spool
 from gpuq.jobs.aging import promote_aged_jobs
 from gpuq.jobs.reconciler import reconcile_once
 from gpuq.private_files import warn_if_open_to_others
@@ -166,6 +167,7 @@ class Scheduler:
                 timeout_s=self.settings.job_timeout_s,
                 orphan_limit_s=self.settings.worker_ttl_s,
                 redis_settle_s=self.settings.worker_ttl_s,
+                spool_dir=outcome_spool.spool_dir(self.settings.data_dir),
             )
 
     def roll_up_stats(self) -> None:

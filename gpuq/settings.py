@@ -105,7 +105,7 @@ class Settings(BaseSettings):
     worker_flash_attn: bool = Field(
         False,
         description="flash attention in generation contexts (llama.cpp's -fa): 1.19x the tokens/s at K=4 and 8 "
-        "on the CPU, but a seeded job's text may then depend on a prompt-cache hit (docs/architecture.md)",
+        "on the CPU, kept exact there by two rules (docs/architecture.md); off until measured against llama-server",
     )
     log_level: str = Field(
         "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"

@@ -123,7 +123,7 @@ def hand_back_to_queue(
             verdict = f"{','.join(gpu_uuids)} marked too small for {job.model} for {too_small_ttl_s:.0f} s"
             health.mark_too_small(redis, gpu_uuids, job.model, ttl_s=too_small_ttl_s)
         with sessions() as session:
-            if not store.return_to_queue(session, job.id, worker=worker):
+            if not store.return_to_queue(session, job.id, worker=worker, reason=f"handed back: {reason}"):
                 return
         enqueue_jobs(redis, [QueueEntry.of(job)], timeout_s=timeout_s)
         log.warning("job %s handed back (%s); %s", job.id, reason, verdict)
@@ -140,7 +140,9 @@ def send_back_to_queue(
 
     def send_back(job: store.ClaimedJob, reason: str) -> None:
         with sessions() as session:
-            if not store.return_to_queue(session, job.id, worker=worker, refund_attempt=True):
+            if not store.return_to_queue(
+                session, job.id, worker=worker, reason=f"sent back: {reason}", refund_attempt=True
+            ):
                 return
         enqueue_jobs(redis, [QueueEntry.of(job)], timeout_s=timeout_s)
         log.warning("job %s sent back to its queue, uncharged (%s)", job.id, reason)

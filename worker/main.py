@@ -10,12 +10,14 @@ import logging
 import os
 import secrets
 import socket
+from pathlib import Path
 
 from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.fleet import health
+from gpuq.jobs import outcome_spool
 from gpuq.llama_log import route_llama_log
 from gpuq.settings import Settings
 from gpuq.stats import metrics
@@ -73,6 +75,15 @@ def run_worker(
         raise SystemExit(EXIT_OUTAGE) from None
 
 
+def _write_spooled_outcomes(sessions: sessionmaker[Session], redis: Redis, spools: Path) -> None:
+    """Outcomes that workers of this machine spooled to files while the database and Redis
+    were both down, and that died before writing them (``gpuq.jobs.outcome_spool``)."""
+    with sessions() as session:
+        written = outcome_spool.apply_file_spools(session, redis, spools)
+    if written:
+        log.warning("wrote %d outcomes spooled by workers that died before the database answered", len(written))
+
+
 def _run_worker(
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -123,7 +134,9 @@ def _run_worker(
     )
     streams = StreamPublisher(redis)  # token streams of interactive calls (OpenAI's and Ollama's APIs)
     name = worker_name(slot)
-    writer = OutcomeWriter(sessions, redis=redis, worker=name, streams=streams)
+    spools = outcome_spool.spool_dir(settings.data_dir)
+    _write_spooled_outcomes(sessions, redis, spools)
+    writer = OutcomeWriter(sessions, redis=redis, worker=name, streams=streams, spool_dir=spools)
 
     def mark_unhealthy(reason: str) -> None:
         health.mark_unhealthy(sessions, device.gpu_uuids, reason)

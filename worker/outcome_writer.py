@@ -8,7 +8,9 @@ of short jobs each commit carries many rows.
 A commit that fails (the database is down) is retried until it succeeds, and its outcomes
 are copied to the worker's spool in Redis at the first failure (``gpuq.jobs.outcome_spool``),
 so they outlive this process: if it dies before the database is back, the reconciler
-writes them instead of running the jobs again. If it dies before an outcome reached either
+writes them instead of running the jobs again. With Redis down too, they go to a file in
+the data directory instead, found by the next worker started there or by the reconciler
+of a scheduler sharing the directory (``gpuq up``). If it dies before an outcome reached either
 (it crashed mid-job), the row stays ``running`` on a dead worker and the reconciler runs
 the job again: at-least-once, never lost.
 
@@ -24,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -54,10 +57,12 @@ class OutcomeWriter:
         redis: Redis | None = None,
         worker: str = "",
         streams: StreamPublisher | None = None,
+        spool_dir: Path | None = None,
     ) -> None:
         self._sessions = sessions
         self._redis = redis  # where the metrics and the spool go; None: not counted, not spooled
         self._worker = worker
+        self._spool_dir = spool_dir  # where outcomes go when Redis cannot take them either
         self._streams = streams  # where the ends of interactive calls' jobs go, after the commit
         self._pending: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="outcome-writer", daemon=True)
@@ -130,6 +135,7 @@ class OutcomeWriter:
     def _write(self, batch: list[Pending]) -> None:
         failures = 0
         spooled = False
+        spool_file: Path | None = None
         while True:
             try:
                 with self._sessions() as session:
@@ -139,12 +145,15 @@ class OutcomeWriter:
                 if failures == 0:
                     log.exception("writing %d job outcomes failed; retrying until the database answers", len(batch))
                     spooled = self._spool(batch)
+                    spool_file = None if spooled else self._spool_to_file(batch)
                 failures += 1
                 time.sleep(RETRY_DELAY_S)
         if failures:
             log.warning("wrote %d job outcomes after %d failed attempts", len(batch), failures)
         if spooled:
             self._unspool(batch)
+        if spool_file is not None:
+            outcome_spool.unspool_file(spool_file)
         if self._streams is not None:
             self._streams.ends([(o.job_id, end) for o, _, end in batch if end is not None and o.job_id in written])
         self._counts.add(f for outcome, f, _ in batch if f is not None and outcome.job_id in written)
@@ -157,9 +166,20 @@ class OutcomeWriter:
         try:
             outcome_spool.spool(self._redis, self._worker, [(outcome, finished) for outcome, finished, _ in batch])
         except RedisError:
-            log.warning("could not spool %d outcomes to Redis either; they wait in memory", len(batch), exc_info=True)
+            log.warning("could not spool %d outcomes to Redis either", len(batch), exc_info=True)
             return False
         return True
+
+    def _spool_to_file(self, batch: list[Pending]) -> Path | None:
+        if self._spool_dir is None:
+            return None
+        try:
+            path = outcome_spool.spool_to_file(self._spool_dir, [(outcome, finished) for outcome, finished, _ in batch])
+        except OSError:
+            log.warning("could not spool %d outcomes to a file either; they wait in memory", len(batch), exc_info=True)
+            return None
+        log.warning("%d outcomes spooled to %s until the database answers", len(batch), path)
+        return path
 
     def _unspool(self, batch: list[Pending]) -> None:
         assert self._redis is not None

@@ -244,7 +244,9 @@ class JobRunner:
             assert running.decoder is not None
             self._record_generation(finished.generations, outcome, running.decoder)
             running.generation = finished.generations[0]
-            own = outcome.prompt_tokens or 0
+            # Only what this job had llama.cpp compute: prompt tokens taken from a KV stream
+            # cost nothing, and were paid for by the job that computed them.
+            own = (outcome.prompt_tokens or 0) - (outcome.cached_tokens or 0)
             own += sum(g.completion_tokens for g in finished.generations)
             decoded = running.decoded() - running.tokens_at_start  # its own and its neighbours'
             running.share = min(1.0, own / decoded) if decoded > 0 else 1.0

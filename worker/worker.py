@@ -22,11 +22,13 @@ lives in SQL can do less than plain RQ:
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from contextlib import suppress
+from types import FrameType
 from typing import Any
 
 from redis import Redis
@@ -274,8 +276,9 @@ class GpuqWorker(SimpleWorker):
             except SQLAlchemyError as exc:  # keep serving what it served; retried next interval
                 self.runner.sql.failed("reading the models it serves", exc)
                 servable = self._servable
-            else:
-                self.runner.sql.succeeded()
+            # A read that answers does not end the claims' backoff: on a full disk SQLite reads
+            # and cannot write, and clearing it here had the worker retry a failing claim at
+            # every wake-up. Only a claim that goes through ends it (``JobRunner.claim``).
             if servable != self._servable:
                 log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
                 self._servable = servable
@@ -681,6 +684,19 @@ class GpuqWorker(SimpleWorker):
     ) -> None:
         super().bootstrap(logging_level, date_format, log_format)
         self.monitor.start()
+
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        """A signal after the first: a second SIGINT (a second Ctrl-C) stops cold, as in RQ; a
+        SIGTERM never does. SIGTERM is how gpuq says "finish, then stop", and it often comes
+        twice: the supervisor's drain beside the kernel's death signal when the supervisor
+        exits (``gpuq.children``), a terminal's Ctrl-C reaching the whole process group, a
+        service manager signalling every process of the unit. RQ's cold stop on the second
+        one threw away every sequence mid-decode; the supervisor's kill after
+        ``DRAIN_TIMEOUT_S`` stays the bound on a drain."""
+        if signum == signal.SIGTERM:
+            log.info("worker %s: SIGTERM again while finishing its jobs: still finishing them", self.name)
+            return
+        super().request_force_stop(signum, frame)
 
     def teardown(self) -> None:
         self.monitor.stop()

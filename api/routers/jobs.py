@@ -84,7 +84,9 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
 async def read_job(job_id: str, db: SessionDep, caller: CallerDep) -> JobPublic:
-    return JobPublic.of(await visible_job(db, caller, job_id))
+    """The job, with every run of it (a job run again after its worker died shows both)."""
+    job = await visible_job(db, caller, job_id)
+    return JobPublic.of(job, runs=await db.run_sync(store.runs_of_job, job_id))
 
 
 @router.get("/{job_id}/position", response_model=JobPosition, responses=errors(404))

@@ -15,3 +15,11 @@ class Readiness(BaseModel):
     status: Literal["ok", "unavailable"]
     database: str = Field(description='"ok", or "unreachable: <why>"')
     redis: str = Field(description='"ok", or "unreachable: <why>"')
+    disk: str = Field(
+        description='"ok", or "full: <bytes free> ..." when the data directory\'s disk has under 1 MiB free'
+    )
+    workers: str = Field(
+        description='"<n> can take jobs", or "none can take jobs: <why>" (no live worker, or all drained: accepted '
+        'jobs wait until one can); "unknown" while Redis does not answer. Says nothing of readiness: the API '
+        "accepts jobs either way, as it does before the first worker starts"
+    )

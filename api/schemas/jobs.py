@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -10,7 +11,7 @@ from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
 from gpuq.batches.openai_format import tool_fields
-from gpuq.db.tables import Job, JobKind
+from gpuq.db.tables import Job, JobKind, JobRun
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
@@ -191,14 +192,52 @@ class JobSummary(BaseModel):
         return cls(**_job_fields(job))
 
 
+class JobRunPublic(BaseModel):
+    """One run of a job: a worker's claim of it, and how that run ended."""
+
+    attempt: int = Field(description="the job's attempt count as this run's claim made it")
+    worker: str
+    host: str | None
+    device: str | None
+    started_at: datetime
+    ended_at: datetime | None = Field(description="null while it runs")
+    outcome: str | None = Field(
+        description="succeeded, failed, cancelled, or requeued (its worker died, handed it back, or an admin "
+        "requeued it); null while it runs"
+    )
+    reason: str | None = Field(description="the error, or why the run went back to the queue")
+    refunded: bool = Field(
+        description="its attempt was not charged to the job (it died beside others, or was sent back uncharged)"
+    )
+
+    @classmethod
+    def of(cls, run: JobRun) -> JobRunPublic:
+        return cls(
+            attempt=run.attempt,
+            worker=run.worker,
+            host=run.host,
+            device=run.device,
+            started_at=run.started_at,
+            ended_at=run.ended_at,
+            outcome=run.outcome,
+            reason=run.reason,
+            refunded=run.refunded,
+        )
+
+
 class JobPublic(JobSummary):
     request: dict[str, Any]
     result: dict[str, Any] | None
+    runs: list[JobRunPublic] | None = Field(
+        None,
+        description="every run of the job, oldest first, a rerun included (GET /v1/jobs/{id}; null in other answers)",
+    )
 
     @classmethod
-    def of(cls, job: Job) -> JobPublic:
+    def of(cls, job: Job, runs: Sequence[JobRun] | None = None) -> JobPublic:
         result = tool_calls.with_calls(job.request, job.result)
-        return cls(**_job_fields(job), request=_shown_request(job.request), result=result)
+        shown_runs = [JobRunPublic.of(run) for run in runs] if runs is not None else None
+        return cls(**_job_fields(job), request=_shown_request(job.request), result=result, runs=shown_runs)
 
 
 def _shown_request(request: dict[str, Any]) -> dict[str, Any]:

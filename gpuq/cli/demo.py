@@ -38,6 +38,11 @@ def serve_api(settings: Settings) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()
+    # Listening before anyone is told the URL: on a busy machine the first request could
+    # otherwise come before the socket is bound (connection refused).
+    deadline = time.monotonic() + 60
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -143,6 +143,37 @@ class Job(Base):
         return int((self.started_at - self.created_at).total_seconds() * 1000)
 
 
+class RunOutcome(enum.StrEnum):
+    """How one run of a job ended: as the job did, or back to its queue (``requeued``)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REQUEUED = "requeued"  # its worker died, handed it back, or an admin requeued it
+
+
+class JobRun(Base):
+    """One run of a job: a claim by a worker, to its outcome or its return to the queue. A job
+    that ran twice (its worker died, say) has two rows, whatever ``jobs.attempts`` says (a
+    refunded attempt is taken back from that count, never from this history)."""
+
+    __tablename__ = "job_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40))
+    attempt: Mapped[int] = mapped_column(Integer)  # jobs.attempts as this run's claim counted it
+    worker: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str | None] = mapped_column(String(255))
+    device: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    outcome: Mapped[str | None] = mapped_column(String(16))  # a RunOutcome; null while it runs
+    reason: Mapped[str | None] = mapped_column(Text)  # the error, or why it went back to the queue
+    refunded: Mapped[bool] = mapped_column(default=False)  # its attempt was not charged to the job
+
+    __table_args__ = (Index("ix_job_runs_job", "job_id", "id"),)
+
+
 class ModelKind(enum.StrEnum):
     GENERATE = "generate"
     EMBED = "embed"

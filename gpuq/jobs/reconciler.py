@@ -15,7 +15,8 @@ conditional claim makes a duplicate queue entry harmless):
   the queue, or fails once it has used up its attempts. Jobs that died together on one
   worker are not charged the attempt and run alone next (``RUN_ALONE_KEY``). Before that,
   the outcomes such a worker spooled during a database outage are written
-  (``gpuq.jobs.outcome_spool``): those jobs finished, and are not run again;
+  (``gpuq.jobs.outcome_spool``; from Redis, or from files when Redis was down too and this
+  scheduler shares the workers' data directory): those jobs finished, and are not run again;
 * a row SQL says is ``running`` on a live worker that runs no execution of it and has no
   outcome of it on the way (its claim committed but the worker never learned so) goes
   back to the queue, uncharged, once two passes ``orphan_limit_s`` apart saw it so.
@@ -33,6 +34,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 from redis import Redis
 from redis.typing import EncodableT, FieldT
@@ -86,11 +88,14 @@ def reconcile_once(
     in_flight_limit_s: float = IN_FLIGHT_LIMIT_S,
     orphan_limit_s: float = ORPHAN_LIMIT_S,
     redis_settle_s: float = ORPHAN_LIMIT_S,
+    spool_dir: Path | None = None,
 ) -> ReconcileReport:
+    """One pass. ``spool_dir``: where this machine's workers spool outcomes to files when
+    Redis is down too (a scheduler sharing their data directory, as in ``gpuq up``)."""
     report = ReconcileReport()
     settled = redis_age_s(redis) >= redis_settle_s
     if settled:
-        _write_spools_of_dead_workers(session, redis, report=report)
+        _write_spools_of_dead_workers(session, redis, report=report, spool_dir=spool_dir)
     _requeue_lost_entries(
         session, redis, grace_s=grace_s, timeout_s=timeout_s, in_flight_limit_s=in_flight_limit_s, report=report
     )
@@ -119,10 +124,14 @@ def redis_age_s(redis: Redis) -> float:
     return now - float(began) if began is not None else 0.0
 
 
-def _write_spools_of_dead_workers(session: Session, redis: Redis, *, report: ReconcileReport) -> None:
+def _write_spools_of_dead_workers(
+    session: Session, redis: Redis, *, report: ReconcileReport, spool_dir: Path | None
+) -> None:
     spooling = outcome_spool.spooling_workers(redis)
     for worker in spooling - _live_workers(redis, spooling):
         report.spooled.extend(outcome_spool.apply_spool(session, redis, worker))
+    if spool_dir is not None:
+        report.spooled.extend(outcome_spool.apply_file_spools(session, redis, spool_dir))
 
 
 def _requeue_lost_entries(
@@ -213,12 +222,14 @@ def _recover_from_dead_workers(
             # Several jobs went down together (continuous batching): which one crashed the
             # worker is unknown, so none is charged; each runs alone next, where a job that
             # crashes its worker again is charged as usual.
-            if store.return_to_queue(session, entry.job_id, worker=worker, refund_attempt=True):
+            if store.return_to_queue(
+                session, entry.job_id, worker=worker, reason=_died(worker, died_with[worker]), refund_attempt=True
+            ):
                 back.append(entry)
                 alone.append(entry.job_id)
         elif job.attempts >= max_attempts:
             _give_up(session, redis, job, report)
-        elif store.return_to_queue(session, entry.job_id, worker=worker):
+        elif store.return_to_queue(session, entry.job_id, worker=worker, reason=_died(worker, 1)):
             back.append(entry)
     if alone:
         _mark_run_alone(redis, alone)
@@ -248,11 +259,23 @@ def _requeue_orphans(
     back = [
         entry
         for entry in _persisting(redis, ORPHAN_SUSPECTS_KEY, orphans, limit_s=limit_s)
-        if store.return_to_queue(session, entry.job_id, worker=workers_of[entry.job_id], refund_attempt=True)
+        if store.return_to_queue(
+            session, entry.job_id, worker=workers_of[entry.job_id], reason=ORPHAN_REASON, refund_attempt=True
+        )
     ]
     if back:
         enqueue_jobs(redis, back, timeout_s=timeout_s)
         report.orphaned.extend(e.job_id for e in back)
+
+
+ORPHAN_REASON = "running on a live worker that had no execution of it (a claim whose acknowledgement was lost)"
+
+
+def _died(worker: str | None, together: int) -> str:
+    """Why a dead worker's run ended, as its job's run history shows it."""
+    if together > 1:
+        return f"worker {worker} died with {together} jobs running; not charged, run alone next"
+    return f"worker {worker} died while running it"
 
 
 def _give_up(session: Session, redis: Redis, job: store.RunningJob, report: ReconcileReport) -> None:

@@ -4,8 +4,9 @@ started and stopped together by ``gpuq up``.
 
 They stop together however ``gpuq up`` is stopped: Ctrl-C and SIGTERM run the same
 shutdown (the supervisor drains its workers, then Redis stops), and a ``gpuq up`` killed
-outright takes its children with it (``gpuq.children``). One data directory serves one
-``gpuq up`` at a time (``gpuq.local.data_lock``)."""
+outright takes its children with it (``gpuq.children``). A supervisor that dies on its own
+(the OOM killer, a crash) is started again with a backoff (``SupervisorKeeper``). One data
+directory serves one ``gpuq up`` at a time (``gpuq.local.data_lock``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from types import FrameType
@@ -32,7 +34,14 @@ from gpuq.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger(__name__)
 
-WORKER_STOP_TIMEOUT_S = 30
+# How long a stop waits for the supervisor: its drain lets running jobs finish for up to
+# DRAIN_TIMEOUT_S (worker/supervisor.py, 10 minutes) before it kills them; the margin is for
+# its own exit. Killing it sooner sent its workers their death signal mid-drain.
+SUPERVISOR_STOP_TIMEOUT_S = 630.0
+RESTART_BACKOFF_START_S = 1.0
+RESTART_BACKOFF_MAX_S = 60.0
+RESTART_STABLE_AFTER_S = 60.0  # a supervisor that ran this long starts its backoff afresh
+WATCH_INTERVAL_S = 0.5
 
 
 def prepare_database(settings: Settings) -> str | None:
@@ -65,10 +74,94 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
+def restart_delay_s(failures: int) -> float:
+    """The wait before the supervisor's next start after ``failures`` deaths in a row: 1 s
+    doubling to a minute, the exponent capped so no count of deaths overflows it."""
+    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_START_S * 2 ** min(failures, 16))
+
+
+class SupervisorKeeper:
+    """The supervisor of ``gpuq up``, started again whenever it dies (a signal or a non-zero
+    exit status; an exit 0 is a stop it was asked for).
+
+    Without it a supervisor killed by the OOM killer (or crashing) left ``gpuq up`` serving
+    an API whose jobs were accepted and never run. Its watch thread is the restarted
+    supervisor's parent thread for the kernel's death signal (``gpuq.children``), so it
+    lives until ``stop``."""
+
+    def __init__(self, spawn: Callable[[], subprocess.Popen[bytes]]) -> None:
+        self._spawn = spawn
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # a restart and a stop never cross
+        self.process: subprocess.Popen[bytes] | None = None
+        self._thread = threading.Thread(target=self._watch, name="supervisor-keeper", daemon=True)
+
+    def start(self) -> None:
+        self.process = self._spawn()
+        self._thread.start()
+
+    def _watch(self) -> None:
+        failures, started = 0, time.monotonic()
+        while not self._stopping.wait(WATCH_INTERVAL_S):
+            process = self.process
+            if process is None or process.poll() is None:
+                continue
+            if process.returncode == 0:
+                # It was told to stop and drained its workers: the signal was meant for all of
+                # gpuq up (Ctrl-C reaches the whole process group), or someone stopped it.
+                log.warning("the supervisor (pid %d) stopped; not starting it again", process.pid)
+                return
+            if time.monotonic() - started >= RESTART_STABLE_AFTER_S:
+                failures = 0
+            delay = restart_delay_s(failures)
+            failures += 1
+            log.error(
+                "the supervisor (pid %d) exited (%s); starting it again in %.0f s",
+                process.pid,
+                _exit_status(process.returncode),
+                delay,
+            )
+            if self._stopping.wait(delay):
+                return
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                try:
+                    self.process = self._spawn()
+                except OSError:
+                    log.exception("starting the supervisor again failed; will retry")
+                    continue
+                started = time.monotonic()
+            log.warning("the supervisor started again (pid %d)", self.process.pid)
+
+    def stop(self, timeout_s: float = SUPERVISOR_STOP_TIMEOUT_S) -> None:
+        """SIGTERM to the supervisor (it drains its workers: running jobs finish first), waiting
+        up to ``timeout_s`` before killing it."""
+        with self._lock:
+            self._stopping.set()
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            with suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=timeout_s)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+def _exit_status(returncode: int) -> str:
+    if returncode < 0:
+        with suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit status {returncode}"
+
+
 @dataclass
 class EmbeddedSystem:
     settings: Settings
-    supervisor: subprocess.Popen[bytes] | None = None
+    supervisor: SupervisorKeeper | None = None
     admin_key: str | None = None  # the first admin key, when this start created it
 
     @property
@@ -101,17 +194,16 @@ def _run_embedded(settings: Settings, *, workers: int, lock_fd: int) -> Iterator
     try:
         system.admin_key = prepare_database(settings)
         _announce_admin_key(system.admin_key, settings)
-        system.supervisor = spawn_supervisor(settings, cpu_workers=workers, inherit_fds=(lock_fd,))
+        system.supervisor = SupervisorKeeper(
+            lambda: spawn_supervisor(settings, cpu_workers=workers, inherit_fds=(lock_fd,))
+        )
+        system.supervisor.start()
         scheduler.start()
         yield system
     finally:
         stop.set()
         if system.supervisor is not None:
-            system.supervisor.terminate()  # it drains its workers: running jobs finish first
-            with suppress(subprocess.TimeoutExpired):
-                system.supervisor.wait(timeout=WORKER_STOP_TIMEOUT_S)
-            if system.supervisor.poll() is None:
-                system.supervisor.kill()
+            system.supervisor.stop()  # it drains its workers: running jobs finish first
         if scheduler.is_alive():
             scheduler.join(timeout=5)
         if private is not None:

@@ -72,8 +72,16 @@ class PrivateRedis:
             "--logfile",
             str((self.data_dir / "redis.log").resolve()),
         ]
+        # In a session of its own: a terminal's Ctrl-C reaches gpuq up's whole process group,
+        # and redis-server quits at once on SIGINT, while the workers still finish their jobs
+        # and the API answers its calls; gpuq up stops it last. (Its death signal still holds.)
         self._process = spawn_child(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=self.inherit_fds, umask=0o077
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=self.inherit_fds,
+            umask=0o077,
+            start_new_session=True,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         client = Redis.from_url(self.url)

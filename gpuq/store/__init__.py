@@ -65,6 +65,7 @@ from gpuq.store.job_actions import (
     requeue_running_job,
     retry_finished_jobs,
 )
+from gpuq.store.job_runs import runs_of_job
 from gpuq.store.jobs import (
     ClaimedJob,
     JobFilter,
@@ -73,6 +74,7 @@ from gpuq.store.jobs import (
     Outcome,
     RunningJob,
     cancel_queued_job,
+    cancel_queued_jobs_saying,
     claim_job,
     claimed_by,
     count_finished_since,
@@ -132,6 +134,7 @@ __all__ = [
     "cancel_queued_batch_jobs",
     "cancel_queued_job",
     "cancel_queued_jobs",
+    "cancel_queued_jobs_saying",
     "check_database",
     "claim_job",
     "claim_schedule_run",
@@ -194,6 +197,7 @@ __all__ = [
     "revoke_key_keeping_an_admin",
     "running_batch_jobs",
     "running_jobs",
+    "runs_of_job",
     "save_file",
     "save_model",
     "save_rule",

@@ -14,9 +14,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpuq.db.tables import Batch, BatchStatus, Job, JobStatus, utcnow
+from gpuq.db.tables import Batch, BatchStatus, Job, JobStatus, RunOutcome, utcnow
 from gpuq.queue_names import QueueEntry
-from gpuq.store._sql import NO_SYNC, commit_changed
+from gpuq.store._sql import NO_SYNC, rows_changed
+from gpuq.store.job_runs import record_run_end
 from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, JobFilter, job_conditions, queue_entry
 
 RETRYABLE = (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
@@ -102,7 +103,11 @@ def requeue_running_job(session: Session, job_id: str, *, worker: str | None) ->
         )
         .values(**_NEW_RUN)
     )
-    return commit_changed(session, statement)
+    changed = rows_changed(session, statement)
+    if changed:
+        record_run_end(session, job_id, worker=worker, outcome=RunOutcome.REQUEUED, reason="requeued by an admin")
+    session.commit()
+    return bool(changed)
 
 
 def cancel_queued_jobs(session: Session, ids: Sequence[str]) -> list[QueueEntry]:

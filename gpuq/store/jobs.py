@@ -15,10 +15,12 @@ from sqlalchemy.orm import Session
 from gpuq.db.tables import (
     Job,
     JobStatus,
+    RunOutcome,
     utcnow,
 )
 from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
+from gpuq.store.job_runs import record_run_end, record_run_start
 from gpuq.store.webhooks import new_delivery
 
 
@@ -228,6 +230,23 @@ def cancel_queued_job(session: Session, job_id: str) -> bool:
     return commit_changed(session, statement)
 
 
+def cancel_queued_jobs_saying(session: Session, ids: Sequence[str], *, error: str) -> list[QueueEntry]:
+    """Those of ``ids`` still queued to cancelled, with ``error`` as the reason; returns those
+    changed (to take out of Redis)."""
+    if not ids:
+        return []
+    now = utcnow()
+    rows = session.execute(
+        update(Job)
+        .execution_options(**NO_SYNC)
+        .where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.CANCELLED, error=error, cancel_requested_at=now, finished_at=now)
+        .returning(*QUEUE_ENTRY_COLUMNS)
+    ).all()
+    session.commit()
+    return [queue_entry(r) for r in rows]
+
+
 def mark_cancel_requested(session: Session, job_id: str) -> bool:
     """Record that a running job should stop; the worker makes it final."""
     still_running = (Job.id == job_id, Job.status == JobStatus.RUNNING)
@@ -278,6 +297,10 @@ def claim_job(
         )
         .returning(Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner, Job.created_at)
     ).one_or_none()
+    if row is not None:
+        record_run_start(
+            session, job_id=job_id, attempt=row.attempts, worker=worker, host=host, device=device, started_at=now
+        )
     session.commit()
     if row is None:
         return None
@@ -367,6 +390,14 @@ def record_outcomes_written(session: Session, outcomes: Sequence[Outcome]) -> se
         )
         if changed:
             written.add(outcome.job_id)
+            record_run_end(
+                session,
+                outcome.job_id,
+                worker=outcome.worker,
+                outcome=RunOutcome(outcome.status.value),
+                reason=outcome.error,
+                ended_at=outcome.finished_at,
+            )
         if changed and outcome.webhook_url:  # the event commits with the state it reports
             session.add(
                 new_delivery(
@@ -422,10 +453,13 @@ def running_jobs(session: Session) -> list[RunningJob]:
     return [RunningJob(queue_entry(r), r.worker, r.attempts) for r in session.execute(query)]
 
 
-def return_to_queue(session: Session, job_id: str, *, worker: str | None, refund_attempt: bool = False) -> bool:
-    """A job whose worker died goes back to queued. Its attempt stays counted, unless
-    ``refund_attempt``: it died beside other jobs, and which of them brought the worker
-    down is not known (the reconciler then has it run alone)."""
+def return_to_queue(
+    session: Session, job_id: str, *, worker: str | None, reason: str, refund_attempt: bool = False
+) -> bool:
+    """A job whose worker died (or handed it back) goes back to queued, its run ended with
+    ``reason``. Its attempt stays counted, unless ``refund_attempt``: it died beside other
+    jobs, and which of them brought the worker down is not known (the reconciler then has
+    it run alone)."""
     statement = (
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
@@ -437,7 +471,13 @@ def return_to_queue(session: Session, job_id: str, *, worker: str | None, refund
             attempts=Job.attempts - 1 if refund_attempt else Job.attempts,
         )
     )
-    return commit_changed(session, statement)
+    changed = rows_changed(session, statement)
+    if changed:
+        record_run_end(
+            session, job_id, worker=worker, outcome=RunOutcome.REQUEUED, reason=reason, refunded=refund_attempt
+        )
+    session.commit()
+    return bool(changed)
 
 
 def fail_abandoned_job(session: Session, job_id: str, *, worker: str | None, error: str) -> bool:
@@ -446,4 +486,8 @@ def fail_abandoned_job(session: Session, job_id: str, *, worker: str | None, err
         .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
         .values(status=JobStatus.FAILED, error=error, finished_at=utcnow())
     )
-    return commit_changed(session, statement)
+    changed = rows_changed(session, statement)
+    if changed:
+        record_run_end(session, job_id, worker=worker, outcome=RunOutcome.FAILED, reason=error)
+    session.commit()
+    return bool(changed)

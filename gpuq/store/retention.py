@@ -7,9 +7,9 @@ DELETE repeats its conditions on the rows it deletes, so a row that changed sinc
 selected (a failed job retried a moment ago) is not deleted. ``count_*`` says what the
 same conditions match, for a dry run.
 
-What goes: finished jobs outside batches; finished batches with their jobs; files no
-remaining batch or schedule refers to; webhook deliveries that are no longer pending; GPU
-samples; schedule runs. What stays: everything unfinished, and the stats rollups
+What goes: finished jobs outside batches; finished batches with their jobs (a job's runs go
+with it); files no remaining batch or schedule refers to; webhook deliveries that are no
+longer pending; GPU samples; schedule runs. What stays: everything unfinished, and the stats rollups
 (``job_stats_daily`` and its siblings), which hold the history's sums after its rows go.
 """
 
@@ -29,6 +29,7 @@ from gpuq.db.tables import (
     File,
     GpuSample,
     Job,
+    JobRun,
     Schedule,
     ScheduleRun,
     WebhookDelivery,
@@ -68,7 +69,18 @@ def count_finished_jobs(session: Session, *, before: datetime) -> int:
 
 def delete_finished_jobs(session: Session, *, before: datetime, limit: int) -> int:
     """Jobs of no batch that reached a final status before ``before``."""
-    return _bounded_delete(session, Job, Job.id, _old_jobs(before), limit)
+    return _delete_jobs_with_runs(session, _old_jobs(before), limit)
+
+
+def _delete_jobs_with_runs(session: Session, conditions: list[ColumnElement[bool]], limit: int) -> int:
+    """Up to ``limit`` jobs matching ``conditions`` and their runs (``job_runs``), in one transaction."""
+    ids = list(session.scalars(select(Job.id).where(*conditions).limit(limit)))
+    deleted = rows_changed(session, delete(Job).where(Job.id.in_(ids), *conditions).execution_options(**NO_SYNC))
+    if deleted:  # the runs of those that went (one changed since the select stays, with its runs)
+        gone = delete(JobRun).where(JobRun.job_id.in_(ids), ~exists().where(Job.id == JobRun.job_id))
+        session.execute(gone.execution_options(**NO_SYNC))
+    session.commit()
+    return deleted
 
 
 # ---------------------------------------------------------------- batches, with their jobs
@@ -100,7 +112,7 @@ def count_finished_batches(session: Session, *, before: datetime) -> tuple[int, 
 
 def delete_batch_jobs(session: Session, batch_id: str, *, limit: int) -> int:
     """Up to ``limit`` of a finished batch's jobs (all of them are final once it is)."""
-    return _bounded_delete(session, Job, Job.id, [Job.batch_id == batch_id], limit)
+    return _delete_jobs_with_runs(session, [Job.batch_id == batch_id], limit)
 
 
 def delete_finished_batch(session: Session, batch_id: str, *, before: datetime) -> bool:

@@ -117,7 +117,7 @@ def ended_badly(job_id: str, end: End) -> str | None:
     if end.status == "succeeded":
         return None
     if end.status == "cancelled":
-        return f"job {job_id} was cancelled"
+        return f"job {job_id} was cancelled" + (f": {end.error}" if end.error else "")  # why, if it was said
     return f"job {job_id} failed: {end.error or 'no reason recorded'}"
 
 

@@ -9,6 +9,7 @@ from redis import Redis
 
 from gpuq.cli.client import GpuqClient
 from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs import outcome_spool
 from gpuq.jobs.reconciler import ReconcileReport, reconcile_once
 from gpuq.testing import GpuqProcesses
 from tests.conftest import DATABASES, RedisDbs, Template, database_template, redis_db
@@ -95,6 +96,7 @@ def reconcile(
                 in_flight_limit_s=in_flight_limit_s,
                 orphan_limit_s=orphan_limit_s,
                 redis_settle_s=redis_settle_s,
+                spool_dir=outcome_spool.spool_dir(processes.workdir),  # the processes' data directory
             )
     finally:
         redis.close()

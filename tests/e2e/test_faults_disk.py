@@ -13,12 +13,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis import Redis
+from rq.registry import FailedJobRegistry
 
 from gpuq.batches.files import STALE_UPLOAD_S
+from gpuq.queue_names import Priority, queue_name
 from gpuq.testing import GpuqProcesses
 from tests.e2e.conftest import wait_until
 
 MODEL = "smollm2-135m"
+NOOP = {"kind": "noop", "model": MODEL}
 
 
 def _batch(lines: int, pad: int) -> bytes:
@@ -109,3 +113,62 @@ def test_an_upload_left_unfinished_by_a_killed_api_is_removed_at_the_next_start(
         processes.stop_all()
     assert size_left > 0
     assert after == [] and files == []
+
+
+def _fill(path: Path) -> None:
+    """Writes ``path`` until the disk under it is full."""
+    with path.open("wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 65536)
+            filler.flush()
+
+
+def test_readyz_says_not_ready_while_the_data_directorys_disk_is_full(tmp_path, database_url, redis_url, small_disk):
+    (tmp_path / "models").mkdir()
+    processes = GpuqProcesses(database_url, redis_url, tmp_path)
+    processes.settings |= {"GPUQ_DATA_DIR": str(small_disk / "data")}
+    try:
+        _api, url = processes.start_api()
+        before = httpx.get(f"{url}/readyz", timeout=30)
+        _fill(small_disk / "filler")
+        full = httpx.get(f"{url}/readyz", timeout=30)
+        (small_disk / "filler").unlink()
+        after = httpx.get(f"{url}/readyz", timeout=30)
+    finally:
+        processes.stop_all()
+    assert (before.status_code, before.json()["disk"]) == (200, "ok")
+    assert full.status_code == 503 and full.headers["retry-after"]
+    assert full.json()["status"] == "unavailable"
+    assert full.json()["disk"].startswith("full: ") and "uploads and writes there fail" in full.json()["disk"]
+    assert (after.status_code, after.json()["disk"]) == (200, "ok")
+
+
+def test_a_worker_whose_claims_fail_on_a_full_disk_backs_off_instead_of_retrying_at_once(
+    tmp_path, database_url, redis_url, small_disk
+):
+    """SQLite on a full disk reads (the worker's model list) but cannot write (its claims). A
+    read that answers used to clear the claims' backoff, so the worker retried its claim on
+    every wake-up; only a claim that succeeds clears it now."""
+    (tmp_path / "models").mkdir()
+    on_small_disk = small_disk / "gpuq.db"
+    on_small_disk.write_bytes(Path(database_url.removeprefix("sqlite:///")).read_bytes())
+    processes = GpuqProcesses(f"sqlite:///{on_small_disk}", redis_url, tmp_path)
+    processes.settings |= {"GPUQ_WORKER_REFRESH_INTERVAL_S": "0.2"}
+    try:
+        _api, url = processes.start_api()
+        with processes.client(url) as client:
+            ids = [client.submit(NOOP)["id"] for _ in range(4)]
+            _fill(small_disk / "filler")
+            worker, _name = processes.start_worker()
+            time.sleep(8)  # a few claims fail meanwhile, each after a longer wait
+            full_log = worker.log.read_text()
+            (small_disk / "filler").unlink()
+            done = [client.wait(i, timeout_s=60) for i in ids]
+        with Redis.from_url(redis_url) as redis:
+            failed = FailedJobRegistry(queue_name(MODEL, "noop", Priority.NORMAL), connection=redis).get_job_ids()
+    finally:
+        processes.stop_all()
+    assert "the database is unreachable (claiming job_" in full_log  # the fault happened
+    assert "the database answers again" not in full_log  # nothing took a read for a claim's success
+    assert [(j["status"], j["attempts"]) for j in done] == [("succeeded", 1)] * 4
+    assert failed == []  # handed back to their queue each time, never failed in RQ

@@ -1,16 +1,25 @@
 """`gpuq up` on one data directory: stopped by SIGTERM or killed outright, it leaves no
-process behind, and a second one cannot start beside it."""
+process behind, and a second one cannot start beside it; its supervisor killed, it starts
+it again, and /readyz says meanwhile that no worker can take a job; Ctrl-C answers the
+streaming calls still waiting in the queue and exits."""
 
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
 
+from gpuq import store
+from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.local.redis_server import free_port
 from tests.e2e.conftest import wait_until
+
+NOOP = {"kind": "noop", "model": "smollm2-135m"}
+# At temperature 0 SmolLM2 keeps counting to max_tokens (about 60 tokens/s on two cores).
+COUNTING = {"kind": "generate", "model": "smollm2-135m", "prompt": "Count: 1, 2, 3,", "temperature": 0}
 
 
 def _descendants(pid: int) -> set[int]:
@@ -43,11 +52,13 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def _up(data_dir: Path, port: int) -> subprocess.Popen[str]:
+def _up(data_dir: Path, port: int, *, settings: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`gpuq up` in a process group of its own, as a shell runs it in a terminal."""
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
         "GPUQ_DATA_DIR": str(data_dir),
         "GPUQ_WORKER_THREADS": "1",
+        **(settings or {}),
     }
     return subprocess.Popen(
         [sys.executable, "-m", "gpuq.cli", "up", "--port", str(port)],
@@ -55,6 +66,7 @@ def _up(data_dir: Path, port: int) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        process_group=0,
     )
 
 
@@ -103,4 +115,109 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
                 os.kill(pid, signal.SIGKILL)
     finally:  # on a failure, leave no stray process to the tests that follow
         for pid in _alive({first.pid, *first_children}):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _supervisors(up_pid: int) -> set[int]:
+    return {pid for pid in _alive(_descendants(up_pid)) if b"supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+
+
+def _statuses(data_dir: Path, job_ids: list[str]) -> list[tuple[str, int]]:
+    """Each job's status and attempts, as the SQL history of `gpuq up` has them."""
+    engine = sync_engine(f"sqlite:///{data_dir / 'gpuq.db'}")
+    try:
+        with sync_sessions(engine)() as session:
+            return [(job.status, job.attempts) for job in (store.get_job(session, i) for i in job_ids)]
+    finally:
+        engine.dispose()
+
+
+def test_gpuq_up_starts_its_supervisor_again_after_it_is_killed_and_readyz_says_when_no_worker_can_run(tmp_path):
+    data_dir, port = tmp_path / "data", free_port()
+    up = _up(data_dir, port)
+    children: set[int] = set()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        children = _started(up, port)
+        [killed] = _supervisors(up.pid)
+        key = (data_dir / "admin.key").read_text().strip()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+            wait_until(lambda: http.get("/readyz").json()["workers"] == "1 can take jobs", "no worker ever took jobs")
+            before = http.post("/v1/jobs", json=NOOP).json()["id"]
+            wait_until(lambda: http.get(f"/v1/jobs/{before}").json()["status"] == "succeeded", "no job ran")
+
+            os.kill(killed, signal.SIGKILL)  # as the OOM killer does
+            # Its worker gets its death signal and leaves: for a moment nothing can run a job.
+            wait_until(
+                lambda: http.get("/readyz").json()["workers"] == "none can take jobs: no live worker",
+                "/readyz never said that no worker could take a job",
+                timeout_s=30,
+            )
+            assert http.get("/readyz").status_code == 200  # the API itself still takes jobs
+            queued = [http.post("/v1/jobs", json=NOOP).json()["id"] for _ in range(3)]
+            wait_until(lambda: _supervisors(up.pid) - {killed}, "gpuq up never started its supervisor again", 60)
+            wait_until(lambda: http.get("/readyz").json()["workers"] == "1 can take jobs", "no worker came back", 120)
+            ids = [before, *queued]
+            wait_until(lambda: all(s == "succeeded" for s, _ in _statuses(data_dir, ids)), "jobs stayed queued", 60)
+        assert _statuses(data_dir, ids) == [("succeeded", 1)] * 4
+        children |= _descendants(up.pid)
+        up.send_signal(signal.SIGTERM)
+        out, _ = up.communicate(timeout=60)
+        assert f"the supervisor (pid {killed}) exited (killed by SIGKILL); starting it again in 1 s" in out
+    finally:
+        for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _statuses_and_errors(data_dir: Path, job_ids: list[str]) -> list[tuple[str, str | None]]:
+    engine = sync_engine(f"sqlite:///{data_dir / 'gpuq.db'}")
+    try:
+        with sync_sessions(engine)() as session:
+            return [(job.status, job.error) for job in (store.get_job(session, i) for i in job_ids)]
+    finally:
+        engine.dispose()
+
+
+def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_path):
+    data_dir, port = tmp_path / "data", free_port()
+    up = _up(data_dir, port, settings={"GPUQ_WORKER_SLOTS": "1"})  # one job at a time: the calls wait
+    children: set[int] = set()
+    url = f"http://127.0.0.1:{port}"
+    answers: dict[str, str] = {}
+    try:
+        children = _started(up, port)
+        key = (data_dir / "admin.key").read_text().strip()
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
+            long = http.post("/v1/jobs", json=COUNTING | {"max_tokens": 300}).json()["id"]
+            wait_until(lambda: http.get(f"/v1/jobs/{long}").json()["status"] == "running", "the long job never ran")
+
+            def call() -> None:
+                body = {"model": "smollm2-135m", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+                with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+                    answers[r.headers["x-gpuq-job-id"]] = "".join(r.iter_text())
+
+            callers = [threading.Thread(target=call) for _ in range(2)]
+            for caller in callers:
+                caller.start()
+            queued = lambda: http.get("/v1/jobs", params={"status": "queued"}).json()["data"]  # noqa: E731
+            wait_until(lambda: len(queued()) == 2, "the two calls never waited in the queue")
+            calls = [job["id"] for job in queued()]
+            children |= _descendants(up.pid)
+
+            os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in the terminal: every process of the group
+            for caller in callers:
+                caller.join(timeout=60)
+        assert not any(caller.is_alive() for caller in callers), "a streaming call was never answered"
+        out, _ = up.communicate(timeout=120)  # the long job is finished first (the drain), then all exits
+        assert "starting it again" not in out  # a supervisor stopped by Ctrl-C is not restarted
+        assert sorted(answers) == sorted(calls)
+        for text in answers.values():
+            assert "the server is shutting down and this call's job had not started" in text
+        assert _statuses_and_errors(data_dir, [long]) == [("succeeded", None)]
+        assert {s for s, _ in _statuses_and_errors(data_dir, calls)} == {"cancelled"}
+        assert all("shutting down" in (e or "") for _, e in _statuses_and_errors(data_dir, calls))
+        assert not _alive(children), "Ctrl-C must stop the supervisor, its workers and Redis too"
+    finally:
+        for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
             os.kill(pid, signal.SIGKILL)

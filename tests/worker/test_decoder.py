@@ -32,7 +32,13 @@ def _request(prompt: str, sampling: dict, max_tokens: int = MAX_TOKENS) -> dict:
 
 
 def _model(
-    model_path: str, slots: int, *, prompt_cache: bool = True, n_ctx: int = 1024, any_prefix: bool | None = None
+    model_path: str,
+    slots: int,
+    *,
+    prompt_cache: bool = True,
+    n_ctx: int = 1024,
+    any_prefix: bool | None = None,
+    flash_attn: bool = False,
 ) -> LoadedModel:
     return LoadedModel(
         model_path,
@@ -43,6 +49,7 @@ def _model(
         slots=slots,
         prompt_cache=prompt_cache,
         any_prefix=any_prefix,
+        flash_attn=flash_attn,
     )
 
 
@@ -253,6 +260,26 @@ def test_a_prompt_that_hits_the_cache_gives_the_text_it_gives_without_it(uncache
             assert model.decoder.reused_tokens == sum(cached.values())
         finally:
             model.close()
+
+
+def test_with_flash_attention_a_prompt_gives_the_same_text_alone_beside_others_and_from_the_cache(model_path):
+    """Flash attention on (GPUQ_WORKER_FLASH_ATTN), any common prefix reused: each request run
+    alone with no cache, then all of them three at a time with the cache, token for token.
+    The few-shot start puts the streams past 512 cells, where ggml's CPU flash attention
+    decodes a lone row with other kernels (and rows of 64-row passes with others again)."""
+    requests = _cache_requests()
+    model = _model(model_path, 2, prompt_cache=False, any_prefix=True, flash_attn=True)
+    try:
+        alone = {key: generate(model, request) for key, request in requests.items()}
+    finally:
+        model.close()
+    model = _model(model_path, 3, any_prefix=True, flash_attn=True)
+    try:
+        done = run_together(model, requests)
+        assert {key: f.generation for key, f in done.items()} == alone
+        assert sum(f.generation.cached_tokens > 0 for f in done.values()) >= len(requests) - 5
+    finally:
+        model.close()
 
 
 def test_with_the_cache_off_nothing_is_reused(model_path, uncached):

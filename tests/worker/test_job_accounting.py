@@ -110,7 +110,7 @@ def test_a_late_outcome_of_a_job_run_again_elsewhere_is_not_counted(session, wor
     [job] = store.insert_jobs(session, [make_job(kind="noop", request={})])
     with sessions() as s:  # another worker claimed it first (as after a reconciliation)
         store.claim_job(s, job.id, worker="w-other", device="cpu")
-        store.return_to_queue(s, job.id, worker="w-other")
+        store.return_to_queue(s, job.id, worker="w-other", reason="its worker died")
         store.claim_job(s, job.id, worker="w-other", device="cpu")
     runner.run_noop(job.id)  # finds it no longer queued: nothing to count
     late = store.Outcome(job_id=job.id, worker="w1", status=JobStatus.SUCCEEDED, finished_at=job.created_at)

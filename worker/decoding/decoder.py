@@ -51,6 +51,10 @@ from worker.decoding.text import HELD, CompletionText
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK_TOKENS = 64  # a prompt goes in 64 tokens at a time, at fixed boundaries (see plan.py)
+# ggml's CPU flash attention tiles a stream's rows from 64 rows a pass on (GGML_FA_TILE_Q), and
+# tiled rows round differently from rows computed one by one (``python -m bench invariance``):
+# with it on, prompt passes stay under 64 rows so that every prompt row takes the same kernel.
+FLASH_ATTN_CHUNK_TOKENS = 63
 PENALTY_LAST_N = 64  # Llama's last_n_tokens_size: the window the repeat penalty looks at
 
 
@@ -223,14 +227,18 @@ class BatchDecoder:
         self._model = model  # llama_cpp._internals.LlamaModel, shared: weights are loaded once
         self.slots = slots
         self.n_ctx_per_seq = n_ctx_per_seq
+        if flash_attn and any_prefix:
+            chunk_tokens = min(chunk_tokens, FLASH_ATTN_CHUNK_TOKENS)
         self.chunk_tokens = chunk_tokens
+        self._flash_attn = flash_attn
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx_per_seq * slots
         params.n_batch = params.n_ubatch = N_BATCH
         params.n_seq_max = slots
         params.kv_unified = False  # a KV stream per sequence: outputs do not depend on neighbours
         params.n_threads = params.n_threads_batch = threads
-        # Off by default, as Llama has it: with it on, a seeded text can change with a cache hit.
+        # Off by default, as Llama has it; with it on, exact by two rules (FLASH_ATTN_CHUNK_TOKENS
+        # and the throwaway rows of ``_decode_rows``).
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
@@ -383,10 +391,10 @@ class BatchDecoder:
     def _run(self, plan: StepPlan) -> list[Finished]:
         finished: list[Finished] = []
         if plan.rows:
-            code = self._decode([(r.token, r.position, r.stream, True) for r in plan.rows])
+            code, places = self._decode_rows(plan)
             if code == 1:
                 return [self._evict_newest()]
-            for i, row in enumerate(plan.rows):
+            for i, row in zip(places, plan.rows, strict=True):
                 seq = self._live.get(row.sequence)
                 if seq is not None:  # its request may have ended at an earlier row (damaged logits)
                     finished += self._sample(seq, i)
@@ -403,9 +411,40 @@ class BatchDecoder:
             finished += self._commit_chunk(seq, chunk)
         return finished
 
-    def _decode(self, rows: list[tuple[int, int, int, bool]]) -> int:
+    def _decode_rows(self, plan: StepPlan) -> tuple[int, list[int]]:
+        """The step's decode rows in one llama_decode; returns llama_decode's code and each
+        plan row's place in the batch.
+
+        With flash attention, ggml's CPU kernel splits the KV of a pass that holds one row of
+        one stream over its threads (from 512 cells on), which rounds otherwise than the same
+        row beside other streams' rows. llama.cpp makes a micro-batch of consecutive streams
+        only, so a lone row, or rows with a stream between them that does not decode (it is
+        prefilling), would each be such a pass. So the rows' streams are made one unbroken run
+        of two or more: a throwaway row goes into each stream missing from it (after its last
+        cell, removed once decoded), and a sequence's logits are the same alone as beside others."""
+        rows = {r.stream: (r.token, r.position, r.stream, True) for r in plan.rows}
+        throwaway: dict[int, int] = {}  # stream -> the position of its throwaway row
+        if self._flash_attn and self.slots > 1:
+            low, high = min(rows), max(rows)
+            if low == high:
+                low, high = (low, low + 1) if low + 1 < self.slots else (low - 1, low)
+            for stream in range(low, high + 1):
+                position = int(self._llama.llama_memory_seq_pos_max(self._memory, stream)) + 1
+                if stream not in rows and position < self.n_ctx_per_seq:
+                    throwaway[stream] = position
+        extra = [(self._bos, position, stream, False) for stream, position in throwaway.items()]
+        batch = sorted([*rows.values(), *extra], key=lambda row: row[2])
+        code = self._decode(batch, counted=len(rows))
+        if code == 0:
+            for stream, position in throwaway.items():
+                self._llama.llama_memory_seq_rm(self._memory, stream, position, -1)
+        place = {row[2]: i for i, row in enumerate(batch)}
+        return code, [place[r.stream] for r in plan.rows]
+
+    def _decode(self, rows: list[tuple[int, int, int, bool]], *, counted: int | None = None) -> int:
         """One llama_decode of (token, position, stream, wants logits) rows. 1: no KV room
-        (llama.cpp left the cache as it was)."""
+        (llama.cpp left the cache as it was). ``counted``: the rows that are a sequence's (the
+        shares of energy), if not all."""
         batch = self._batch
         for i, (token, pos, stream, logits) in enumerate(rows):
             batch.token[i] = token
@@ -420,7 +459,7 @@ class BatchDecoder:
         if code not in (0, 1):
             raise DecodeError(f"llama_decode returned {code}")
         if code == 0:
-            self.tokens_decoded += len(rows)
+            self.tokens_decoded += len(rows) if counted is None else counted
         return code
 
     def _commit_chunk(self, seq: _Sequence, chunk: Chunk) -> list[Finished]:

@@ -74,11 +74,14 @@ def chunk_end(fed: int, prompt_len: int, chunk_tokens: int, *, aligned: bool = T
     """Where the chunk starting at ``fed`` ends. ``aligned``: the next fixed boundary, or the
     prompt's end. Otherwise ``chunk_tokens`` on from ``fed``, but never leaving one token
     alone at the end: every prompt row is computed in a pass of two rows or more (a one-row
-    pass takes other kernels on the CPU, see ``kv_streams.py``)."""
+    pass takes other kernels on the CPU, see ``kv_streams.py``), and no pass holds more than
+    ``chunk_tokens`` rows (with flash attention, 64 rows take other kernels again)."""
     if aligned:
         return min((fed // chunk_tokens + 1) * chunk_tokens, prompt_len)
     end = min(fed + chunk_tokens, prompt_len)
-    return prompt_len if prompt_len - end == 1 else end
+    if prompt_len - end == 1:  # leave two for the last chunk, or take the last one along
+        return end - 1 if end - fed > 2 else prompt_len
+    return end
 
 
 def plan_step(live: Iterable[Live], *, chunk_tokens: int, aligned: bool = True) -> StepPlan:

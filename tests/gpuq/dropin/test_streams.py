@@ -65,6 +65,10 @@ async def test_a_restart_before_any_text_was_sent_gives_the_new_runs_answer():
 async def test_a_cancelled_or_failed_job_ends_both_formats_with_the_same_error():
     for end, said in (
         (End("cancelled", "cancelled"), f"job {JOB_ID} was cancelled"),
+        (
+            End("cancelled", "cancelled", error="gpuq is shutting down"),
+            f"job {JOB_ID} was cancelled: gpuq is shutting down",
+        ),
         (End("failed", error="RuntimeError: boom"), f"job {JOB_ID} failed: RuntimeError: boom"),
     ):
         openai_chunks = await _openai(Start(1), Delta("One", 1), end)

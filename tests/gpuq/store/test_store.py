@@ -63,7 +63,9 @@ def test_outcomes_are_written_only_for_the_worker_that_holds_the_job(session):
 def test_an_outcome_of_an_earlier_attempt_never_overwrites_a_later_run_on_the_same_worker(session):
     [job] = store.insert_jobs(session, [make_job()])
     first = store.claim_job(session, job.id, worker="w1", device="cpu")
-    assert store.return_to_queue(session, job.id, worker="w1")  # the reconciler queued it again
+    assert store.return_to_queue(
+        session, job.id, worker="w1", reason="its worker died"
+    )  # the reconciler queued it again
     second = store.claim_job(session, job.id, worker="w1", device="cpu")  # and w1 took it back
     assert (first.attempts, second.attempts) == (1, 2)
     stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, attempt=1)

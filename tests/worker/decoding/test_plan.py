@@ -52,9 +52,11 @@ def test_a_chunk_is_never_split_to_fit_what_is_left():
     assert [c.sequence for c in plan.chunks] == [1] * 8 and plan.prompt_tokens == 500
 
 
-def test_unaligned_chunks_start_where_reuse_ended_and_never_leave_one_token_alone():
+def test_unaligned_chunks_start_where_reuse_ended_never_leave_one_token_alone_nor_pass_c_rows():
     assert chunk_end(7, 300, C, aligned=False) == 7 + C
-    assert chunk_end(0, C + 1, C, aligned=False) == C + 1  # not [0, C) then a one-row [C, C + 1)
+    assert chunk_end(0, C + 1, C, aligned=False) == C - 1  # not [0, C) then a one-row [C, C + 1)
+    assert chunk_end(C - 1, C + 1, C, aligned=False) == C + 1
     assert chunk_end(0, C + 2, C, aligned=False) == C
+    assert chunk_end(0, 3, 2, aligned=False) == 3  # two rows and one left: the last one taken along
     plan = plan_step([live(1, 0, prompt_len=C + 1, fed=0)], chunk_tokens=C, aligned=False)
-    assert [(c.start, c.end, c.last) for c in plan.chunks] == [(0, C + 1, True)]
+    assert [(c.start, c.end, c.last) for c in plan.chunks] == [(0, C - 1, False), (C - 1, C + 1, True)]
