@@ -1,4 +1,4 @@
-.PHONY: install install-test demo up test test-fast lint bench
+.PHONY: install install-test demo up test test-fast test-two-runs lint bench
 
 install:
 	./scripts/install.sh
@@ -25,6 +25,11 @@ test: install-test lint
 # Neither PostgreSQL nor started API/worker processes nor a browser (markers set in tests/conftest.py).
 test-fast: install
 	.venv/bin/pytest -m "not e2e and not postgres and not browser"
+
+# Two checkouts' fast tiers at once, both must pass (runs share one Redis and PostgreSQL):
+# for a quiet machine, see scripts/two_test_runs.sh.
+test-two-runs:
+	./scripts/two_test_runs.sh
 
 bench: install
 	.venv/bin/python -m bench

@@ -81,7 +81,9 @@ class GpuqProcesses:
             "GPUQ_REDIS_URL": self.redis_url,
             "GPUQ_DATA_DIR": str(self.workdir),
             "GPUQ_MODELS_DIR": str(self.workdir / "models"),
-            "GPUQ_WORKER_THREADS": "2",
+            # One llama.cpp thread a worker: the API, Redis and the test share the cores, and two
+            # threads spinning at each step's barriers waste most of a 2-core machine's time.
+            "GPUQ_WORKER_THREADS": "1",
             **self.settings,
         }
 

@@ -306,7 +306,7 @@ def session(database_url: str) -> Iterator[Session]:
     engine.dispose()
 
 
-def both_databases(func):  # type: ignore[no-untyped-def]
+def both_databases(func):
     """Run a test once on SQLite and once on PostgreSQL."""
     return pytest.mark.parametrize("empty_database_url", DATABASES, indirect=True)(func)
 
@@ -317,7 +317,7 @@ def model_path() -> str:
 
 
 @pytest.fixture
-def make_key(database_url: str) -> Iterator:  # type: ignore[type-arg]
+def make_key(database_url: str) -> Iterator:
     """Creates API keys in the test's database: ``make_key("submitter", "acme", max_queued_jobs=2)``."""
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
@@ -332,8 +332,8 @@ def make_key(database_url: str) -> Iterator:  # type: ignore[type-arg]
 
 
 @pytest.fixture
-def admin_key(make_key) -> str:  # type: ignore[no-untyped-def]
-    return make_key("admin", "admin")  # type: ignore[no-any-return]
+def admin_key(make_key) -> str:
+    return make_key("admin", "admin")
 
 
 @pytest.fixture(scope="session")

@@ -74,7 +74,7 @@ def guarded_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[Network]:
         check(address)
         return real_connect_ex(sock, address)  # type: ignore[arg-type]
 
-    def getaddrinfo(host: object, *args: object, **kwargs: object) -> list:  # type: ignore[type-arg]
+    def getaddrinfo(host: object, *args: object, **kwargs: object) -> list:
         name = host.decode() if isinstance(host, bytes) else str(host)
         try:
             ipaddress.ip_address(name.split("%", 1)[0])

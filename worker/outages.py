@@ -91,10 +91,6 @@ class Dependency:
         """How long until it should be tried again; 0 when it answers (or the wait is over)."""
         return max(0.0, self._retry_at - time.monotonic())
 
-    @property
-    def down(self) -> bool:
-        return self._failures > 0
-
     def failed(self, what: str, exc: BaseException) -> None:
         if self._failures == 0:
             self._failing_since = time.monotonic()

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus, utcnow
 from gpuq.stats.metrics import FinishedJob
-from gpuq.streams.events import End, Start, wants_end, wants_tokens
+from gpuq.streams.events import End, Start, end_of_job, wants_end, wants_tokens
 from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelInfo
 from worker.decoding import BatchDecoder, Finished, Generation, Piece
@@ -153,17 +153,15 @@ class JobRunner:
             log.info("job %s is no longer queued (cancelled or taken); skipping", job_id)
         return claimed
 
-    def run(self, job_id: str, cancel: threading.Event) -> None:
-        """A job that runs no model (``noop``: the dispatch path alone), claim to outcome."""
+    def run_noop(self, job_id: str) -> None:
+        """A job that runs no model (``noop``: the dispatch path alone), claim to outcome.
+        Generations and embeddings never come here: they run through batching.py's runs."""
         claimed = self.claim(job_id)
         if claimed is None:
             return
+        assert claimed.kind == JobKind.NOOP, f"a {claimed.kind} job in the no-op path"
         running = self._start(claimed)
-        if claimed.kind == JobKind.NOOP:
-            running.outcome.result = {}
-        else:  # generations and embeddings run through batching.py's runs
-            running.outcome.status = JobStatus.FAILED
-            running.outcome.error = f"a {claimed.kind} job cannot run alone"
+        running.outcome.result = {}
         self._settle(running)
 
     # ------------------------------------------------------------- generations decoded together
@@ -410,10 +408,9 @@ def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
 
 def _end(outcome: store.Outcome, generation: Generation | None) -> End:
     """The end event of an interactive call's job, published once its outcome is committed."""
-    return End(
-        status=outcome.status.value,
-        finish_reason=(outcome.result or {}).get("finish_reason"),
-        finish_reasons=[c["finish_reason"] for c in (outcome.result or {}).get("choices", [])] or None,
+    return end_of_job(
+        outcome.status.value,
+        outcome.result,
         error=outcome.error,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,

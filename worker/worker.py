@@ -324,9 +324,9 @@ class GpuqWorker(SimpleWorker):
         except RedisError as exc:  # popped, not started: the reconciler enqueues it again
             self.redis_health.failed(f"starting {job.id}", exc)
             return
-        cancel = self.monitor.begin(job.id)
+        self.monitor.begin(job.id)  # watched like any job: heartbeats keep its execution alive
         try:
-            self.runner.run(job.id, cancel)
+            self.runner.run_noop(job.id)
         except SQLAlchemyError:  # the claim could not reach SQL: nothing ran
             self.return_unclaimed(job, queue, execution)
             return

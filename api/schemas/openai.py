@@ -117,11 +117,6 @@ class _Sampling(_Lenient):
         return generation(**chosen, **prompt)
 
 
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id ...: checked below
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]

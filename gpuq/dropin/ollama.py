@@ -26,7 +26,7 @@ from gpuq.db.tables import Model, ModelKind
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.request import MAX_KEEP_ALIVE_S, OLLAMA_DEFAULTS, GenerationParams, refusal
-from gpuq.streams.events import Delta, End, Event, Start
+from gpuq.streams.events import Delta, End, Event, Start, ended_badly, restarted_mid_answer
 
 NS_PER_MS = 1_000_000
 KEEP_FOREVER = -1.0
@@ -179,14 +179,6 @@ def metrics(end: End, started: float) -> dict[str, int]:
     return {k: v for k, v in figures.items() if v}
 
 
-def ended_badly(job_id: str, end: End) -> str | None:
-    if end.status == "succeeded":
-        return None
-    if end.status == "cancelled":
-        return f"job {job_id} was cancelled" + (f": {end.error}" if end.error else "")  # why, if it was said
-    return f"job {job_id} failed: {end.error or 'no reason recorded'}"
-
-
 def final(
     model: str,
     end: End,
@@ -246,8 +238,9 @@ async def stream(
     async for event in events:
         if isinstance(event, Start) and held:
             held = []  # nothing of it was sent: the new run's text replaces it
-        if isinstance(event, Start) and sent_text:
-            yield _line({"error": f"the worker running job {job_id} stopped; the job runs again from its start"})
+        restarted = restarted_mid_answer(job_id, event, sent_text=sent_text)
+        if restarted is not None:
+            yield _line({"error": restarted})
             return
         if isinstance(event, Delta) and (event.text or event.logprobs):
             if held is not None:

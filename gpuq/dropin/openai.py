@@ -22,9 +22,9 @@ from typing import Any
 
 from gpuq.batches.openai_choices import chat_logprobs, echoed_prompt, legacy_logprobs
 from gpuq.batches.openai_format import CHAT, EMBEDDINGS, chat_choice, response_body, token_usage
-from gpuq.db.tables import Job, JobStatus
+from gpuq.db.tables import Job
 from gpuq.dropin.vectors import as_base64, shortened
-from gpuq.streams.events import Delta, End, Event, Start
+from gpuq.streams.events import Delta, End, Event, Start, ended_badly, restarted_mid_answer
 
 DONE = b"data: [DONE]\n\n"
 
@@ -39,15 +39,6 @@ def sse(data: dict[str, Any]) -> bytes:
 
 def error_event(message: str, *, code: str) -> bytes:
     return sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
-
-
-def ended_badly(job_id: str, end: End) -> str | None:
-    """What to tell a caller whose job did not succeed; None when it did."""
-    if end.status == JobStatus.SUCCEEDED:
-        return None
-    if end.status == JobStatus.CANCELLED:
-        return f"job {job_id} was cancelled" + (f": {end.error}" if end.error else "")  # why, if it was said
-    return f"job {job_id} failed: {end.error or 'no reason recorded'}"
 
 
 def answer(endpoint: str, job: Job, *, encoding_format: str = "float", dimensions: int | None = None) -> dict:
@@ -144,14 +135,9 @@ async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, inclu
     async for event in events:
         if isinstance(event, Start):
             held.clear()  # a new run: nothing held was sent, and its text replaces it
-        if isinstance(event, Start) and sent_text:
-            # A worker died mid-answer and the job runs again from its start: what was sent
-            # cannot be taken back, so this answer ends here (the job's row keeps the new run).
-            yield error_event(
-                f"the worker running job {job.id} stopped; the job is running again (attempt {event.attempt}) "
-                f"and its text so far cannot be taken back: read GET /v1/jobs/{job.id}",
-                code="job_restarted",
-            )
+        restarted = restarted_mid_answer(job.id, event, sent_text=sent_text)
+        if restarted is not None:
+            yield error_event(restarted, code="job_restarted")
             return
         if isinstance(event, Start | Delta) and chunks.chat and not started:
             started = True

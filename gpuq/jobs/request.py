@@ -185,13 +185,6 @@ class GenerationParams(JobParams):
             raise ValueError("the request has no max_tokens")
         return self.max_tokens
 
-    def text_bytes(self) -> int:
-        """The prompt's or messages' text in bytes (a bound on its tokens, before any template;
-        a prompt of token ids counts 0)."""
-        if self.prompt is not None:
-            return len(self.prompt.encode("utf-8"))
-        return sum(len(m.content.encode("utf-8")) for m in self.messages or [])
-
 
 def _check_tools(tools: list[dict[str, Any]], choice: str | dict[str, Any] | None, *, chat: bool) -> None:
     if not chat:

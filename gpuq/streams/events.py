@@ -76,7 +76,64 @@ class End:
     eval_ms: int | None = None  # from its first token to its end
 
 
+def end_of_job(
+    status: str,
+    result: dict[str, Any] | None,
+    *,
+    error: str | None,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+    cached_tokens: int | None,
+    load_ms: int | None,
+    run_ms: int | None,
+    prompt_ms: int | None = None,
+    eval_ms: int | None = None,
+) -> End:
+    """A job's end from its final figures: what its worker publishes from the outcome, and what
+    a follower builds from the job's row when no worker is left to publish it. Built here alone,
+    so both carry the same finish reasons (each sample's, for a request of ``n``)."""
+    result = result or {}
+    return End(
+        status=status,
+        finish_reason=result.get("finish_reason"),
+        finish_reasons=[choice["finish_reason"] for choice in result.get("choices", [])] or None,
+        error=error,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+        load_ms=load_ms,
+        run_ms=run_ms,
+        prompt_ms=prompt_ms,
+        eval_ms=eval_ms,
+    )
+
+
 Event = Start | Delta | End
+
+
+def ended_badly(job_id: str, end: End) -> str | None:
+    """What a drop-in caller is told when its job did not succeed (both formats' error); None
+    when it did."""
+    if end.status == "succeeded":
+        return None
+    if end.status == "cancelled":
+        return f"job {job_id} was cancelled" + (f": {end.error}" if end.error else "")  # why, if it was said
+    return f"job {job_id} failed: {end.error or 'no reason recorded'}"
+
+
+def restarted_mid_answer(job_id: str, event: Event, *, sent_text: bool) -> str | None:
+    """A streamed answer's rule for a second :class:`Start` (its worker died and the job runs
+    again from its start): text already sent cannot be taken back, so an answer that sent some
+    ends here, with this message (the job's row keeps the new run); one that sent none takes the
+    new run's text. None when the event is no such restart."""
+    if not (isinstance(event, Start) and sent_text):
+        return None
+    return (
+        f"the worker running job {job_id} stopped; the job is running again (attempt {event.attempt}) "
+        f"and its text so far cannot be taken back: read GET /v1/jobs/{job_id}"
+    )
+
+
 _TYPES: dict[str, type[Start] | type[Delta] | type[End]] = {"start": Start, "delta": Delta, "end": End}
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpuq import store
 from gpuq.db.tables import Job, JobStatus
 from gpuq.redis_keys import job_stream_key
-from gpuq.streams.events import FIELD, End, Event, decode
+from gpuq.streams.events import FIELD, End, Event, decode, end_of_job
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,9 @@ async def _xread(streams: AsyncRedis, key: str, last: bytes, block_ms: int | Non
 
 def end_of(job: Job) -> End:
     """The end a worker would have published, from the job's final row."""
-    result = job.result or {}
-    return End(
-        status=job.status,
-        finish_reason=result.get("finish_reason"),
+    return end_of_job(
+        job.status,
+        job.result,
         error=job.error,
         prompt_tokens=job.prompt_tokens,
         completion_tokens=job.completion_tokens,

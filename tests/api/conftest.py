@@ -1,4 +1,5 @@
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -55,8 +56,8 @@ def job_rows(database_url: str):
 
 
 def redis_job_keys(redis: Redis) -> list[bytes]:
-    return sorted(redis.keys("rq:job:*"))
+    return sorted(cast(list[bytes], redis.keys("rq:job:*")))
 
 
 def queued_ids(redis: Redis, queue: str) -> list[str]:
-    return [x.decode() for x in redis.lrange(f"rq:queue:{queue}", 0, -1)]
+    return [x.decode() for x in cast(list[bytes], redis.lrange(f"rq:queue:{queue}", 0, -1))]

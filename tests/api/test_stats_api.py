@@ -47,7 +47,7 @@ def test_summary_reports_the_last_hour_by_default(client: TestClient, history: N
     assert failures["failed"] == 1 and failures["data"][0]["reason"] == "CUDA error: out of memory"
 
 
-def test_submitters_are_refused_and_anonymous_callers_asked_for_a_key(client: TestClient, make_key) -> None:  # type: ignore[no-untyped-def]
+def test_submitters_are_refused_and_anonymous_callers_asked_for_a_key(client: TestClient, make_key) -> None:
     submitter = make_key("submitter", "acme")
     assert client.get("/v1/stats/summary", headers=bearer(submitter)).status_code == 403
     assert client.get("/v1/stats/summary", headers={"Authorization": ""}).status_code == 401
@@ -68,7 +68,7 @@ def test_submitters_are_refused_and_anonymous_callers_asked_for_a_key(client: Te
         ({"priority": "urgent"}, "unknown priority 'urgent'; use one of: high, normal, low"),
     ],
 )
-def test_bad_windows_and_filters_are_422_saying_what_to_fix(client: TestClient, params: dict, message: str) -> None:  # type: ignore[type-arg]
+def test_bad_windows_and_filters_are_422_saying_what_to_fix(client: TestClient, params: dict, message: str) -> None:
     response = client.get("/v1/stats/summary", params=params)
     assert response.status_code == 422
     assert message in response.text
@@ -85,7 +85,7 @@ def test_bad_buckets_and_top_are_422(client: TestClient) -> None:
 
 def test_position_is_for_the_owner_or_admins_and_null_when_not_queued(
     client: TestClient, history: None, make_key
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     job_id = client.post("/v1/jobs", json={"kind": "noop", "model": MODEL}).json()["id"]
     queued = client.get(f"/v1/jobs/{job_id}/position").json()
     assert queued["position"] == 0 and queued["queue"] == f"gpuq:{MODEL}:noop:normal"

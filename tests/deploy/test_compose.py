@@ -98,7 +98,7 @@ def setting_problems(env: dict[str, str]) -> list[str]:
     ours = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
     problems = [f"{k} is not a setting in gpuq/settings.py" for k in ours if k not in fields]
     try:
-        Settings(_env_file=None, **{fields[k]: v for k, v in ours.items() if k in fields})  # type: ignore[call-arg]
+        Settings(_env_file=None, **{fields[k]: v for k, v in ours.items() if k in fields})
     except ValueError as exc:  # pydantic's ValidationError
         problems.append(str(exc))
     return problems
@@ -224,7 +224,7 @@ def test_the_api_health_check_asks_readiness_on_the_port_the_api_listens_on(comp
     check = " ".join(api["healthcheck"]["test"])
     assert f"http://127.0.0.1:{port}/readyz" in check
     assert api["ports"] == [f"{port}:{port}"]
-    assert "/readyz" in create_app(Settings(_env_file=None)).openapi()["paths"]  # type: ignore[call-arg]
+    assert "/readyz" in create_app(Settings(_env_file=None)).openapi()["paths"]
 
 
 # ---------------------------------------------------------------- the Dockerfile

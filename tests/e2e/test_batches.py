@@ -241,7 +241,7 @@ def test_the_cli_submits_follows_and_fetches_a_batch(openai_client, processes, t
 def test_run_batch_runs_a_file_without_a_server(tmp_path):
     path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     path.write_text("\n".join([chat("x", "Say yes."), embed("y", "hello"), embed("z", "hello")]) + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {"GPUQ_WORKER_THREADS": "2"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {"GPUQ_WORKER_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "gpuq.cli", "run-batch", "-i", str(path), "-o", str(out)],
         capture_output=True,
@@ -266,7 +266,7 @@ def test_run_batch_ctrl_c_says_how_far_it_got_and_that_nothing_was_written(tmp_p
 
     path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     path.write_text("\n".join(chat(f"c{i}", f"Count to {i}.", max_tokens=64) for i in range(40)) + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {"GPUQ_WORKER_THREADS": "2"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {"GPUQ_WORKER_THREADS": "1"}
     primary, replica = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "gpuq.cli", "run-batch", "-i", str(path), "-o", str(out)],

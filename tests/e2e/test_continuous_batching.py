@@ -28,7 +28,9 @@ MAX_TOKENS = 48
 def _direct(model_path: str, prompt: str) -> str:
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=2, verbose=False)
     try:
-        return llm.create_completion(prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=1)["choices"][0]["text"]
+        completion = llm.create_completion(prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=1)
+        assert isinstance(completion, dict)  # not a stream
+        return completion["choices"][0]["text"]
     finally:
         llm.close()
 

@@ -9,7 +9,7 @@ import sys
 def test_the_demo_answers_paris_and_prints_no_worker_lines(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {
         "GPUQ_DATA_DIR": str(tmp_path / "data"),
-        "GPUQ_WORKER_THREADS": "2",
+        "GPUQ_WORKER_THREADS": "1",
     }
     done = subprocess.run(
         [sys.executable, "-m", "gpuq.cli", "demo"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path

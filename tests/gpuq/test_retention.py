@@ -37,7 +37,7 @@ OLD = NOW - timedelta(days=100)
 RECENT = NOW - timedelta(days=10)
 
 
-def job(job_id: str, status: str, at, *, batch_id: str | None = None, **extra) -> Job:  # type: ignore[no-untyped-def]
+def job(job_id: str, status: str, at, *, batch_id: str | None = None, **extra) -> Job:
     final = status in ("succeeded", "failed", "cancelled")
     return Job(
         id=job_id,
@@ -59,7 +59,7 @@ def job(job_id: str, status: str, at, *, batch_id: str | None = None, **extra) -
     )
 
 
-def batch(batch_id: str, status: str, at, *, input_file_id: str, output_file_id: str | None = None) -> Batch:  # type: ignore[no-untyped-def]
+def batch(batch_id: str, status: str, at, *, input_file_id: str, output_file_id: str | None = None) -> Batch:
     ended = {"completed_at": at} if status == "completed" else {}
     return Batch(
         id=batch_id,
@@ -76,7 +76,7 @@ def batch(batch_id: str, status: str, at, *, input_file_id: str, output_file_id:
     )
 
 
-def file(file_id: str, at, directory: Path, *, on_disk: bool = True) -> File:  # type: ignore[no-untyped-def]
+def file(file_id: str, at, directory: Path, *, on_disk: bool = True) -> File:
     path = directory / f"{file_id}.jsonl"
     if on_disk:
         path.write_text('{"custom_id": "a"}\n')
@@ -85,14 +85,14 @@ def file(file_id: str, at, directory: Path, *, on_disk: bool = True) -> File:  #
     )
 
 
-def delivery(delivery_id: str, status: str, at) -> WebhookDelivery:  # type: ignore[no-untyped-def]
+def delivery(delivery_id: str, status: str, at) -> WebhookDelivery:
     return WebhookDelivery(
         id=delivery_id, event="job.succeeded", url="http://127.0.0.1:9/", payload={}, status=status,
         next_attempt_at=at, created_at=at,
     )  # fmt: skip
 
 
-def sample(at, gpu: str = "GPU-SIM-00-x") -> GpuSample:  # type: ignore[no-untyped-def]
+def sample(at, gpu: str = "GPU-SIM-00-x") -> GpuSample:
     return GpuSample(gpu_uuid=gpu, host="h", sampled_at=at, memory_used_mib=1, memory_total_mib=2)
 
 
@@ -150,7 +150,7 @@ def history(session: Session, tmp_path: Path) -> Path:
     return files
 
 
-def ids(session: Session, table) -> set:  # type: ignore[no-untyped-def]
+def ids(session: Session, table) -> set:
     session.expire_all()
     key = table.__mapper__.primary_key[0]
     return set(session.scalars(select(key)))
@@ -210,13 +210,13 @@ def test_each_transaction_deletes_at_most_a_chunk(session, history):
     session.commit()
     deletes: list[int] = []
 
-    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+    def count(conn, cursor, statement, parameters, context, executemany):
         if statement.lstrip().upper().startswith("DELETE FROM JOBS"):
             deletes.append(cursor.rowcount)
 
     commits: list[int] = []
 
-    def committed(conn):  # type: ignore[no-untyped-def]
+    def committed(conn):
         commits.append(len(deletes))
 
     engine = session.get_bind()

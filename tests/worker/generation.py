@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 from redis import Redis
@@ -15,12 +15,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
+from worker.batching import GenerationRun, Started
 from worker.catalog import ModelInfo
 from worker.decoding import PREFILL_CHUNK_TOKENS, Finished, Generation
 from worker.engine import LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
+
+MODEL = "smollm2-135m"  # the bundled model, as tests/conftest.py registers it
+# llama.cpp's threads spin at every barrier of a step: on a 2-core machine shared with the test
+# process itself (and, often, another run), two threads mostly wait for each other. Measured on
+# the bundled model: 0.4 s of CPU for a 32-token generation with one thread, 3 s with two, the
+# same text (each output row is computed by one thread, so the count does not change a logit).
+THREADS = 1
 
 
 def engine_like_llama(model_path: str, *, n_ctx: int = 1024) -> Any:
@@ -34,7 +42,7 @@ def engine_like_llama(model_path: str, *, n_ctx: int = 1024) -> Any:
         n_ctx=n_ctx,
         n_batch=PREFILL_CHUNK_TOKENS,
         n_ubatch=PREFILL_CHUNK_TOKENS,
-        n_threads=2,
+        n_threads=THREADS,
         logits_all=True,
         verbose=False,
     )
@@ -90,33 +98,93 @@ def generate(model: LoadedModel, request: dict[str, Any], cancel: threading.Even
     return finished.generation
 
 
-def run_jobs(runner: JobRunner, job_ids: list[str]) -> None:
-    """Claims queued generation jobs and runs them side by side through the runner's calls a
-    worker's run makes (batching.py: prepare, admit, admitted, step, finish), to their outcomes."""
-    prepared = []
-    for job_id in job_ids:
-        claimed = runner.claim(job_id)
-        if claimed is not None:
-            ready = runner.prepare_generation(claimed, threading.Event(), None)
-            if ready is not None:
-                prepared.append(ready)
-    if not prepared:
-        return
-    decoder = prepared[0].decoder
-    for ready in prepared:
-        runner.admitted(ready.key, ready.admit(), decoder.tokens_decoded)
-    while decoder.active:
-        finished = decoder.step()
-        runner.publish_pieces(decoder.take_pieces(), ended=bool(finished))
-        for done in finished:
-            runner.finish_generation(done)
-    runner.keep_models()
+@dataclass(frozen=True)
+class ListedJob:
+    """What a run reads of RQ's job: its id (the job row's)."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class ListedQueue:
+    """What a run reads of RQ's queue: its name."""
+
+    name: str = f"gpuq:{MODEL}:generate:normal"
+
+
+@dataclass
+class ListHost:
+    """A worker for ``GenerationRun`` whose queue is a list of job ids, in order: claims go to
+    SQL through the real runner as RQ's worker makes them; records which threads call it and
+    what it started, ended and put back."""
+
+    runner: JobRunner
+    waiting: list[str]
+    job_timeout_s: float = 600.0
+    alone: set[str] = field(default_factory=set)
+    stop_after: int | None = None  # may_take_more turns False once this many jobs started
+    started: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+    put_back_ids: list[str] = field(default_factory=list)
+    threads: set[str] = field(default_factory=set)
+
+    def _called(self) -> None:
+        self.threads.add(threading.current_thread().name)
+
+    def may_take_more(self) -> bool:
+        self._called()
+        return self.stop_after is None or len(self.started) < self.stop_after
+
+    def next_waiting(self, model: str, kind: str) -> tuple[Any, Any] | None:
+        self._called()
+        return (ListedJob(self.waiting.pop(0)), ListedQueue()) if self.waiting else None
+
+    def put_back(self, job: Any, queue: Any) -> None:
+        self._called()
+        self.put_back_ids.append(job.id)
+
+    def must_run_alone(self, job: Any) -> bool:
+        self._called()
+        return job.id in self.alone
+
+    def start(self, job: Any, queue: Any) -> Started | None:
+        self._called()
+        claimed = self.runner.claim(job.id)
+        if claimed is None:
+            return None
+        self.started.append(job.id)
+        return Started(job, queue, cast(Any, None), threading.Event(), claimed)
+
+    def end(self, job: Any, execution: Any) -> None:
+        self._called()
+        self.ended.append(job.id)
+
+    def fail(self, job: Any, queue: Any, execution: Any) -> None:
+        self._called()
+
+
+def run_listed(host: ListHost, first: str) -> None:
+    """One generation run, as the worker starts it for the job RQ handed it (``first``); the
+    run takes the host's waiting jobs while it has free slots."""
+    GenerationRun(host, cast(Any, ListedQueue()), MODEL, "generate").run(cast(Any, ListedJob(first)))
+
+
+def run_jobs(runner: JobRunner, job_ids: list[str]) -> ListHost:
+    """Queued generation jobs run to their outcomes the way production runs them: the first
+    starts a generation run (batching.py: the desk claims and prepares, the engine admits and
+    steps), which takes the others while it has free slots."""
+    host = ListHost(runner, list(job_ids[1:]))
+    run_listed(host, job_ids[0])
+    return host
 
 
 @contextmanager
-def real_runner(database_url: str, redis_url: str, *, slots: int = 2, **options: Any) -> Iterator[RunnerParts]:
+def real_runner(
+    database_url: str, redis_url: str, *, slots: int = 2, prompt_cache: bool = True, **options: Any
+) -> Iterator[RunnerParts]:
     """A runner as worker/main.py wires it: real SQL, Redis, writer, cache and model (the model
-    file registered in the test's database, a 512-token context, ``slots`` sequences)."""
+    file registered in the test's database, a 512-token context, ``slots`` sequences, prompts
+    reused from the KV cache unless ``prompt_cache`` is False)."""
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
     redis = Redis.from_url(redis_url)
@@ -130,7 +198,15 @@ def real_runner(database_url: str, redis_url: str, *, slots: int = 2, **options:
         return ModelInfo(m.name, m.path, 512, m.vram_mib)
 
     def load(spec: ModelSpec) -> LoadedModel:
-        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=2, gpu_layers=0, slots=slots)
+        return LoadedModel(
+            spec.path,
+            n_ctx=spec.n_ctx,
+            embedding=spec.embedding,
+            threads=THREADS,
+            gpu_layers=0,
+            slots=slots,
+            prompt_cache=prompt_cache,
+        )
 
     on_load = options.pop("on_load", None)
     runner = JobRunner(

@@ -7,78 +7,14 @@ thread never calls its host (claims, Redis and settling all happen on the desk).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 import pytest
 
 from gpuq import store
 from tests.gpuq.store.test_store import make_job
-from tests.worker.generation import real_runner
-from worker.batching import GenerationRun, Started
-from worker.runner import JobRunner
+from tests.worker.generation import ListHost, real_runner, run_listed
 
-MODEL = "smollm2-135m"
 GEN = {"prompt": "Count: one, two,", "max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "seed": 1, "stop": []}
-
-
-@dataclass
-class _Job:
-    id: str
-
-
-@dataclass
-class _Queue:
-    name: str = f"gpuq:{MODEL}:generate:normal"
-
-
-@dataclass
-class ListHost:
-    """Jobs waiting in one list, in order; records which thread calls it and what it did."""
-
-    runner: JobRunner
-    waiting: list[str]
-    job_timeout_s: float = 600.0
-    alone: set[str] = field(default_factory=set)
-    stop_after: int | None = None  # may_take_more turns False once this many jobs started
-    started: list[str] = field(default_factory=list)
-    ended: list[str] = field(default_factory=list)
-    put_back_ids: list[str] = field(default_factory=list)
-    threads: set[str] = field(default_factory=set)
-
-    def _called(self) -> None:
-        self.threads.add(threading.current_thread().name)
-
-    def may_take_more(self) -> bool:
-        self._called()
-        return self.stop_after is None or len(self.started) < self.stop_after
-
-    def next_waiting(self, model, kind):  # type: ignore[no-untyped-def]
-        self._called()
-        return (_Job(self.waiting.pop(0)), _Queue()) if self.waiting else None
-
-    def put_back(self, job, queue) -> None:  # type: ignore[no-untyped-def]
-        self._called()
-        self.put_back_ids.append(job.id)
-
-    def must_run_alone(self, job) -> bool:  # type: ignore[no-untyped-def]
-        self._called()
-        return job.id in self.alone
-
-    def start(self, job, queue):  # type: ignore[no-untyped-def]
-        self._called()
-        claimed = self.runner.claim(job.id)
-        if claimed is None:
-            return None
-        self.started.append(job.id)
-        return Started(job, queue, None, threading.Event(), claimed)  # type: ignore[arg-type]
-
-    def end(self, job, execution) -> None:  # type: ignore[no-untyped-def]
-        self._called()
-        self.ended.append(job.id)
-
-    def fail(self, job, queue, execution) -> None:  # type: ignore[no-untyped-def]
-        self._called()
-        self.ended.append(job.id)
 
 
 @pytest.fixture
@@ -91,7 +27,7 @@ def _run(runner, session, n_jobs: int, **host_options) -> tuple[ListHost, list]:
     job_runner, writer, sessions = runner
     ids = [j.id for j in store.insert_jobs(session, [make_job(request=GEN) for _ in range(n_jobs)])]
     host = ListHost(job_runner, ids[1:], **host_options)
-    GenerationRun(host, _Queue(), MODEL, "generate").run(_Job(ids[0]))  # type: ignore[arg-type]
+    run_listed(host, ids[0])
     assert writer.flush()
     with sessions() as s:
         rows = [store.get_job(s, i) for i in ids]
@@ -122,7 +58,7 @@ def test_a_job_that_must_run_alone_closes_the_run(runner, session):
     job_runner, _writer, _sessions = runner
     ids = [j.id for j in store.insert_jobs(session, [make_job(request=GEN) for _ in range(3)])]
     host = ListHost(job_runner, ids[1:], alone={ids[1]})
-    GenerationRun(host, _Queue(), MODEL, "generate").run(_Job(ids[0]))  # type: ignore[arg-type]
+    run_listed(host, ids[0])
     assert host.started == [ids[0]]
     assert host.put_back_ids == [ids[1]]  # it waits in front, for a run of its own
 
@@ -148,7 +84,7 @@ def test_an_engine_that_breaks_fails_the_runs_jobs_instead_of_hanging(runner, se
     host = ListHost(job_runner, [])
     try:
         with pytest.raises(RuntimeError, match="a defect"):
-            GenerationRun(host, _Queue(), MODEL, "generate").run(_Job(jobs[1].id))  # type: ignore[arg-type]
+            run_listed(host, jobs[1].id)
     finally:
         decoder.step = real_step
     assert writer.flush()

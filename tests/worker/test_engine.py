@@ -6,7 +6,7 @@ import threading
 import llama_cpp
 import pytest
 
-from tests.worker.generation import generate, run_together
+from tests.worker.generation import THREADS, generate, run_together
 from worker.engine import EMBED_CHUNK, JobCancelled, LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
 
@@ -15,14 +15,14 @@ GREEDY = {"temperature": 0.0, "top_p": 1.0, "seed": 7, "stop": []}
 
 @pytest.fixture(scope="module")
 def generator(model_path):
-    model = LoadedModel(model_path, n_ctx=2048, embedding=False, threads=2, gpu_layers=0)
+    model = LoadedModel(model_path, n_ctx=2048, embedding=False, threads=THREADS, gpu_layers=0)
     yield model
     model.close()
 
 
 @pytest.fixture(scope="module")
 def embedder(model_path):
-    model = LoadedModel(model_path, n_ctx=2048, embedding=True, threads=2, gpu_layers=0)
+    model = LoadedModel(model_path, n_ctx=2048, embedding=True, threads=THREADS, gpu_layers=0)
     yield model
     model.close()
 
@@ -30,7 +30,7 @@ def embedder(model_path):
 def test_greedy_generation_is_what_llama_cpp_itself_produces(generator, model_path):
     request = {"prompt": "The three primary colours are", "max_tokens": 24} | GREEDY
     ours = generate(generator, request)
-    direct = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=2, verbose=False)
+    direct = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=THREADS, verbose=False)
     expected = direct.create_completion("The three primary colours are", max_tokens=24, temperature=0.0, seed=7)
     direct.close()
     assert ours.text == expected["choices"][0]["text"] and ours.text.strip()

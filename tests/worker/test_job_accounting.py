@@ -2,9 +2,6 @@
 row, and the Prometheus counters in Redis. Real SQL, Redis, runner, cache, writer and
 model; only NVML is replaced, by a clearly named SIMULATED energy source."""
 
-import threading
-import time
-
 import pytest
 from redis import Redis
 
@@ -24,7 +21,8 @@ GEN = {"prompt": "Count: one, two,", "max_tokens": 6, "temperature": 0.0, "top_p
 
 @pytest.fixture
 def worker(database_url, redis_url):
-    """A runner as worker/main.py wires it, with a simulated 200 W GPU behind the meter."""
+    """A runner as worker/main.py wires it, with a simulated 200 W GPU behind the meter. No
+    prompt is reused from the KV cache: every token a job counts is one the GPU decoded."""
     redis_for_metrics = Redis.from_url(redis_url)
 
     def on_load(spec, seconds):
@@ -37,6 +35,7 @@ def worker(database_url, redis_url):
         device="cuda:GPU-test-0",
         gpu_uuids=("GPU-test-0",),
         energy=EnergyMeter([SimulatedEnergySource(constant(200.0), has_counter=True)]),
+        prompt_cache=False,
     ) as parts:
         yield parts.runner, parts.writer, parts.sessions, parts.redis
     redis_for_metrics.close()
@@ -90,19 +89,19 @@ def test_generations_decoded_together_share_the_gpus_energy_by_their_tokens(sess
         session, [make_job(request=GEN | {"max_tokens": 24}), make_job(request=GEN | {"max_tokens": 24})]
     )
     run_jobs(runner, [store.insert_jobs(session, [make_job(request=GEN)])[0].id])  # loads the model
-    started = time.monotonic()
     run_jobs(runner, [job.id for job in jobs])
-    wall_s = time.monotonic() - started
     assert writer.flush()
     with sessions() as s:
         rows = [store.get_job(s, j.id) for j in jobs]
     assert [r.status for r in rows] == ["succeeded", "succeeded"]
-    # Same prompt, same length, side by side: each is charged about half of the GPU...
-    assert all(0.4 < r.energy_share < 0.6 for r in rows)
+    # Same prompt, same length, side by side: each is charged about half of the GPU (the run
+    # admits the second a few steps after the first, so each shares a little less than its
+    # whole life with the other: a little over half)...
+    assert all(0.4 < r.energy_share < 0.65 for r in rows)
     for row in rows:
         assert row.energy_j == pytest.approx(200.0 * row.gpu_seconds, rel=0.05)
-    # ...so the GPU's energy over the run is counted once, not once per job.
-    assert sum(r.energy_j for r in rows) == pytest.approx(200.0 * wall_s, rel=0.2)
+    # ...so the GPU's energy over the run is counted about once, not once per job (2.0).
+    assert 0.9 < sum(r.energy_share for r in rows) < 1.25
 
 
 @both_databases
@@ -113,7 +112,7 @@ def test_a_late_outcome_of_a_job_run_again_elsewhere_is_not_counted(session, wor
         store.claim_job(s, job.id, worker="w-other", device="cpu")
         store.return_to_queue(s, job.id, worker="w-other", reason="its worker died")
         store.claim_job(s, job.id, worker="w-other", device="cpu")
-    runner.run(job.id, threading.Event())  # finds it no longer queued: nothing to count
+    runner.run_noop(job.id)  # finds it no longer queued: nothing to count
     late = store.Outcome(job_id=job.id, worker="w1", status=JobStatus.SUCCEEDED, finished_at=job.created_at)
     writer.submit(late, metrics.FinishedJob(MODEL, "noop", "succeeded", 0.1, 0.1))
     assert writer.flush()

@@ -6,7 +6,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from tests.worker.generation import direct_logprobs, engine_like_llama, generate, run_together
+from tests.worker.generation import THREADS, direct_logprobs, engine_like_llama, generate, run_together
 from worker.decoding import PREFILL_CHUNK_TOKENS
 from worker.engine import LoadedModel
 
@@ -19,7 +19,7 @@ LONG_PROMPT = "".join(f"Item {i}: the number {i * 7} is {'even' if i % 2 == 0 el
 
 def _model(model_path: str, slots: int, *, prompt_cache: bool = True) -> LoadedModel:
     return LoadedModel(
-        model_path, n_ctx=1024, embedding=False, threads=2, gpu_layers=0, slots=slots, prompt_cache=prompt_cache
+        model_path, n_ctx=1024, embedding=False, threads=THREADS, gpu_layers=0, slots=slots, prompt_cache=prompt_cache
     )
 
 

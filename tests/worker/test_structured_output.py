@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from gpuq.jobs.tool_calls import parse
-from tests.worker.generation import generate, run_together
+from tests.worker.generation import THREADS, generate, run_together
 from worker.engine import LoadedModel
 
 PERSON = {
@@ -37,7 +37,7 @@ def _chat(text: str, **fields) -> dict:
 
 @pytest.fixture(scope="module")
 def model(model_path):
-    loaded = LoadedModel(model_path, n_ctx=1024, embedding=False, threads=2, gpu_layers=0, slots=4)
+    loaded = LoadedModel(model_path, n_ctx=1024, embedding=False, threads=THREADS, gpu_layers=0, slots=4)
     yield loaded
     loaded.close()
 

@@ -56,11 +56,12 @@ def finish_lines(session: Session, batch_id: str, *, succeeded=("a",), failed=("
 
 def fresh(session: Session, batch_id: str) -> Batch:
     session.expire_all()
-    return session.get(Batch, batch_id)
+    return session.get_one(Batch, batch_id)
 
 
-def read_jsonl(session: Session, file_id: str) -> list[dict]:
-    path = Path(session.get(File, file_id).path)
+def read_jsonl(session: Session, file_id: str | None) -> list[dict]:
+    assert file_id is not None, "the batch names the file"
+    path = Path(session.get_one(File, file_id).path)
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -73,7 +74,7 @@ def assert_finalised_once(session: Session, batch_id: str, *, status="completed"
     assert ok["custom_id"] == "a" and ok["response"]["body"]["choices"][0]["message"]["content"] == "hello"
     assert err["custom_id"] == "b" and err["error"] == {"code": "server_error", "message": "boom"}
     outputs = session.query(File).filter(File.purpose == "batch_output").all()
-    assert sorted(f.id for f in outputs) == sorted([batch.output_file_id, batch.error_file_id])
+    assert sorted(f.id for f in outputs) == sorted([batch.output_file_id or "", batch.error_file_id or ""])
     for file in outputs:
         assert file.owner == "acme" and file.line_count == 1 and file.bytes == Path(file.path).stat().st_size
         assert stat.S_IMODE(Path(file.path).stat().st_mode) == 0o600  # the batch's results: gpuq's user only

@@ -3,7 +3,7 @@ uvicorn in a thread (on a copy of the migrated test database and the test's Redi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import chdir
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +56,12 @@ def batch_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run(args: list[str], env: dict[str, str | None], cwd: Path) -> Result:
+def run(args: list[str], env: Mapping[str, str | None], cwd: Path) -> Result:
     """`gpuq ARGS` in directory cwd; an env value of None unsets the variable."""
     # catch_exceptions=False: an exception that escaped gpuq's own handling fails the test
     # with its traceback, rather than being tidied away by the runner.
     with chdir(cwd):
-        return CliRunner(env=env).invoke(main, args, catch_exceptions=False, prog_name="gpuq")
+        return CliRunner(env=dict(env)).invoke(main, args, catch_exceptions=False, prog_name="gpuq")
 
 
 def assert_one_line_error(result: Result, says: str, exit_code: int | None = None) -> None:

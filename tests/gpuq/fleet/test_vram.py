@@ -136,9 +136,10 @@ llama_cpp.Llama(  # as worker/engine.py's _embedding_llama sets it
 
 
 def _allocated_mib(log: str) -> tuple[float, float]:
-    kv = float(re.search(r"KV buffer size =\s*([\d.]+) MiB", log).group(1))
-    compute = float(re.search(r"compute buffer size =\s*([\d.]+) MiB", log).group(1))
-    return kv, compute
+    kv = re.search(r"KV buffer size =\s*([\d.]+) MiB", log)
+    compute = re.search(r"compute buffer size =\s*([\d.]+) MiB", log)
+    assert kv is not None and compute is not None, "llama.cpp's log names both buffers"
+    return float(kv.group(1)), float(compute.group(1))
 
 
 def test_the_estimate_matches_what_llama_cpp_allocates_for_smollm2():

@@ -2,6 +2,7 @@
 
 import time
 from datetime import timedelta
+from typing import cast
 
 from redis import Redis
 from rq.job import Job as RQJob
@@ -19,7 +20,8 @@ RECONCILE = {"grace_s": 0.0, "max_attempts": 2, "timeout_s": 60, "redis_settle_s
 
 
 def queue_of(redis: Redis, name: str) -> list[str]:
-    return [x.decode() for x in redis.lrange(f"rq:queue:gpuq:smollm2-135m:generate:{name}", 0, -1)]
+    entries = cast(list[bytes], redis.lrange(f"rq:queue:gpuq:smollm2-135m:generate:{name}", 0, -1))
+    return [x.decode() for x in entries]
 
 
 @both_databases

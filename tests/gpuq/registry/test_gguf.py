@@ -50,12 +50,16 @@ def test_a_per_layer_array_of_one_value_is_that_value(tmp_path):
 
 
 @pytest.fixture
-def damaged(tmp_path, model_path):
-    whole = open(model_path, "rb").read()  # noqa: SIM115 - read once for the variants below
+def damaged(tmp_path):
+    """A small GGUF file (header, metadata, one 32 KiB tensor) damaged in each way: as a cut
+    model file would be, without parsing the bundled model's 49,152-entry vocabulary each time."""
+    whole_path = tmp_path / "whole.gguf"
+    write_gguf(whole_path, head_count_kv=KV_HEADS)
+    whole = whole_path.read_bytes()
     variants = {
         "magic only": whole[:4],
-        "first megabyte": whole[: 1 << 20],
-        "last bytes missing": whole[:-100],
+        "cut in its metadata": whole[:200],
+        "last bytes missing": whole[:-100],  # the tensor's data ends early
         "garbage after the magic": b"GGUF" + bytes(range(256)) * 20,
     }
     paths = {}

@@ -199,6 +199,7 @@ def test_hourly_throughput_over_days_reads_the_hourly_rollup_and_matches_the_row
 
         expected: dict[datetime, list[int]] = {}
         for r in rows:
+            assert r.finished_at is not None  # every row here is finished
             keep = window.since <= r.finished_at < window.until and all(
                 getattr(r, column) == value
                 for column, value in (("model", flt.model), ("priority", flt.priority), ("owner", flt.tenant))
@@ -257,9 +258,9 @@ def test_gpu_series_over_weeks_reads_hourly_rollups_with_the_same_figures_as_the
             key: (
                 len(xs),
                 mean([x.utilization_pct for x in xs]),
-                float(max(x.memory_used_mib for x in xs)),
+                float(max(x.memory_used_mib or 0 for x in xs)),
                 mean([x.power_w for x in xs]),
-                float(max(x.temperature_c for x in xs)),
+                float(max(x.temperature_c or 0 for x in xs)),
             )
             for key, xs in expected.items()
         }
@@ -348,8 +349,8 @@ def test_position_counts_jobs_ahead_in_its_queue_and_higher_priorities_and_gives
         redis.rpush(f"rq:queue:{name}", *[j.id for j in rows])
         redis.sadd("rq:queues", f"rq:queue:{name}")
 
-    third = job_position(session, redis, session.get(Job, queued[2].id), now=NOW)
-    finished = job_position(session, redis, session.get(Job, done[0].id), now=NOW)
+    third = job_position(session, redis, session.get_one(Job, queued[2].id), now=NOW)
+    finished = job_position(session, redis, session.get_one(Job, done[0].id), now=NOW)
     depths = queue_depths(session, redis, StatsFilter(), now=NOW)
 
     assert (third.position, third.ahead_in_queue, third.ahead_in_higher_priorities) == (4, 2, 2)

@@ -7,7 +7,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from gpuq import store
 from gpuq.db.engine import async_engine, async_sessions
-from gpuq.db.tables import JobStatus
+from gpuq.db.tables import JobStatus, utcnow
 from gpuq.queue_names import Priority
 from gpuq.redis_keys import STREAM_DONE_TTL_S, job_stream_key
 from gpuq.streams.events import Delta, End, Start
@@ -93,3 +93,28 @@ async def test_a_job_that_ends_with_no_worker_to_say_so_ends_the_follow_from_its
             async with sessions() as db:
                 assert await db.run_sync(store.cancel_queued_job, job_id)
     assert events == [End(status="cancelled", finish_reason=None, error=None)]
+
+
+@both_databases
+async def test_a_follow_ended_from_the_row_gives_each_samples_finish_reason_as_a_worker_would(
+    redis_url, session, sessions
+):
+    """A job of two samples whose end never reached its stream (Redis lost it, say): the end read
+    from its row carries what the worker's end carries, each sample's finish reason."""
+    job_id = _job(session)
+    choices = [
+        {"index": 0, "text": "a", "finish_reason": "stop"},
+        {"index": 1, "text": "b c", "finish_reason": "length"},
+    ]
+    outcome = store.Outcome(
+        job_id=job_id,
+        worker="w",
+        status=JobStatus.SUCCEEDED,
+        finished_at=utcnow(),
+        result={"text": "a", "finish_reason": "stop", "choices": choices},
+        prompt_tokens=3,
+        completion_tokens=3,
+    )
+    store.record_outcomes(session, [outcome])
+    [end] = await _collect(redis_url, sessions, job_id, check_interval_s=0.2)
+    assert isinstance(end, End) and (end.status, end.finish_reasons) == ("succeeded", ["stop", "length"])
