@@ -151,17 +151,24 @@ def job_conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
 def list_jobs(session: Session, flt: JobFilter, *, limit: int, after: str | None = None) -> tuple[list[Job], bool]:
     """Newest first, keyset-paginated: ``after`` is the last id of the previous page.
 
-    Returns the page and whether more rows follow.
+    Returns the page and whether more rows follow. A cursor that names no job, or another
+    tenant's job in a list narrowed to one tenant, raises LookupError alike: a cursor must
+    not tell a tenant that another's id exists, nor when it was made.
     """
     query = select(Job).where(*job_conditions(flt))
     if after is not None:
         anchor = session.get(Job, after)
-        if anchor is None:
+        if anchor is None or not _same_tenant(anchor.owner, flt.owner):
             raise LookupError(after)
         query = query.where(tuple_(Job.created_at, Job.id) < tuple_(anchor.created_at, anchor.id))
     query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
     rows = list(session.scalars(query))
     return rows[:limit], len(rows) > limit
+
+
+def _same_tenant(row_owner: str | None, owner: str | None) -> bool:
+    """Whether a row belongs in a list narrowed to ``owner`` (None: every tenant's)."""
+    return owner is None or row_owner == owner
 
 
 def count_jobs_by_status(session: Session) -> dict[str, int]:
