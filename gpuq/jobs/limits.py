@@ -10,6 +10,10 @@ restart; the key is held (``store.hold_key_until_commit``) from the count until 
 jobs are committed, so concurrent requests, from any number of API processes, cannot
 together overshoot it.
 Both answer 429 with a ``Retry-After`` that says when trying again can succeed.
+
+Every admission holds the key, limits or not, and is refused (401) if the key was revoked
+since the request authenticated: a revocation that cancels the key's jobs
+(gpuq/jobs/actions.py) then leaves none behind it.
 """
 
 from __future__ import annotations
@@ -54,16 +58,19 @@ return {0, tostring((wanted - tokens) / rate)}
 
 def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
     limit = caller.max_queued_jobs
-    if limit is None:
-        return
-    if adding > limit:
+    if limit is not None and adding > limit:
         raise RequestError(
             429,
             f"this request queues {adding} jobs but key {caller.key_id} may have at most {limit} queued: "
             "split it into smaller requests",
             headers={"Retry-After": str(QUEUE_FULL_RETRY_S)},
         )
-    store.hold_key_until_commit(session, caller.key_id)
+    if not store.hold_key_until_commit(session, caller.key_id):
+        raise RequestError(
+            401, "the API key is not valid: it is unknown or was revoked", headers={"WWW-Authenticate": "Bearer"}
+        )
+    if limit is None:
+        return
     queued = store.count_queued_jobs_of_key(session, caller.key_id)
     if queued + adding > limit:
         raise RequestError(

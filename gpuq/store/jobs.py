@@ -125,6 +125,7 @@ class JobFilter:
     host: str | None = None
     gpu_uuid: str | None = None
     batch_id: str | None = None
+    api_key_id: str | None = None  # the key that submitted them (a revocation cancels its jobs)
 
 
 def job_conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
@@ -137,6 +138,7 @@ def job_conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
         (Job.host, flt.host),
         (Job.gpu_uuid, flt.gpu_uuid),
         (Job.batch_id, flt.batch_id),
+        (Job.api_key_id, flt.api_key_id),
     )
     conditions = [column == value for column, value in equal if value is not None]
     if flt.statuses:
@@ -180,6 +182,12 @@ def count_queued_jobs_of_key(session: Session, api_key_id: str) -> int:
     """The jobs submitted with this API key that wait in a queue (what ``max_queued_jobs`` bounds)."""
     query = select(func.count()).select_from(Job).where(Job.api_key_id == api_key_id, Job.status == JobStatus.QUEUED)
     return session.scalar(query) or 0
+
+
+def running_jobs_of_key(session: Session, api_key_id: str) -> list[tuple[str, str | None]]:
+    """(id, worker) of each job submitted with this key that runs now."""
+    query = select(Job.id, Job.worker).where(Job.api_key_id == api_key_id, Job.status == JobStatus.RUNNING)
+    return [(row.id, row.worker) for row in session.execute(query)]
 
 
 @dataclass(frozen=True, slots=True)
