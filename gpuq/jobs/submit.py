@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from anyio import to_thread
@@ -31,6 +31,7 @@ from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.limits import admit
 from gpuq.jobs.prompt import VocabTokenizer, out_of_vocabulary, vocab_tokenizer
+from gpuq.jobs.request import KEEP_ALIVE_SHORTENS
 from gpuq.queue_names import Priority, QueueEntry
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ async def submit_jobs(
     """Validate and accept jobs, all or none, owned by the caller's tenant. The key's limits
     (gpuq/jobs/limits.py) are applied once every check has passed, to the jobs that are new:
     a refused request, or an idempotent replay, spends none of its submissions."""
+    specs = [_keep_alive_rule(s, caller) for s in specs]
     models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
     prompt_tokens = await to_thread.run_sync(
         lambda: [check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)]
@@ -225,6 +227,15 @@ async def submit_jobs(
             for s in specs
         ]
     raise RequestError(409, "an idempotency_key in this request keeps being taken by concurrent requests; retry")
+
+
+def _keep_alive_rule(spec: JobSpec, caller: Caller) -> JobSpec:
+    """An admin's explicit keep_alive may shorten its model's stay (0 unloads it after the
+    job); anyone else's only lengthens it (docs/security.md)."""
+    request = {k: v for k, v in spec.request.items() if k != KEEP_ALIVE_SHORTENS}
+    if caller.is_admin and request.get("keep_alive") is not None:
+        request[KEEP_ALIVE_SHORTENS] = True
+    return replace(spec, request=request)
 
 
 class _RacedOnIdempotencyKey(Exception):
