@@ -86,8 +86,10 @@ async def revoke_key(
     outcome = await db.run_sync(store.revoke_key_keeping_an_admin, key_id)
     if outcome == store.Revocation.LAST_ADMIN:
         raise RequestError(409, f"key {key_id} is the last active admin key; create another admin key first")
-    if outcome == store.Revocation.NOT_FOUND and not (cancel_jobs and await db.run_sync(store.get_api_key, key_id)):
-        raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
+    if outcome == store.Revocation.NOT_FOUND:
+        revoked_earlier = cancel_jobs and await db.run_sync(lambda s: store.get_api_key(s, key_id)) is not None
+        if not revoked_earlier:
+            raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
     if cancel_jobs:
         await cancel_jobs_of_key(db, state.redis, key_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
