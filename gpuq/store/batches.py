@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, delete, func, insert, select, tuple_, update
@@ -66,13 +67,18 @@ def delete_file(session: Session, file_id: str) -> bool:
     return commit_changed(session, delete(File).where(File.id == file_id))
 
 
-def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None:
-    """The batch row and all its jobs in one transaction."""
+INSERT_CHUNK_JOBS = 500
+
+
+def insert_batch(session: Session, batch: Batch, jobs: Iterable[NewJob]) -> None:
+    """The batch row and all its jobs in one transaction, inserted a chunk at a time as
+    ``jobs`` yields them (a 50,000-line batch is never in memory whole)."""
     session.add(batch)
     session.flush()
-    if jobs:
+    pending = iter(jobs)
+    while chunk := list(itertools.islice(pending, INSERT_CHUNK_JOBS)):
         # Core, on the Table (a mapped class's __table__ is typed as any FromClause): no ORM bookkeeping per row
-        session.execute(insert(cast(Table, Job.__table__)), _job_rows(jobs))
+        session.execute(insert(cast(Table, Job.__table__)), _job_rows(chunk))
     session.commit()
 
 
