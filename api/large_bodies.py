@@ -5,10 +5,11 @@ Reading, parsing and validating a JSON body of hundreds of kilobytes (a conversa
 the process shares. Four such requests kept in flight by one key kept the loop busy enough
 to hold another tenant's streamed call for seconds, even though each was refused. So a
 large body (over ``LARGE_BODY_BYTES``, or of unknown length) waits, before anything reads
-it, until the same key has no other large body in its turn; the turn ends when the answer
-starts (a streamed call holds it through its checks and tokenising, not its generation) or
-the request ends. Ordinary requests, small bodies, and uploads (under ``upload_prefix``,
-streamed to disk) never wait. Requests without a key share one turn.
+it, until the same key has no other large body in its turn; the turn ends when the call's
+job is submitted (``end_turn``, from api/calls.py), when the answer starts, or when the
+request ends: a call holds it through its checks and tokenising, never its generation.
+Ordinary requests, small bodies, and uploads (under ``upload_prefix``, streamed to disk)
+never wait. Requests without a key share one turn.
 
 A large body that is refused (a 4xx: too many messages, a prompt that cannot fit, a key
 over its limits) keeps its key's turn ``REFUSED_COOLDOWN`` times as long again as it took:
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,6 +33,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 LARGE_BODY_BYTES = 64 * 1024
 REFUSED_COOLDOWN = 3.0  # a refused large body's time, again this many times, before the key's next
 _WITH_BODY = ("POST", "PUT", "PATCH")
+
+
+# The running request's way to end its turn early (None outside a large body's request).
+_end_turn: ContextVar[Callable[[], None] | None] = ContextVar("gpuq_large_body_turn", default=None)
+
+
+def end_turn() -> None:
+    """The request's costly part is over (its job is submitted): the key's next large body
+    may be read. Does nothing for a request that holds no turn."""
+    end = _end_turn.get()
+    if end is not None:
+        end()
 
 
 class _Turn:
@@ -57,23 +72,30 @@ class LargeBodyTurnsMiddleware:
             await turn.lock.acquire()
             started, held, refused_s = time.monotonic(), True, 0.0
 
+            def release() -> None:
+                nonlocal held
+                if held:
+                    held = False
+                    turn.lock.release()
+
             async def send_releasing(message: Message) -> None:
-                nonlocal held, refused_s
+                nonlocal refused_s
                 if message["type"] == "http.response.start" and held:
                     if 400 <= message["status"] < 500:
                         refused_s = time.monotonic() - started  # released after the cooldown
                     else:
-                        held = False
-                        turn.lock.release()
+                        release()
                 await send(message)
 
+            token = _end_turn.set(release)
             try:
                 await self.app(scope, receive, send_releasing)
             finally:
+                _end_turn.reset(token)
                 if held:
                     with anyio.CancelScope(shield=True):
                         await anyio.sleep(refused_s * REFUSED_COOLDOWN)
-                    turn.lock.release()
+                    release()
         finally:
             turn.users -= 1
             if turn.users == 0:
