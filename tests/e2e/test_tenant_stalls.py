@@ -59,9 +59,8 @@ def first_token_s(url: str, key: str) -> float:
 def test_another_tenants_streamed_call_is_not_held_up_by_one_tenants_hostile_calls(system, shape):
     calm, hostile = make_key(system, "calm"), make_key(system, f"hostile-{shape}")
     first_token_s(system.url, calm)  # the model loaded, as it is in service
-    alone = statistics.median(first_token_s(system.url, calm) for _ in range(ROUNDS))
 
-    stop, refusals, others = threading.Event(), [], []
+    attacking, stop, refusals, others = threading.Event(), threading.Event(), [], []
     # No max_tokens: the context is the limit. Encoded once, so that this process spends its
     # time on the calm tenant's call, not on writing JSON.
     body = json.dumps({"model": MODEL, "messages": HOSTILE[shape]}).encode()
@@ -70,18 +69,30 @@ def test_another_tenants_streamed_call_is_not_held_up_by_one_tenants_hostile_cal
     def keep_calling() -> None:
         with httpx.Client(headers=headers, timeout=300) as client:
             while not stop.is_set():
-                code = client.post(f"{system.url}/v1/chat/completions", content=body).status_code
-                (refusals if code == 400 else others).append(code)
+                if attacking.wait(0.1):
+                    code = client.post(f"{system.url}/v1/chat/completions", content=body).status_code
+                    (refusals if code == 400 else others).append(code)
 
     callers = [threading.Thread(target=keep_calling) for _ in range(4)]
     for caller in callers:
         caller.start()
+    alone, beside = [], []
     try:
-        time.sleep(1.0)  # the four are in flight
-        beside = statistics.median(first_token_s(system.url, calm) for _ in range(ROUNDS))
+        # Alone and beside in turns, so that the machine's own load (two cores, shared)
+        # weighs on both figures alike.
+        for _ in range(ROUNDS):
+            attacking.clear()
+            time.sleep(0.5)  # the calls in flight end
+            alone.append(first_token_s(system.url, calm))
+            attacking.set()
+            time.sleep(1.0)  # the four are in flight
+            beside.append(first_token_s(system.url, calm))
     finally:
         stop.set()
         for caller in callers:
             caller.join(300)
     assert others == [] and len(refusals) >= 4  # every hostile call ran, and was refused
-    assert beside <= alone + SLACK_S, f"first token {beside:.2f} s beside the hostile calls, {alone:.2f} s alone"
+    calm_alone, calm_beside = statistics.median(alone), statistics.median(beside)
+    assert calm_beside <= calm_alone + SLACK_S, (
+        f"first token {calm_beside:.2f} s beside the hostile calls, {calm_alone:.2f} s alone ({beside} / {alone})"
+    )
