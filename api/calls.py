@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.types import Receive, Scope, Send
 
 from api.deps import AppState, CallerDep, SessionDep, StateDep
+from api.large_bodies import end_turn
 from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job
@@ -89,6 +90,7 @@ async def submit(db: AsyncSession, state: AppState, caller: Caller, spec: JobSpe
     minutes and holds no database connection."""
     job = await submit_call(db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s)
     await db.close()
+    end_turn()  # the call's costly part is over: its key's next large body may be read
     return job
 
 

@@ -14,6 +14,7 @@ from api.deps import AppState
 from api.errors import install_error_handlers
 from api.input_guard import refuse_unstorable_input
 from api.json_bodies import JsonBodiesMiddleware
+from api.large_bodies import LargeBodyTurnsMiddleware
 from api.openapi import install_openapi
 from api.routers import (
     affinity,
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
             blocking_engine.dispose()
 
     app = FastAPI(title="gpuq", version="0.1.0", lifespan=lifespan, dependencies=[Depends(refuse_unstorable_input)])
+    app.add_middleware(LargeBodyTurnsMiddleware, upload_prefix="/v1/files")  # inside the size limit
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_body_bytes,

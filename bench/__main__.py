@@ -9,6 +9,7 @@ from statistics import median
 
 from bench import (
     batch_bench,
+    batch_start,
     batching,
     db_growth,
     decoder_steps,
@@ -190,6 +191,25 @@ def bench_batch_accept(args: argparse.Namespace) -> None:
     print(f"  bare bulk SQL insert + Redis pipeline  {median(bare):6.2f} s   runs: {_fmt(bare)}")
     print(f"  gpuq upload + check + batch + queue    {median(ours):6.2f} s   runs: {_fmt(ours)}")
     print(f"  ratio gpuq / bare                      {median(ours) / median(bare):6.2f}x   (target <= 2x)")
+
+
+def bench_batch_start(args: argparse.Namespace) -> None:
+    """The API's memory and time starting a batch of ~4 KB lines, at each of --start-lines."""
+    costs = []
+    for lines in args.start_lines:
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            costs.append(batch_start.measure(db, redis_url, workdir, lines))
+    print(f"\nbatch start: chat lines of ~{batch_start.LINE_BYTES} bytes, the API's resident memory in MiB")
+    for c in costs:
+        print(
+            f"  {c.lines:>6} lines  {c.seconds:7.1f} s ({c.seconds_per_10k:5.1f} s per 10k)  memory before "
+            f"{c.rss_before_mib:6.0f}, peak {c.rss_peak_mib:6.0f}, after {c.rss_after_mib:6.0f} "
+            f"({c.after_over_before:.2f}x; target <= 1.2x)"
+        )
+    if len(costs) > 1:
+        growth = costs[-1].seconds_per_10k / costs[0].seconds_per_10k
+        largest, smallest = costs[-1].lines, costs[0].lines
+        print(f"batch-start: time per line at {largest} / at {smallest} lines {growth:.2f}x (linear: ~1x)")
 
 
 def bench_embeddings(args: argparse.Namespace) -> None:
@@ -464,6 +484,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "batching": bench_batching,
     "model-swap": bench_model_swap,
     "batch-accept": bench_batch_accept,
+    "batch-start": bench_batch_start,
     "embeddings": bench_embeddings,
     "stats": bench_stats,
     "db-growth": bench_db_growth,
@@ -498,6 +519,12 @@ def main() -> None:
         help="batching and worker-memory: the K values to run, comma-separated",
     )
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
+    parser.add_argument(
+        "--start-lines",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[10_000, 50_000],
+        help="batch-start: file sizes in lines, comma-separated",
+    )
     parser.add_argument("--embed-texts", type=int, default=512, help="texts for the embeddings benchmark")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="a Redis db the benchmark may flush")
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")

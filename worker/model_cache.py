@@ -89,11 +89,16 @@ class ModelCache:
         log.info("loaded %s (%s) in %d ms", spec.name, "embed" if spec.embedding else "generate", load_ms)
         return model, max(load_ms, 1)
 
-    def keep(self, spec: ModelSpec, keep_alive_s: float, *, now: float | None = None) -> None:
-        """After a job: the model may stay loaded ``keep_alive_s`` more seconds (forever if < 0)."""
+    def keep(self, spec: ModelSpec, keep_alive_s: float, *, shortens: bool = True, now: float | None = None) -> None:
+        """After a job: the model may stay loaded ``keep_alive_s`` more seconds (forever if < 0).
+        Unless ``shortens`` (an admin's job), it keeps the later of that and its current expiry."""
         if spec.key in self._loaded:
             now = time.monotonic() if now is None else now
-            self._expires_at[spec.key] = None if keep_alive_s < 0 else now + keep_alive_s
+            wanted = None if keep_alive_s < 0 else now + keep_alive_s
+            current = self._expires_at.get(spec.key, now)
+            if not shortens and (current is None or (wanted is not None and current > wanted)):
+                return
+            self._expires_at[spec.key] = wanted
 
     def unload_expired(self, *, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus, utcnow
+from gpuq.jobs.request import KEEP_ALIVE_SHORTENS
 from gpuq.stats.metrics import FinishedJob
 from gpuq.streams.events import End, Start, end_of_job, wants_end, wants_tokens
 from gpuq.streams.publish import StreamPublisher
@@ -119,7 +120,8 @@ class JobRunner:
         self._streams = streams  # token streams of interactive calls (None: nothing published)
         # job id -> its bookkeeping and model, while its sequence runs
         self._generating: dict[str, _Running] = {}
-        self._kept: list[tuple[ModelSpec, float | None]] = []  # models used since keep_models, with keep_alive
+        # models used since keep_models, with keep_alive and whether it may shorten their stay
+        self._kept: list[tuple[ModelSpec, float | None, bool]] = []
         self._unconfirmed: set[str] = set()  # claims that raised: their COMMIT may still have gone through
         self.sql = Dependency("the database", meanwhile="taking no new job until it answers")
 
@@ -260,9 +262,9 @@ class JobRunner:
         unloads only here, never while a sequence of the model is live)."""
         kept, self._kept = self._kept, []
         unload_now = False
-        for spec, keep_alive in kept:
-            self._cache.keep(spec, self._default_keep_alive_s if keep_alive is None else keep_alive)
-            unload_now |= keep_alive == 0
+        for spec, keep_alive, shortens in kept:
+            self._cache.keep(spec, self._default_keep_alive_s if keep_alive is None else keep_alive, shortens=shortens)
+            unload_now |= keep_alive == 0 and shortens
         if unload_now:
             self._cache.unload_expired()
 
@@ -338,7 +340,8 @@ class JobRunner:
         outcome.run_ms = int((time.perf_counter() - running.started) * 1000) - (outcome.load_ms or 0)
         measured = running.energy_stop()
         if running.spec is not None:
-            self._kept.append((running.spec, running.keep_alive))
+            shortens = bool(running.claimed.request.get(KEEP_ALIVE_SHORTENS))  # an admin's (gpuq/jobs/submit.py)
+            self._kept.append((running.spec, running.keep_alive, shortens))
         if self._health is not None:
             self._health.record(outcome.error)
         outcome.gpu_seconds, outcome.energy_j = (

@@ -15,7 +15,7 @@ from gpuq import store
 from gpuq.batches import service as batches
 from gpuq.db.tables import Batch
 from gpuq.errors import RequestError
-from gpuq.jobs.limits import admit_sync
+from gpuq.jobs.limits import admit_sync, precheck
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -32,6 +32,8 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
     request (422, with line numbers) and nothing is created."""
     file = await visible_file(db, caller, body.input_file_id)
     await state.check_webhook_url(body.webhook_url)
+    # A key over its limits is refused before its file's lines are checked (spending nothing).
+    await precheck(db, state.redis, caller, queued_jobs=file.line_count, submissions=1)
 
     def start() -> str:
         with state.sync_sessions() as session:

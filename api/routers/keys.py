@@ -7,12 +7,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from api.deps import AdminDep, CallerDep, SessionDep
+from api.deps import AdminDep, CallerDep, SessionDep, StateDep
 from api.errors import errors
 from api.schemas import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic
 from gpuq import store
 from gpuq.db.tables import utcnow
 from gpuq.errors import RequestError
+from gpuq.jobs.actions import cancel_jobs_of_key
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
@@ -73,13 +74,31 @@ async def who_am_i(db: SessionDep, caller: CallerDep) -> KeyPublic:
     return KeyPublic.of(key)
 
 
-@router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(403, 404, 409))
-async def revoke_key(key_id: str, db: SessionDep, _admin: AdminDep) -> Response:
-    """The key stops working at once. The last active admin key cannot be revoked: that
-    would lock every admin out (create another admin key first)."""
+@router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(403, 404, 409, 503))
+async def revoke_key(
+    key_id: str,
+    db: SessionDep,
+    state: StateDep,
+    _admin: AdminDep,
+    cancel_jobs: Annotated[
+        bool,
+        Query(
+            description="also cancel every queued or running job the key submitted (its batches' too); "
+            "allowed on a key revoked earlier"
+        ),
+    ] = False,
+) -> Response:
+    """The key stops working at once: every request after this one is a 401. Work it
+    submitted before runs on, open streams included, unless `cancel_jobs` (docs/security.md).
+    The last active admin key cannot be revoked: that would lock every admin out (create
+    another admin key first)."""
     outcome = await db.run_sync(store.revoke_key_keeping_an_admin, key_id)
-    if outcome == store.Revocation.NOT_FOUND:
-        raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
     if outcome == store.Revocation.LAST_ADMIN:
         raise RequestError(409, f"key {key_id} is the last active admin key; create another admin key first")
+    if outcome == store.Revocation.NOT_FOUND:
+        revoked_earlier = cancel_jobs and await db.run_sync(lambda s: store.get_api_key(s, key_id)) is not None
+        if not revoked_earlier:
+            raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
+    if cancel_jobs:
+        await cancel_jobs_of_key(db, state.redis, key_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -38,6 +38,7 @@ from gpuq.dropin.call import (
     call_priority,
     call_spec,
     find_model,
+    refuse_more_messages_than_the_context,
     with_max_tokens,
 )
 from gpuq.dropin.vectors import check_dimensions, shortened
@@ -200,11 +201,16 @@ async def _generate(
     model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
     if empty:
         return await _load_or_unload(body.name, body.keep_alive_s(), request, db, state, caller, chat=chat)
-    params, context = body.parsed_options().params(model, body.to_request(), body.keep_alive_s())
+    if isinstance(body, ChatRequest):
+        refuse_more_messages_than_the_context(model, len(body.messages))
+    # Off the event loop: a long conversation takes tens of milliseconds to convert.
+    params, context = body.parsed_options().params(
+        model, await to_thread.run_sync(body.to_request), body.keep_alive_s()
+    )
     spec = call_spec(
         JobKind.GENERATE,
         model.name,
-        await with_max_tokens(model, params, context=context),
+        await with_max_tokens(db, state.redis, caller, model, params, context=context),
         priority=call_priority(priority, caller),
         stream=body.stream,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -26,11 +27,11 @@ from gpuq.dropin.call import (
     call_priority,
     call_spec,
     find_model,
+    refuse_more_messages_than_the_context,
     with_max_tokens,
 )
 from gpuq.dropin.vectors import check_dimensions
 from gpuq.errors import RequestError
-from gpuq.jobs.request import GenerationParams
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -63,7 +64,7 @@ async def chat_completions(
 ) -> Response:
     """OpenAI's chat completion, rendered with the model's own chat template."""
     request, db, state, caller, priority = call
-    return await _generate(CHAT, body, body.to_request(), request, db, state, caller, priority)
+    return await _generate(CHAT, body, request, db, state, caller, priority)
 
 
 @router.post("/completions", response_model=None, responses=_answers(_STREAMED))
@@ -73,7 +74,7 @@ async def completions(
 ) -> Response:
     """OpenAI's (legacy) text completion: the prompt as given, no chat template."""
     request, db, state, caller, priority = call
-    return await _generate(COMPLETIONS, body, body.to_request(), request, db, state, caller, priority)
+    return await _generate(COMPLETIONS, body, request, db, state, caller, priority)
 
 
 @router.post("/embeddings", response_model=None, responses=_answers(None))
@@ -98,7 +99,6 @@ async def embeddings(
 async def _generate(
     endpoint: str,
     body: ChatCompletionCreate | CompletionCreate,
-    job_request: GenerationParams,
     request: Request,
     db: SessionDep,
     state: StateDep,
@@ -106,10 +106,14 @@ async def _generate(
     priority: str | None,
 ) -> Response:
     model = await find_model(db, body.model, not_found=openai.not_found(body.model))
+    if isinstance(body, ChatCompletionCreate):
+        refuse_more_messages_than_the_context(model, len(body.messages))
+    # Off the event loop: a long conversation takes tens of milliseconds to convert.
+    job_request = await to_thread.run_sync(body.to_request)
     spec = call_spec(
         JobKind.GENERATE,
         body.model,
-        await with_max_tokens(model, job_request),
+        await with_max_tokens(db, state.redis, caller, model, job_request),
         priority=call_priority(priority, caller),
         stream=body.stream,
     )

@@ -23,6 +23,7 @@ from api.schemas.tokenizer import (
     TokenPiece,
 )
 from gpuq.dropin import tokenize as tokenizer
+from gpuq.jobs.limits import tokenising_turn
 
 router = APIRouter(tags=["tokenizer"])
 
@@ -31,19 +32,20 @@ _ERRORS = errors(404, other={400: {"description": _REFUSED}})
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
-async def tokenize(body: TokenizeRequest, db: SessionDep, _caller: CallerDep) -> TokenizeResponse:
+async def tokenize(body: TokenizeRequest, db: SessionDep, caller: CallerDep) -> TokenizeResponse:
     """The token ids of `prompt`, or of `messages` rendered with the model's chat template: with
     the defaults, exactly the tokens /v1/completions or /v1/chat/completions would run."""
     model = await tokenizer.resolve_model(db, body.model)
-    done = await tokenizer.tokenize(
-        model,
-        text=body.text,
-        messages=body.chat(),
-        add_special=body.adds_special,
-        parse_special=body.parse_special,
-        pieces=body.with_pieces,
-        token_texts=body.return_token_strs,
-    )
+    async with tokenising_turn(caller.owner):  # as a call's prompt is: one at a time per tenant
+        done = await tokenizer.tokenize(
+            model,
+            text=body.text,
+            messages=body.chat(),
+            add_special=body.adds_special,
+            parse_special=body.parse_special,
+            pieces=body.with_pieces,
+            token_texts=body.return_token_strs,
+        )
     tokens: list[int] | list[TokenPiece] = done.ids
     if done.pieces is not None:
         tokens = [TokenPiece(id=i, piece=tokenizer.piece_text(p)) for i, p in zip(done.ids, done.pieces, strict=True)]

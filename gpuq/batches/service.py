@@ -89,56 +89,89 @@ class _Line:
         return ENDPOINTS[self.endpoint]
 
 
-def _parse_lines(
-    path: str, models: dict[str, Model | None], get_model: Any
-) -> tuple[list[_Line], list[tuple[int, str]]]:
-    lines: list[_Line] = []
-    errors: list[tuple[int, str]] = []
+def _lines(path: str, models: dict[str, Model | None], get_model: Any) -> Iterator[_Line | tuple[int, str]]:
+    """The file's lines one at a time, each as a ``_Line`` or (number, what is wrong with it)."""
     for number, raw in read_lines(path):
         endpoint = raw["url"]  # checked at upload
         try:
             model, request = parse_body(endpoint, raw["body"])
         except ValueError as exc:
-            errors.append((number, str(exc)))
+            yield number, str(exc)
             continue
         if model not in models:
             models[model] = get_model(model)
-        lines.append(_Line(number, raw["custom_id"], endpoint, model, request | {"endpoint": endpoint}))
-    return lines, errors
+        yield _Line(number, raw["custom_id"], endpoint, model, request | {"endpoint": endpoint})
 
 
-def _check_lines(
-    lines: list[_Line], models: dict[str, Model | None], fleet: Fleet
-) -> tuple[dict[int, int | None], list[tuple[int, str]]]:
-    tokens: dict[int, int | None] = {}
-    errors: list[tuple[int, str]] = []
-    for line in lines:
-        spec = JobSpec(line.kind, line.model, Priority.LOW, line.request)
-        try:
-            tokens[line.number] = check_against_model(spec, models[line.model], exact=False)
-            check_placeable(spec, models[line.model], fleet)
-        except RequestError as exc:
-            errors.append((line.number, exc.message))
-    return tokens, errors
+def _check_line(line: _Line, model: Model | None, fleet: Fleet) -> int | None:
+    """The line's prompt tokens (None when it surely fits, or is no generation); RequestError if it cannot run."""
+    spec = JobSpec(line.kind, line.model, Priority.LOW, line.request)
+    tokens = check_against_model(spec, model, exact=False)
+    check_placeable(spec, model, fleet)
+    return tokens
 
 
-def _group_embeddings(lines: list[_Line]) -> Iterator[list[_Line]]:
-    """Lines of one model together, in input order, up to EMBED_GROUP_TEXTS texts a group."""
-    by_model: dict[str, list[_Line]] = {}
-    for line in lines:
-        by_model.setdefault(line.model, []).append(line)
-    for model_lines in by_model.values():
-        group: list[_Line] = []
-        texts = 0
-        for line in model_lines:
-            n = len(line.request["input"])
-            if group and texts + n > EMBED_GROUP_TEXTS:
-                yield group
-                group, texts = [], 0
+@dataclass
+class BatchPlan:
+    """What checking a file's lines found, enough to write its jobs in a second reading of
+    the file: the lines themselves are not kept (50,000 lines of 4 KB are 200 MB of text,
+    and then as much again as the jobs' rows), so the API's memory stays near its baseline."""
+
+    path: str
+    batch_id: str
+    priority: int
+    owner: str | None
+    api_key_id: str | None
+    line_count: int  # the valid lines: at most one job each
+    tokens: dict[int, int]  # line number -> its prompt's tokens, where they were counted
+
+    def jobs(self) -> Iterator[store.NewJob]:
+        """The jobs, the file read again line by line: a line's job as soon as it is whole
+        (embedding lines of one model gathered, in input order, up to EMBED_GROUP_TEXTS texts)."""
+        ids = iter(store.new_job_ids(self.line_count))
+        gathering: dict[str, list[_Line]] = {}  # model -> its embedding lines not yet in a job
+        for line in _lines(self.path, {}, lambda _name: None):
+            assert isinstance(line, _Line), "a line refused when it was checked"
+            if line.kind != JobKind.EMBED:
+                yield self._job(next(ids), line.kind, line.request, line, 1, line.custom_id)
+                continue
+            group = gathering.setdefault(line.model, [])
+            if group and sum(len(g.request["input"]) for g in group) + len(line.request["input"]) > EMBED_GROUP_TEXTS:
+                yield self._embedding_job(next(ids), group)
+                group = gathering[line.model] = []
             group.append(line)
-            texts += n
-        if group:
-            yield group
+        for group in gathering.values():
+            if group:
+                yield self._embedding_job(next(ids), group)
+
+    def _embedding_job(self, job_id: str, group: list[_Line]) -> store.NewJob:
+        request = {
+            "input": [text for line in group for text in line.request["input"]],
+            "custom_ids": [line.custom_id for line in group],
+            "input_counts": [len(line.request["input"]) for line in group],
+            "endpoint": EMBEDDINGS,
+        }
+        single = group[0].custom_id if len(group) == 1 else None
+        return self._job(job_id, JobKind.EMBED, request, group[0], len(group), single)
+
+    def _job(
+        self, job_id: str, kind: JobKind, request: dict[str, Any], first: _Line, count: int, custom_id: str | None
+    ) -> store.NewJob:
+        return store.NewJob(
+            id=job_id,
+            kind=kind.value,
+            model=first.model,
+            priority=self.priority,
+            request=request,
+            request_hash="",  # batch lines have no idempotency keys to compare against
+            prompt_tokens=self.tokens.get(first.number),
+            batch_id=self.batch_id,
+            custom_id=custom_id,
+            line_count=count,
+            line_number=first.number,
+            owner=self.owner,
+            api_key_id=self.api_key_id,
+        )
 
 
 def plan_batch_jobs(
@@ -149,47 +182,32 @@ def plan_batch_jobs(
     priority: int,
     owner: str | None = None,
     api_key_id: str | None = None,
-) -> list[store.NewJob]:
-    """Every line checked, then turned into jobs; RequestError(422) lists the bad lines."""
+) -> BatchPlan:
+    """Every line checked, one at a time; RequestError(422) lists the bad lines. The plan's
+    ``jobs()`` then turns the lines into jobs."""
     models: dict[str, Model | None] = {}
-    lines, errors = _parse_lines(path, models, lambda name: store.get_model(session, name))
-    tokens, more = _check_lines(lines, models, load_fleet(session))
-    errors = sorted(errors + more)
+    fleet = load_fleet(session)
+    valid = 0
+    tokens: dict[int, int] = {}
+    errors: list[tuple[int, str]] = []
+    for line in _lines(path, models, lambda name: store.get_model(session, name)):
+        if not isinstance(line, _Line):
+            errors.append(line)
+            continue
+        try:
+            counted = _check_line(line, models[line.model], fleet)
+        except RequestError as exc:
+            errors.append((line.number, exc.message))
+            continue
+        valid += 1
+        if counted is not None:
+            tokens[line.number] = counted
     if errors:
+        errors.sort()
         shown = "; ".join(f"line {number}: {message}" for number, message in errors[:MAX_ERRORS_REPORTED])
         rest = len(errors) - MAX_ERRORS_REPORTED
         raise RequestError(422, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
-
-    ids = iter(store.new_job_ids(len(lines)))  # a job per line at most (embedding lines are grouped)
-
-    def job(kind: JobKind, request: dict[str, Any], first: _Line, count: int, custom_id: str | None) -> store.NewJob:
-        return store.NewJob(
-            id=next(ids),
-            kind=kind.value,
-            model=first.model,
-            priority=priority,
-            request=request,
-            request_hash="",  # batch lines have no idempotency keys to compare against
-            prompt_tokens=tokens.get(first.number),
-            batch_id=batch_id,
-            custom_id=custom_id,
-            line_count=count,
-            line_number=first.number,
-            owner=owner,
-            api_key_id=api_key_id,
-        )
-
-    jobs = [job(line.kind, line.request, line, 1, line.custom_id) for line in lines if line.kind != JobKind.EMBED]
-    for group in _group_embeddings([line for line in lines if line.kind == JobKind.EMBED]):
-        request = {
-            "input": [text for line in group for text in line.request["input"]],
-            "custom_ids": [line.custom_id for line in group],
-            "input_counts": [len(line.request["input"]) for line in group],
-            "endpoint": EMBEDDINGS,
-        }
-        single = group[0].custom_id if len(group) == 1 else None
-        jobs.append(job(JobKind.EMBED, request, group[0], len(group), single))
-    return sorted(jobs, key=lambda j: j.line_number or 0)
+    return BatchPlan(path, batch_id, priority, owner, api_key_id, valid, tokens)
 
 
 # ---------------------------------------------------------------- creating and cancelling
@@ -226,7 +244,7 @@ def start_batch(
     check_input_file(file)
     with gc_paused():
         batch_id = new_batch_id()
-        jobs = plan_batch_jobs(
+        plan = plan_batch_jobs(
             session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
         )
         if admit is not None:
@@ -247,9 +265,16 @@ def start_batch(
             webhook_url=webhook_url,
             owner=owner,
         )
-        store.insert_batch(session, batch, jobs)
+        queued: list[tuple[int, QueueEntry]] = []  # small: what Redis needs, by input line
+
+        def noted(jobs: Iterator[store.NewJob]) -> Iterator[store.NewJob]:
+            for j in jobs:
+                queued.append((j.line_number or 0, QueueEntry(j.id, j.model, j.kind, j.priority)))
+                yield j
+
+        store.insert_batch(session, batch, noted(plan.jobs()))
         try:
-            enqueue_jobs(redis, [QueueEntry(j.id, j.model, j.kind, j.priority) for j in jobs], timeout_s=timeout_s)
+            enqueue_jobs(redis, [entry for _line, entry in sorted(queued)], timeout_s=timeout_s)
         except RedisError as exc:
             store.delete_batch(session, batch_id)
             raise queue_unavailable(exc) from None

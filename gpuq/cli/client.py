@@ -152,6 +152,12 @@ class GpuqClient:
     def add_rule(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/affinity-rules", json=body)
 
+    def cancel_jobs_of_key(self, key_id: str) -> None:
+        """Revoke a key (if it is not yet) and cancel every queued or running job it submitted."""
+        response = self._http.delete(f"/v1/keys/{key_id}", params={"cancel_jobs": "true"})
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.json().get("detail", response.text))
+
     def delete_rule(self, rule_id: int) -> None:
         response = self._http.delete(f"/v1/affinity-rules/{rule_id}")
         if response.status_code >= 400:

@@ -11,7 +11,7 @@ import click
 from sqlalchemy.orm import Session
 
 from gpuq.cli.errors import stop
-from gpuq.cli.support import table
+from gpuq.cli.support import connect, table, url_option
 
 
 @contextmanager
@@ -112,11 +112,25 @@ def keys_list(include_revoked: bool) -> None:
 
 @keys.command("revoke")
 @click.argument("key_id")
-def keys_revoke(key_id: str) -> None:
-    """Revoke a key; it stops working at once."""
+@click.option(
+    "--cancel-jobs",
+    is_flag=True,
+    help="also cancel every queued or running job it submitted (through the API, with the admin key)",
+)
+@url_option
+def keys_revoke(key_id: str, cancel_jobs: bool, url: str) -> None:
+    """Revoke a key; it stops working at once. Its jobs run on unless --cancel-jobs."""
     from gpuq import store
 
     with _session() as session:
-        if not store.revoke_api_key(session, key_id):
+        revoked = store.revoke_api_key(session, key_id)
+        if not revoked and not (cancel_jobs and store.get_api_key(session, key_id)):
             stop(f"key {key_id!r} does not exist or is already revoked (`gpuq keys list --all` shows every key)")
-    click.echo(f"revoked {key_id}")
+    if revoked:
+        click.echo(f"revoked {key_id}")
+    if cancel_jobs:
+        # Running jobs are stopped by their workers, told through Redis: the API knows where
+        # Redis is (a private one under `gpuq up`), this command may not.
+        with connect(url) as client:
+            client.cancel_jobs_of_key(key_id)
+        click.echo(f"cancelled the queued and running jobs of {key_id}")

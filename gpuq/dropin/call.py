@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NamedTuple
 
 import anyio
 from anyio import to_thread
@@ -23,9 +24,10 @@ from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
+from gpuq.jobs.limits import precheck, tokenising_turn
 from gpuq.jobs.prompt import vocab_tokenizer
 from gpuq.jobs.request import GenerationParams, JobParams
-from gpuq.jobs.submit import JobSpec, submit_jobs
+from gpuq.jobs.submit import JobSpec, refuse_surely_too_long, submit_jobs
 from gpuq.queue_names import Priority
 from gpuq.streams.events import END_ONLY, REQUEST_FIELD, TOKENS, End, Event
 
@@ -44,10 +46,18 @@ def call_priority(header: str | None, caller: Caller) -> Priority:
     return Priority(caller.priority_or(Priority.HIGH))
 
 
-def call_spec(kind: JobKind, model: str, request: JobParams, *, priority: Priority, stream: bool) -> JobSpec:
+def call_spec(
+    kind: JobKind,
+    model: str,
+    request: JobParams | SizedRequest,
+    *,
+    priority: Priority,
+    stream: bool,
+) -> JobSpec:
     """The job of a call: its request asks for every token (streaming) or only the end."""
-    request = request.model_copy(update={REQUEST_FIELD: TOKENS if stream else END_ONLY})
-    return JobSpec(kind=kind, model=model, priority=priority, request=request.stored())
+    params, prompt_tokens = request if isinstance(request, SizedRequest) else (request, None)
+    params = params.model_copy(update={REQUEST_FIELD: TOKENS if stream else END_ONLY})
+    return JobSpec(kind=kind, model=model, priority=priority, request=params.stored(), prompt_tokens=prompt_tokens)
 
 
 async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
@@ -57,21 +67,73 @@ async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
     return model
 
 
-async def with_max_tokens(model: Model, request: GenerationParams, *, context: int | None = None) -> GenerationParams:
+def refuse_more_messages_than_the_context(model: Model, messages: int) -> None:
+    """Before a call's messages are even converted: every message takes at least one token
+    (its role's marker), and the answer one more, so a conversation of more messages than
+    that cannot fit. A 400 that costs nothing, for the cheapest flood there is."""
+    if messages >= model.context_length:
+        raise RequestError(
+            400,
+            f"the conversation has {messages} messages, but {model.name!r} has a context of "
+            f"{model.context_length} tokens and each message takes at least one: send fewer messages",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+
+class SizedRequest(NamedTuple):
+    params: GenerationParams
+    prompt_tokens: int | None  # counted while sizing (None: not yet; submit_jobs counts it)
+
+
+async def with_max_tokens(
+    db: AsyncSession,
+    redis: Redis,
+    caller: Caller,
+    model: Model,
+    request: GenerationParams,
+    *,
+    context: int | None = None,
+) -> SizedRequest:
     """A generation request without ``max_tokens`` may fill what its context leaves after the
     prompt, as OpenAI and Ollama allow; ``context`` narrows the model's (Ollama's num_ctx),
-    and then an explicit ``max_tokens`` must fit it too."""
+    and then an explicit ``max_tokens`` must fit it too.
+
+    Counting the prompt's tokens is the call's costly step, so first a key over its limits
+    is refused, and a prompt that cannot fit at the fewest tokens its size allows; then it is
+    counted once, in the tenant's turn (gpuq/jobs/limits.py), and the count goes with the
+    job's spec so that submitting does not count it again."""
     limit = model.context_length if context is None else context
     wanted = request.max_tokens
     if wanted is not None and limit == model.context_length:
-        return request
+        return SizedRequest(request, None)
     if not model.can_generate:
-        return request.model_copy(update={"max_tokens": wanted or 1})  # submit refuses the kind
+        return SizedRequest(request.model_copy(update={"max_tokens": wanted or 1}), None)  # submit refuses the kind
+    await precheck(db, redis, caller, queued_jobs=1, submissions=1)
+    stored = request.stored()
+
+    room = limit - (wanted or 1)  # the most prompt tokens the call can have
+
+    def count() -> tuple[int, bool]:
+        tokenizer = vocab_tokenizer(model.path)
+        refuse_surely_too_long(tokenizer, stored, wanted or 1, limit, model.name)
+        return tokenizer.count_up_to(stored, room)
+
     try:
-        tokenizer = await to_thread.run_sync(vocab_tokenizer, model.path)
-        prompt_tokens = await to_thread.run_sync(tokenizer.count_request_tokens, request.stored())
+        async with tokenising_turn(caller.owner):
+            prompt_tokens, exact = await to_thread.run_sync(count)
+    except RequestError as exc:  # gpuq's 422, a 400 on the drop-in routes
+        raise RequestError(400, exc.message, param=exc.param, code=exc.code) from None
     except ValueError as exc:
         raise RequestError(400, str(exc)) from None
+    if not exact:
+        raise RequestError(
+            400,
+            f"the prompt is at least {prompt_tokens} tokens (counted from its start), but {model.name!r} has a "
+            f"context of {limit} tokens and the answer needs {wanted or 1} at least: shorten the prompt",
+            param="messages" if "messages" in stored else "prompt",
+            code="context_length_exceeded",
+        )
     if wanted is not None and prompt_tokens + wanted > limit:
         raise RequestError(
             400,
@@ -80,7 +142,8 @@ async def with_max_tokens(model: Model, request: GenerationParams, *, context: i
             param="options.num_ctx",
             code="context_length_exceeded",
         )
-    return request.model_copy(update={"max_tokens": wanted if wanted is not None else max(1, limit - prompt_tokens)})
+    filled = wanted if wanted is not None else max(1, limit - prompt_tokens)
+    return SizedRequest(request.model_copy(update={"max_tokens": filled}), prompt_tokens)
 
 
 async def submit_call(db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int) -> Job:

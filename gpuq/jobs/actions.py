@@ -11,6 +11,8 @@
   running on that worker, so either the requeue wins (the late outcome is discarded) or
   the outcome does (the requeue answers 409 with the job's final status).
 * **Bulk** retry or cancel: every job matching a filter, at most ``MAX_BULK_JOBS`` a call.
+* **A revoked key's jobs** (``DELETE /v1/keys/{id}?cancel_jobs=true``): all of them
+  cancelled, queued and running, however many.
 
 If Redis fails after SQL has changed, the rows are ``queued`` with no Redis entry: the
 reconciler enqueues them, as it does for any such row, and the caller gets a 503 saying so.
@@ -153,7 +155,10 @@ async def retry_matching(db: AsyncSession, redis: Redis, flt: store.JobFilter, *
 async def cancel_matching(db: AsyncSession, redis: Redis, flt: store.JobFilter) -> BulkOutcome:
     """Queued jobs are cancelled at once; running ones are asked to stop at their next token
     (they end ``cancelled`` when their worker has stopped them), as single cancels are."""
-    ids = await _matching(db, flt)
+    return await _cancel(db, redis, await _matching(db, flt))
+
+
+async def _cancel(db: AsyncSession, redis: Redis, ids: list[str]) -> BulkOutcome:
     cancelled = await db.run_sync(store.cancel_queued_jobs, ids)
     stopping = await db.run_sync(store.request_cancel_of_running_jobs, ids)
 
@@ -168,3 +173,40 @@ async def cancel_matching(db: AsyncSession, redis: Redis, flt: store.JobFilter) 
 
     await to_thread.run_sync(tell_redis)
     return BulkOutcome(len(ids), len(cancelled) + len(stopping))
+
+
+async def cancel_jobs_of_key(db: AsyncSession, redis: Redis, key_id: str) -> BulkOutcome:
+    """Every queued or running job a key submitted (its batches' included), once it is revoked.
+
+    The key is revoked first, so no new job of it can be committed (``gpuq.jobs.limits``
+    refuses a submission that finds it revoked): queued jobs are taken a chunk at a time
+    until none is left, then the running ones are asked to stop, which also reaches those
+    a worker claimed while the queued ones were being cancelled.
+    """
+    try:
+        return await _cancel_all_of_key(db, redis, key_id)
+    except RedisError as exc:
+        raise unavailable(
+            f"key {key_id} is revoked, but the job queue (Redis) is unreachable ({exc}): its queued jobs may "
+            "still be listed there and its running jobs were not told to stop; repeat this call once Redis answers",
+            code="queue_unavailable",
+        ) from None
+
+
+async def _cancel_all_of_key(db: AsyncSession, redis: Redis, key_id: str) -> BulkOutcome:
+    queued = store.JobFilter(statuses=(JobStatus.QUEUED.value,), api_key_id=key_id)
+    matched = changed = 0
+    while ids := await db.run_sync(lambda s: store.matching_job_ids(s, queued, limit=MAX_BULK_JOBS)):
+        outcome = await _cancel(db, redis, ids)
+        matched, changed = matched + outcome.matched, changed + outcome.changed
+    # Every running one is signalled, also those a call before asked to stop: that call's
+    # signal may be the one Redis never got.
+    running = await db.run_sync(store.running_jobs_of_key, key_id)
+    marked = await db.run_sync(store.request_cancel_of_running_jobs, [job_id for job_id, _ in running])
+
+    def tell_workers() -> None:
+        for job_id, worker in running:
+            signal_worker(redis, job_id, worker)
+
+    await to_thread.run_sync(tell_workers)
+    return BulkOutcome(matched + len(running), changed + len(marked))

@@ -10,13 +10,26 @@ restart; the key is held (``store.hold_key_until_commit``) from the count until 
 jobs are committed, so concurrent requests, from any number of API processes, cannot
 together overshoot it.
 Both answer 429 with a ``Retry-After`` that says when trying again can succeed.
+
+Every admission holds the key, limits or not, and is refused (401) if the key was revoked
+since the request authenticated: a revocation that cancels the key's jobs
+(gpuq/jobs/actions.py) then leaves none behind it.
+
+Before a request's costly checks (tokenising its prompt), ``precheck`` answers the 429 a
+key already over a limit will get, spending nothing: refused work stays cheap. And
+``tokenising_turn`` lets each tenant tokenise one request at a time in this process, so one
+tenant's long prompts queue behind each other, not in front of everyone's
+(gpuq/jobs/prompt.py).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import anyio
 from anyio import to_thread
 from redis import Redis
 from redis.exceptions import RedisError
@@ -51,19 +64,47 @@ end
 return {0, tostring((wanted - tokens) / rate)}
 """
 
+# The same arithmetic, reading only: {1, 0} when the tokens are there, else {0, seconds}.
+_PEEK_TOKENS = """
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local wanted = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or capacity
+local at = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+if tokens >= wanted then
+  return {1, '0'}
+end
+return {0, tostring((wanted - tokens) / rate)}
+"""
+
 
 def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
+    _refuse_more_than_the_limit(caller, adding)
+    if not store.hold_key_until_commit(session, caller.key_id):
+        raise RequestError(
+            401, "the API key is not valid: it is unknown or was revoked", headers={"WWW-Authenticate": "Bearer"}
+        )
+    _refuse_a_full_queue(session, caller, adding)
+
+
+def _refuse_more_than_the_limit(caller: Caller, adding: int) -> None:
     limit = caller.max_queued_jobs
-    if limit is None:
-        return
-    if adding > limit:
+    if limit is not None and adding > limit:
         raise RequestError(
             429,
             f"this request queues {adding} jobs but key {caller.key_id} may have at most {limit} queued: "
             "split it into smaller requests",
             headers={"Retry-After": str(QUEUE_FULL_RETRY_S)},
         )
-    store.hold_key_until_commit(session, caller.key_id)
+
+
+def _refuse_a_full_queue(session: Session, caller: Caller, adding: int) -> None:
+    limit = caller.max_queued_jobs
+    if limit is None:
+        return
     queued = store.count_queued_jobs_of_key(session, caller.key_id)
     if queued + adding > limit:
         raise RequestError(
@@ -74,8 +115,9 @@ def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
         )
 
 
-def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> None:
-    """Spend ``count`` submissions from the key's bucket, or refuse with 429."""
+def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float, *, spend: bool = True) -> None:
+    """Spend ``count`` submissions from the key's bucket, or refuse with 429; with
+    ``spend=False`` only the refusal (the bucket is left as it is)."""
     limit = caller.max_submissions_per_minute
     if limit is None:
         return
@@ -87,7 +129,8 @@ def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> 
             headers={"Retry-After": "60"},
         )
     try:
-        granted, wait_s = redis.eval(_TAKE_TOKENS, 1, rate_limit_key(caller.key_id), limit, limit / 60.0, count, now_s)
+        script = _TAKE_TOKENS if spend else _PEEK_TOKENS
+        granted, wait_s = redis.eval(script, 1, rate_limit_key(caller.key_id), limit, limit / 60.0, count, now_s)
     except RedisError as exc:
         raise queue_unavailable(exc) from None
     if not int(granted):
@@ -97,6 +140,42 @@ def take_submissions(redis: Redis, caller: Caller, count: int, now_s: float) -> 
             f"key {caller.key_id} may submit {limit} jobs a minute; retry in {retry_after} s",
             headers={"Retry-After": str(retry_after)},
         )
+
+
+async def precheck(db: AsyncSession, redis: Redis, caller: Caller, *, queued_jobs: int, submissions: int) -> None:
+    """The 429 that ``admit`` would answer now, before the request's costly checks; spends
+    nothing and holds nothing (``admit`` decides, once they have passed)."""
+    _refuse_more_than_the_limit(caller, queued_jobs)
+    await db.run_sync(lambda s: _refuse_a_full_queue(s, caller, queued_jobs))
+    await to_thread.run_sync(lambda: take_submissions(redis, caller, submissions, time.time(), spend=False))
+
+
+class _Turns:
+    """A tenant's semaphore and how many requests hold or wait for it."""
+
+    def __init__(self) -> None:
+        self.semaphore = anyio.Semaphore(TOKENISING_PER_TENANT)
+        self.users = 0
+
+
+TOKENISING_PER_TENANT = 1  # a tenant's requests tokenising at once, per API process
+# Entries live while a request holds or waits for them, so the map stays as small as the
+# number of tenants tokenising right now. One map per process: the API runs one event loop.
+_tokenising: dict[str, _Turns] = {}
+
+
+@asynccontextmanager
+async def tokenising_turn(tenant: str) -> AsyncIterator[None]:
+    """Wait for this tenant's turn to tokenise (other tenants' turns are not affected)."""
+    turns = _tokenising.setdefault(tenant, _Turns())
+    turns.users += 1
+    try:
+        async with turns.semaphore:
+            yield
+    finally:
+        turns.users -= 1
+        if turns.users == 0:
+            del _tokenising[tenant]
 
 
 async def admit(db: AsyncSession, redis: Redis, caller: Caller, *, queued_jobs: int, submissions: int) -> None:

@@ -5,6 +5,12 @@ the worker runs those same tokens: both call :func:`prompt_text` and a tokenizer
 wraps llama.cpp's own ``llama_tokenize``, so the count the user is told is the count
 that runs. The API loads only the vocabulary (``vocab_only``), which takes milliseconds
 and no weights.
+
+Tokenising is the API's one costly step (seconds for a prompt of hundreds of kilobytes), so
+a prompt that surely cannot fit is refused without it (:meth:`VocabTokenizer.fewest_tokens`),
+and a model's tokenisations run on a small pool of vocabularies, not one behind one lock:
+one caller's long prompt does not hold up everyone else's (gpuq/jobs/limits.py also lets
+each tenant tokenise one prompt at a time).
 """
 
 from __future__ import annotations
@@ -12,13 +18,24 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, Protocol
 
 # Same tokenizer call llama-cpp-python's chat handlers make for a rendered chat prompt.
 Tokenize = Callable[[bytes, bool, bool], list[int]]
+
+# Tokenisations of one model that run at once in a process, each on its own copy of the
+# vocabulary (a few megabytes): more than one tenant's share (gpuq/jobs/limits.py), so a
+# tenant's long prompts leave copies free for the others.
+TOKENIZER_POOL_SIZE = 4
+
+# A prompt longer than this many bytes per token of its budget is judged by its start first
+# (prose is 3 to 5 bytes a token): most such prompts are refused after a few kilobytes.
+START_BYTES_PER_TOKEN = 4
+CUT_SLACK = 8  # tokens a cut text may have beyond the whole's over the same stretch
 
 
 class ChatFormatter(Protocol):
@@ -130,15 +147,29 @@ class VocabTokenizer:
     """A GGUF file's vocabulary and chat template, without its weights."""
 
     def __init__(self, path: str) -> None:
-        import llama_cpp
-        from llama_cpp._internals import LlamaModel
-
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        self._model = LlamaModel(path_model=path, params=params, verbose=False)
+        self._path = path
+        self._model = _load_vocabulary(path)
         self._lock = threading.Lock()
         self._skeletons: dict[tuple[str, ...], int] = {}
         self.formatter = chat_formatter(self._model)
+        # Copies of the vocabulary for tokenising, made as needed, at most TOKENIZER_POOL_SIZE.
+        self._turns = threading.BoundedSemaphore(TOKENIZER_POOL_SIZE)
+        self._spare: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._longest_token_bytes: int | None = None
+
+    @contextlib.contextmanager
+    def _copy(self) -> Iterator[Any]:
+        """A copy of the vocabulary no other thread uses meanwhile (llama.cpp's tokenizer
+        keeps per-model caches, so one model object is not shared between threads)."""
+        with self._turns:
+            try:
+                model = self._spare.get_nowait()
+            except queue.Empty:
+                model = _load_vocabulary(self._path)
+            try:
+                yield model
+            finally:
+                self._spare.put(model)
 
     def metadata(self) -> dict[str, str]:
         """The file's GGUF key-value metadata, as llama.cpp reads it (values as text)."""
@@ -150,8 +181,8 @@ class VocabTokenizer:
             return int(self._model.n_params())
 
     def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
-        with self._lock:
-            return self._model.tokenize(text, add_bos, special)
+        with self._copy() as model:
+            return list(model.tokenize(text, add_bos, special))
 
     def n_vocab(self) -> int:
         with self._lock:
@@ -219,9 +250,27 @@ class VocabTokenizer:
         counts every line of a 50,000-line batch)."""
         import llama_cpp
 
-        with self._lock:
-            n = llama_cpp.llama_tokenize(self._model.vocab, text, len(text), None, 0, add_bos, special)
+        with self._copy() as model:
+            n = llama_cpp.llama_tokenize(model.vocab, text, len(text), None, 0, add_bos, special)
         return -n if n < 0 else n
+
+    def longest_token_bytes(self) -> int:
+        """The most bytes any one token stands for (special tokens' text included)."""
+        if self._longest_token_bytes is None:
+            self._longest_token_bytes = max(len(self.piece(t)) for t in range(self.n_vocab()))
+        return self._longest_token_bytes
+
+    def fewest_tokens(self, request: dict[str, Any]) -> int:
+        """A lower bound on a generation request's prompt tokens, found without rendering or
+        tokenising it: no token stands for more bytes than the vocabulary's longest, and a
+        chat template gives every message at least one token (its role's marker). Only the
+        contents count, stripped, in case a template trims them."""
+        if request.get("prompt_token_ids") is not None:
+            return len(request["prompt_token_ids"])
+        messages = request.get("messages")
+        texts = [str(request["prompt"])] if messages is None else [m.get("content") or "" for m in messages]
+        text_bytes = sum(len(text.strip().encode("utf-8")) for text in texts)
+        return max(len(messages or ()), -(-text_bytes // self.longest_token_bytes()))
 
     def prompt_bytes(self, request: dict[str, Any]) -> int:
         """The rendered prompt's length in bytes, without rendering it: the chat template is
@@ -247,8 +296,40 @@ class VocabTokenizer:
         # The same arguments as tokenize_prompt, so the count is the worker's count.
         return self.count(prompt_text(request, self.formatter).encode("utf-8"), True, True)
 
+    def count_up_to(self, request: dict[str, Any], over: int) -> tuple[int, bool]:
+        """The prompt's tokens and True; or, for a long prompt whose start alone has more
+        than ``over`` tokens, a lower bound from that start (more than ``over``) and False,
+        without tokenising the rest: a refusal need not cost seconds."""
+        if request.get("prompt_token_ids") is not None:
+            return len(request["prompt_token_ids"]), True
+        text = prompt_text(request, self.formatter).encode("utf-8")
+        if len(text) > START_BYTES_PER_TOKEN * over:
+            least = self._start_tokens(text, START_BYTES_PER_TOKEN * over)
+            if least > over:
+                return least, False
+        return self.count(text, True, True), True
+
+    def _start_tokens(self, text: bytes, length: int) -> int:
+        """A lower bound on ``text``'s tokens from its first ``length`` bytes or so, cut at a
+        space or newline: the start's tokens are the whole's over that stretch, but for the
+        few next to the cut (``CUT_SLACK``)."""
+        cut = max(text.rfind(b" ", 0, length), text.rfind(b"\n", 0, length))
+        if cut <= 0:
+            return 0
+        return self.count(text[:cut], True, True) - CUT_SLACK
+
     def count_text_tokens(self, text: str) -> int:
         return self.count(text.encode("utf-8"), True, False)
+
+
+def _load_vocabulary(path: str) -> Any:
+    """A GGUF file's vocabulary alone, as a llama_cpp ``LlamaModel`` (milliseconds, no weights)."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaModel
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    return LlamaModel(path_model=path, params=params, verbose=False)
 
 
 @lru_cache(maxsize=32)

@@ -90,6 +90,13 @@ class ChatMessage(BaseModel):
     name: str | None = Field(None, description="a tool message's function name")
 
 
+# Set by gpuq/jobs/submit.py on an admin's job that names a keep_alive: only such a job may
+# shorten how long its model stays loaded (or unload it, with 0). Everyone else's keep_alive
+# only ever lengthens it, so no tenant's job unloads a model others rely on
+# (worker/model_cache.py). Never taken from a request body: no params model declares it.
+KEEP_ALIVE_SHORTENS = "keep_alive_shortens"
+
+
 class JobParams(BaseModel):
     """What every job's request may carry (a noop job's whole request)."""
 

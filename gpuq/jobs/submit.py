@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from anyio import to_thread
@@ -29,8 +29,9 @@ from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.placement import can_ever_run, evaluate, explain_unplaceable, group_for
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.jobs.enqueue import enqueue_jobs
-from gpuq.jobs.limits import admit
+from gpuq.jobs.limits import admit, precheck, tokenising_turn
 from gpuq.jobs.prompt import VocabTokenizer, out_of_vocabulary, vocab_tokenizer
+from gpuq.jobs.request import KEEP_ALIVE_SHORTENS
 from gpuq.queue_names import Priority, QueueEntry
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ class JobSpec:
     priority: Priority
     request: dict[str, Any]
     idempotency_key: str | None = None
+    # The prompt's tokens when the caller counted them already (a drop-in call sizing its
+    # max_tokens): a prompt is tokenised once per call.
+    prompt_tokens: int | None = field(default=None, compare=False)
 
     @property
     def request_hash(self) -> str:
@@ -102,22 +106,45 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int |
     ids = spec.request.get("prompt_token_ids")
     if ids is not None:
         _check_ids(ids, tokenizer, where, "prompt", param="prompt")
+    refuse_surely_too_long(tokenizer, spec.request, max_tokens, n_ctx, model.name, where=where)
     try:
         if not exact and tokenizer.prompt_bytes(spec.request) + 2 <= n_ctx - max_tokens:
             return None  # no tokenizer yields more tokens than bytes (plus BOS/EOS): it fits
-        prompt_tokens = tokenizer.count_request_tokens(spec.request)
+        prompt_tokens, exact = spec.prompt_tokens, True
+        if prompt_tokens is None:
+            prompt_tokens, exact = tokenizer.count_up_to(spec.request, n_ctx - max_tokens)
     except ValueError as exc:
         raise RequestError(422, f"{where}{exc}") from None
     if prompt_tokens + max_tokens > n_ctx:
+        counted = f"{prompt_tokens}" if exact else f"at least {prompt_tokens}"
         raise RequestError(
             422,
-            f"{where}the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
+            f"{where}the prompt is {counted} tokens and max_tokens is {max_tokens}, "
             f"{prompt_tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
             "shorten the prompt or lower max_tokens",
             param="max_tokens",
             code="context_length_exceeded",
         )
     return prompt_tokens
+
+
+def refuse_surely_too_long(
+    tokenizer: VocabTokenizer, request: dict[str, Any], max_tokens: int, n_ctx: int, model: str, *, where: str = ""
+) -> None:
+    """A 422 for a prompt that cannot fit even at the fewest tokens its size allows, found
+    without tokenising it (seconds for a few hundred kilobytes; gpuq/jobs/prompt.py)."""
+    if request.get("prompt_token_ids") is not None:
+        return  # counted exactly, at no cost, where they are checked
+    least = tokenizer.fewest_tokens(request)
+    if least + max_tokens > n_ctx:
+        raise RequestError(
+            422,
+            f"{where}the prompt is at least {least} tokens (judged by its size, before counting them) and "
+            f"max_tokens is {max_tokens}, but {model!r} has a context of {n_ctx} tokens: "
+            "shorten the prompt or lower max_tokens",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
 
 
 def _check_texts(spec: JobSpec, model: Model, where: str, exact: bool) -> None:
@@ -185,10 +212,19 @@ async def submit_jobs(
     """Validate and accept jobs, all or none, owned by the caller's tenant. The key's limits
     (gpuq/jobs/limits.py) are applied once every check has passed, to the jobs that are new:
     a refused request, or an idempotent replay, spends none of its submissions."""
+    specs = [_keep_alive_rule(s, caller) for s in specs]
+    # A key already over its limits is refused before its prompts are tokenised; a job with
+    # an idempotency key may be a replay, which spends nothing, so only the others count here.
+    surely_new = sum(1 for s in specs if s.idempotency_key is None)
+    if surely_new:
+        await precheck(db, redis, caller, queued_jobs=surely_new, submissions=surely_new)
     models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
-    prompt_tokens = await to_thread.run_sync(
-        lambda: [check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)]
-    )
+    async with tokenising_turn(caller.owner):
+        prompt_tokens = await to_thread.run_sync(
+            lambda: [
+                check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)
+            ]
+        )
     fleet = await db.run_sync(load_fleet)
     for i, spec in enumerate(specs):
         check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
@@ -225,6 +261,15 @@ async def submit_jobs(
             for s in specs
         ]
     raise RequestError(409, "an idempotency_key in this request keeps being taken by concurrent requests; retry")
+
+
+def _keep_alive_rule(spec: JobSpec, caller: Caller) -> JobSpec:
+    """An admin's explicit keep_alive may shorten its model's stay (0 unloads it after the
+    job); anyone else's only lengthens it (docs/security.md)."""
+    request = {k: v for k, v in spec.request.items() if k != KEEP_ALIVE_SHORTENS}
+    if caller.is_admin and request.get("keep_alive") is not None:
+        request[KEEP_ALIVE_SHORTENS] = True
+    return replace(spec, request=request)
 
 
 class _RacedOnIdempotencyKey(Exception):

@@ -107,6 +107,7 @@ from gpuq.store.jobs import (
     record_outcomes_written,
     return_to_queue,
     running_jobs,
+    running_jobs_of_key,
     usage_by_key_since,
 )
 from gpuq.store.model_registry import (
@@ -217,6 +218,7 @@ __all__ = [
     "revoke_key_keeping_an_admin",
     "running_batch_jobs",
     "running_jobs",
+    "running_jobs_of_key",
     "runs_of_job",
     "save_file",
     "save_model",

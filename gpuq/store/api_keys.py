@@ -11,7 +11,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import ApiKey, Role, utcnow
-from gpuq.store._sql import commit_changed
+from gpuq.store._sql import commit_changed, rows_changed
 
 KEY_PREFIX = "gpuq_"
 
@@ -148,12 +148,22 @@ def known_owners(session: Session) -> set[str]:
     return set(session.scalars(select(ApiKey.owner).distinct()))
 
 
-def hold_key_until_commit(session: Session, key_id: str) -> None:
-    """Serialise this key's submissions from here to the transaction's end, so that a
-    count of its queued jobs stays true until the new ones are committed.
+def hold_key_until_commit(session: Session, key_id: str) -> bool:
+    """Serialise this key's submissions, and its revocation, from here to the transaction's
+    end; False (and nothing held) when the key is revoked by now.
+
+    So a count of its queued jobs stays true until the new ones are committed, and a
+    revocation that cancels the key's jobs finds every job a submission of that key ever
+    commits: a submission holding the key commits first (and the cancel sees its jobs), or
+    it comes after the revocation and is refused here.
 
     A write that changes nothing does it on both databases: on PostgreSQL it locks the
     key's row (other keys are not held up); on SQLite it takes the database's single write
     lock, which the coming insert needs anyway.
     """
-    session.execute(update(ApiKey).where(ApiKey.id == key_id).values(max_queued_jobs=ApiKey.max_queued_jobs))
+    statement = (
+        update(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+        .values(max_queued_jobs=ApiKey.max_queued_jobs)
+    )
+    return rows_changed(session, statement) == 1

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, delete, func, insert, select, tuple_, update
@@ -18,7 +19,7 @@ from gpuq.db.tables import (
 )
 from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
-from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, NewJob, _job_rows, queue_entry
+from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, NewJob, _job_rows, _same_tenant, queue_entry
 
 # ---------------------------------------------------------------- files and batches
 
@@ -42,7 +43,8 @@ def list_files(
     purpose: str | None = None,
     newest_first: bool = True,
 ) -> tuple[list[File], bool]:
-    """Keyset-paginated by creation (OpenAI's order ``desc`` or ``asc``); ``owner`` narrows to one tenant's."""
+    """Keyset-paginated by creation (OpenAI's order ``desc`` or ``asc``); ``owner`` narrows to one tenant's.
+    A cursor naming another tenant's file raises LookupError, as a missing one does."""
     query = select(File)
     if owner is not None:
         query = query.where(File.owner == owner)
@@ -51,7 +53,7 @@ def list_files(
     key = tuple_(File.created_at, File.id)
     if after is not None:
         anchor = session.get(File, after)
-        if anchor is None:
+        if anchor is None or not _same_tenant(anchor.owner, owner):
             raise LookupError(after)
         bound = tuple_(anchor.created_at, anchor.id)
         query = query.where(key < bound if newest_first else key > bound)
@@ -65,13 +67,18 @@ def delete_file(session: Session, file_id: str) -> bool:
     return commit_changed(session, delete(File).where(File.id == file_id))
 
 
-def insert_batch(session: Session, batch: Batch, jobs: Sequence[NewJob]) -> None:
-    """The batch row and all its jobs in one transaction."""
+INSERT_CHUNK_JOBS = 500
+
+
+def insert_batch(session: Session, batch: Batch, jobs: Iterable[NewJob]) -> None:
+    """The batch row and all its jobs in one transaction, inserted a chunk at a time as
+    ``jobs`` yields them (a 50,000-line batch is never in memory whole)."""
     session.add(batch)
     session.flush()
-    if jobs:
+    pending = iter(jobs)
+    while chunk := list(itertools.islice(pending, INSERT_CHUNK_JOBS)):
         # Core, on the Table (a mapped class's __table__ is typed as any FromClause): no ORM bookkeeping per row
-        session.execute(insert(cast(Table, Job.__table__)), _job_rows(jobs))
+        session.execute(insert(cast(Table, Job.__table__)), _job_rows(chunk))
     session.commit()
 
 
@@ -89,13 +96,14 @@ def get_batch(session: Session, batch_id: str) -> Batch | None:
 def list_batches(
     session: Session, *, limit: int, after: str | None = None, owner: str | None = None
 ) -> tuple[list[Batch], bool]:
-    """Newest first, keyset-paginated; ``owner`` narrows to one tenant's."""
+    """Newest first, keyset-paginated; ``owner`` narrows to one tenant's. A cursor naming
+    another tenant's batch raises LookupError, as a missing one does."""
     query = select(Batch)
     if owner is not None:
         query = query.where(Batch.owner == owner)
     if after is not None:
         anchor = session.get(Batch, after)
-        if anchor is None:
+        if anchor is None or not _same_tenant(anchor.owner, owner):
             raise LookupError(after)
         query = query.where(tuple_(Batch.created_at, Batch.id) < tuple_(anchor.created_at, anchor.id))
     rows = list(session.scalars(query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)))

@@ -127,6 +127,7 @@ class JobFilter:
     host: str | None = None
     gpu_uuid: str | None = None
     batch_id: str | None = None
+    api_key_id: str | None = None  # the key that submitted them (a revocation cancels its jobs)
 
 
 def job_conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
@@ -139,6 +140,7 @@ def job_conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
         (Job.host, flt.host),
         (Job.gpu_uuid, flt.gpu_uuid),
         (Job.batch_id, flt.batch_id),
+        (Job.api_key_id, flt.api_key_id),
     )
     conditions = [column == value for column, value in equal if value is not None]
     if flt.statuses:
@@ -153,17 +155,24 @@ def job_conditions(flt: JobFilter) -> list[ColumnElement[bool]]:
 def list_jobs(session: Session, flt: JobFilter, *, limit: int, after: str | None = None) -> tuple[list[Job], bool]:
     """Newest first, keyset-paginated: ``after`` is the last id of the previous page.
 
-    Returns the page and whether more rows follow.
+    Returns the page and whether more rows follow. A cursor that names no job, or another
+    tenant's job in a list narrowed to one tenant, raises LookupError alike: a cursor must
+    not tell a tenant that another's id exists, nor when it was made.
     """
     query = select(Job).where(*job_conditions(flt))
     if after is not None:
         anchor = session.get(Job, after)
-        if anchor is None:
+        if anchor is None or not _same_tenant(anchor.owner, flt.owner):
             raise LookupError(after)
         query = query.where(tuple_(Job.created_at, Job.id) < tuple_(anchor.created_at, anchor.id))
     query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
     rows = list(session.scalars(query))
     return rows[:limit], len(rows) > limit
+
+
+def _same_tenant(row_owner: str | None, owner: str | None) -> bool:
+    """Whether a row belongs in a list narrowed to ``owner`` (None: every tenant's)."""
+    return owner is None or row_owner == owner
 
 
 def count_jobs_by_status(session: Session) -> dict[str, int]:
@@ -175,6 +184,12 @@ def count_queued_jobs_of_key(session: Session, api_key_id: str) -> int:
     """The jobs submitted with this API key that wait in a queue (what ``max_queued_jobs`` bounds)."""
     query = select(func.count()).select_from(Job).where(Job.api_key_id == api_key_id, Job.status == JobStatus.QUEUED)
     return session.scalar(query) or 0
+
+
+def running_jobs_of_key(session: Session, api_key_id: str) -> list[tuple[str, str | None]]:
+    """(id, worker) of each job submitted with this key that runs now."""
+    query = select(Job.id, Job.worker).where(Job.api_key_id == api_key_id, Job.status == JobStatus.RUNNING)
+    return [(row.id, row.worker) for row in session.execute(query)]
 
 
 @dataclass(frozen=True, slots=True)

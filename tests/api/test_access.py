@@ -95,6 +95,38 @@ def test_tenants_see_only_their_own_jobs_and_another_tenants_job_is_a_404(as_key
     assert [j["id"] for j in client.get("/v1/jobs", params={"owner": "globex"}).json()["data"]] == [theirs["id"]]
 
 
+@both_databases
+@pytest.mark.parametrize("kind", ["jobs", "batches", "files"])
+def test_a_list_cursor_naming_another_tenants_object_answers_as_a_missing_one(as_key, make_key, client, kind):
+    """Otherwise `after=` is an oracle: it would tell a tenant that another's id exists and,
+    by the page it gives, when it was made."""
+    acme, globex = make_key("submitter", "acme"), make_key("submitter", "globex")
+
+    def make(key: str) -> str:
+        if kind == "jobs":
+            return str(as_key(key, "POST", "/v1/jobs", json=NOOP).json()["id"])
+        file_id = batch_file(client, key).json()["id"]
+        if kind == "files":
+            return str(file_id)
+        batch = {"input_file_id": file_id, "endpoint": "/v1/embeddings"}
+        return str(as_key(key, "POST", "/v1/batches", json=batch).json()["id"])
+
+    mine, theirs = make(acme), make(globex)
+    mine_later = make(acme)  # newer than theirs: a leaked cursor would page to `mine` alone
+    missing = {"jobs": "job_nope", "batches": "batch_nope", "files": "file-nope"}[kind]
+    singular = {"jobs": "job", "batches": "batch", "files": "file"}[kind]
+
+    answers = [as_key(acme, "GET", f"/v1/{kind}", params={"after": cursor}) for cursor in (theirs, missing)]
+    for answer, cursor in zip(answers, (theirs, missing), strict=True):
+        assert answer.status_code == 422
+        assert answer.json()["detail"] == f"`after` names {singular} {cursor!r}, which does not exist"
+    assert "globex" not in answers[0].text
+    # The tenant's own cursors still page; an admin pages across tenants with any id.
+    own = as_key(acme, "GET", f"/v1/{kind}", params={"after": mine_later}).json()["data"]
+    assert [o["id"] for o in own] == [mine]
+    assert client.get(f"/v1/{kind}", params={"after": theirs}).status_code == 200
+
+
 def test_the_same_idempotency_key_in_two_tenants_makes_two_jobs(as_key, make_key):
     acme, globex = make_key("submitter", "acme"), make_key("submitter", "globex")
     body = NOOP | {"idempotency_key": "nightly-1"}

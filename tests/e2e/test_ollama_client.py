@@ -99,6 +99,43 @@ def test_models_listed_shown_and_loaded_with_keep_alive_honoured(system, client)
     assert not any(m.model == f"{MODEL}:latest" for m in client.ps().models)
 
 
+def test_a_submitters_keep_alive_never_unloads_or_shortens_what_others_rely_on(system, client):
+    """Only an admin's keep_alive may bring a model's unloading forward (0: right after its
+    job); a submitter's only lengthens its stay, and its empty-prompt unload is a 403."""
+    admin = {"Authorization": f"Bearer {system.processes.admin_key}"}
+    made = httpx.post(f"{system.url}/v1/keys", json={"name": "tenant", "owner": "acme"}, headers=admin, timeout=30)
+    tenant = ollama.Client(host=system.url, headers={"Authorization": f"Bearer {made.json()['key']}"})
+    one_token = {"num_predict": 1}
+
+    def expiry_after(job_id: str) -> datetime | None:
+        """The model's expiry once the worker has published what this job left (None: not loaded)."""
+        wait_for_job = time.monotonic() + 30
+        while system.client.job(job_id)["status"] in ("queued", "running") and time.monotonic() < wait_for_job:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the worker publishes its loaded models between jobs
+        loaded = [m for m in client.ps().models if m.model == MODEL]
+        return loaded[0].expires_at if loaded else None
+
+    client.generate(model=MODEL, prompt="Hi", options=one_token, keep_alive="10m")
+    relied_on = expiry_after(_latest_job(system)["id"])
+    assert relied_on is not None and relied_on - datetime.now(UTC) > timedelta(minutes=9)
+    for keep_alive in (0, "1m"):
+        tenant.generate(model=MODEL, prompt="Hi", options=one_token, keep_alive=keep_alive)
+        now = expiry_after(_latest_job(system)["id"])
+        assert now is not None and now >= relied_on - timedelta(seconds=1), (keep_alive, now, relied_on)
+    with pytest.raises(ollama.ResponseError) as unload:
+        tenant.generate(model=MODEL, prompt="", keep_alive=0)
+    assert unload.value.status_code == 403 and any(m.model == MODEL for m in client.ps().models)
+
+    tenant.generate(model=MODEL, prompt="Hi", options=one_token, keep_alive="20m")  # longer: taken
+    lengthened = expiry_after(_latest_job(system)["id"])
+    assert lengthened is not None and lengthened - datetime.now(UTC) > timedelta(minutes=19)
+    assert _latest_job(system)["request"]["keep_alive"] == 1200  # as the tenant sent it
+
+    client.generate(model=MODEL, prompt="Hi", options=one_token, keep_alive=0)  # an admin's 0 unloads
+    assert expiry_after(_latest_job(system)["id"]) is None
+
+
 def test_refusals_are_ollamas_errors(system, client):
     with pytest.raises(ollama.ResponseError) as missing:
         client.generate(model="no-such-model", prompt="hi")

@@ -118,6 +118,29 @@ def test_the_cache_keeps_models_loaded_and_evicts_the_least_recently_used(model_
     assert cache.loaded_names() == []
 
 
+def test_a_keep_alive_that_may_not_shorten_only_ever_lengthens_a_models_stay(model_path):
+    """A submitter's job (shortens=False) never brings an expiry forward: not with 0, not
+    with a shorter time, not under a model kept forever; a longer one lengthens it."""
+
+    def loader(spec):
+        return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=1, gpu_layers=0)
+
+    cache = ModelCache(loader, max_loaded=2)
+    a, b = (ModelSpec(name, model_path, 512, False) for name in ("a", "b"))
+    cache.get(a), cache.get(b)
+    cache.keep(a, 600, now=100.0)  # someone relies on a for 10 minutes
+    cache.keep(a, 0, shortens=False, now=110.0)
+    cache.keep(a, 60, shortens=False, now=120.0)
+    cache.keep(b, -1, now=100.0)
+    cache.keep(b, 0, shortens=False, now=110.0)
+    assert cache.unload_expired(now=650.0) == [] and cache.loaded_names() == ["a", "b"]
+    cache.keep(a, 1200, shortens=False, now=650.0)  # a longer stay is taken
+    assert cache.unload_expired(now=1800.0) == []
+    assert cache.unload_expired(now=1851.0) == ["a"]
+    cache.keep(b, 0, now=1900.0)  # an admin's 0 unloads
+    assert cache.unload_expired(now=1900.0) == ["b"]
+
+
 def test_the_cache_evicts_to_stay_within_its_vram_budget(model_path):
     def loader(spec):
         return LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=spec.embedding, threads=1, gpu_layers=0)

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpuq.cli.client import GpuqClient
 from gpuq.cli.support import duration
 from tests.gpuq.cli.conftest import MODEL, Api, run
 
@@ -104,3 +105,31 @@ def test_models_register_takes_a_path_as_this_directory_sees_it_or_says_where_it
     (api.data_dir / "elsewhere.gguf").symlink_to(model_path)
     outside = run(["models", "register", "out", "elsewhere.gguf"], env, api.data_dir)
     assert outside.exit_code != 0 and "outside the models directory" in outside.stderr
+
+
+def test_keys_revoke_leaves_the_keys_jobs_queued_and_with_cancel_jobs_cancels_them(
+    api: Api, env: dict[str, str | None], tmp_path: Path
+) -> None:
+    env = env | {"GPUQ_DATABASE_URL": api.database_url}
+    with GpuqClient(api.url, api_key=api.key) as client:
+        client.wait_ready()  # the module's API may still be starting
+    with _admin(api) as admin:
+        made = [admin.post("/v1/keys", json={"name": f"leak-{i}", "owner": "acme"}).json() for i in range(2)]
+        jobs = [
+            admin.post(
+                "/v1/jobs", json={"kind": "noop", "model": MODEL}, headers={"Authorization": f"Bearer {k['key']}"}
+            ).json()["id"]
+            for k in made
+        ]
+        revoked = run(["keys", "revoke", made[0]["id"]], env, tmp_path)
+        cancelled = run(["keys", "revoke", made[1]["id"], "--cancel-jobs"], env, tmp_path)
+        assert revoked.exit_code == 0 and revoked.stdout == f"revoked {made[0]['id']}\n"
+        assert cancelled.exit_code == 0, cancelled.output
+        assert (
+            cancelled.stdout == f"revoked {made[1]['id']}\ncancelled the queued and running jobs of {made[1]['id']}\n"
+        )
+        assert [admin.get(f"/v1/jobs/{j}").json()["status"] for j in jobs] == ["queued", "cancelled"]
+        # a key revoked without it may have its jobs cancelled later
+        later = run(["keys", "revoke", made[0]["id"], "--cancel-jobs"], env, tmp_path)
+        assert later.exit_code == 0 and later.stdout == f"cancelled the queued and running jobs of {made[0]['id']}\n"
+        assert admin.get(f"/v1/jobs/{jobs[0]}").json()["status"] == "cancelled"

@@ -30,6 +30,38 @@ def test_the_byte_bound_of_a_chat_equals_the_rendered_length(model_path):
     assert vocab.prompt_bytes({"prompt": "héllo"}) == 6
 
 
+LONG_CHATS = [
+    [{"role": "user", "content": "lorem ipsum dolor sit amet, " * 40} for _ in range(30)],
+    [{"role": "user", "content": "  🙂  " * 500}],
+    [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
+]
+
+
+def test_the_fewest_tokens_judged_by_size_are_never_more_than_the_count(model_path):
+    """The bound refuses without tokenising, so it must never refuse what fits."""
+    vocab = VocabTokenizer(model_path)
+    for messages in CHATS + LONG_CHATS:
+        request = {"messages": messages}
+        assert vocab.fewest_tokens(request) <= vocab.count_request_tokens(request)
+    assert vocab.fewest_tokens({"prompt": "word " * 3000}) <= vocab.count_request_tokens({"prompt": "word " * 3000})
+    flood = {"messages": [{"role": "user", "content": f"hello there {i}"} for i in range(10_000)]}
+    assert vocab.fewest_tokens(flood) == 10_000  # one a message at least: over any context here
+
+
+def test_a_long_prompt_is_judged_by_its_start_and_a_short_one_counted_exactly(model_path):
+    vocab = VocabTokenizer(model_path)
+    for messages in CHATS + LONG_CHATS:
+        request = {"messages": messages}
+        whole = vocab.count_request_tokens(request)
+        assert vocab.count_up_to(request, 10**6) == (whole, True)
+        n, exact = vocab.count_up_to(request, 2048)
+        assert (n == whole) if exact else (2048 < n <= whole)
+    long = {"messages": [{"role": "user", "content": "lorem ipsum dolor sit amet " * 3} for _ in range(2_000)]}
+    whole = vocab.count_request_tokens(long)
+    least, exact = vocab.count_up_to(long, 2047)
+    assert not exact and 2047 < least <= whole
+
+
 # A Hermes/Qwen-style template, cut down: it renders the tools, an assistant's calls (arguments
 # through tojson, as templates write them) and tool results.
 TOOL_TEMPLATE = (
