@@ -117,7 +117,9 @@ def test_an_upload_left_unfinished_by_a_killed_api_is_removed_at_the_next_start(
 
 def _fill(path: Path) -> None:
     """Writes ``path`` until the disk under it is full."""
-    with path.open("wb") as filler, contextlib.suppress(OSError):
+    # Unbuffered, and the error suppressed outside the file: closing a buffered file on a full
+    # disk flushes, and raises again.
+    with contextlib.suppress(OSError), path.open("wb", buffering=0) as filler:
         while True:
             filler.write(b"\0" * 65536)
             filler.flush()
