@@ -113,7 +113,7 @@ def test_a_submitters_keep_alive_never_unloads_or_shortens_what_others_rely_on(s
         while system.client.job(job_id)["status"] in ("queued", "running") and time.monotonic() < wait_for_job:
             time.sleep(0.1)
         time.sleep(1.0)  # the worker publishes its loaded models between jobs
-        loaded = [m for m in client.ps().models if m.model == MODEL]
+        loaded = [m for m in client.ps().models if m.model == f"{MODEL}:latest"]
         return loaded[0].expires_at if loaded else None
 
     client.generate(model=MODEL, prompt="Hi", options=one_token, keep_alive="10m")
@@ -125,7 +125,7 @@ def test_a_submitters_keep_alive_never_unloads_or_shortens_what_others_rely_on(s
         assert now is not None and now >= relied_on - timedelta(seconds=1), (keep_alive, now, relied_on)
     with pytest.raises(ollama.ResponseError) as unload:
         tenant.generate(model=MODEL, prompt="", keep_alive=0)
-    assert unload.value.status_code == 403 and any(m.model == MODEL for m in client.ps().models)
+    assert unload.value.status_code == 403 and any(m.model == f"{MODEL}:latest" for m in client.ps().models)
 
     tenant.generate(model=MODEL, prompt="Hi", options=one_token, keep_alive="20m")  # longer: taken
     lengthened = expiry_after(_latest_job(system)["id"])

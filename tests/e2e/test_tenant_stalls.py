@@ -10,6 +10,7 @@ tenant's turn, not in front of the other tenant's call (gpuq/jobs/limits.py, pro
 from __future__ import annotations
 
 import json
+import secrets
 import statistics
 import threading
 import time
@@ -28,8 +29,11 @@ HOSTILE = {
 
 
 def make_key(system, owner: str) -> str:
+    """A fresh key of ``owner``'s (named apart: an owner's active keys have distinct names)."""
     admin = {"Authorization": f"Bearer {system.processes.admin_key}"}
-    made = httpx.post(f"{system.url}/v1/keys", json={"name": owner, "owner": owner}, headers=admin, timeout=30)
+    name = f"{owner}-{secrets.token_hex(3)}"
+    made = httpx.post(f"{system.url}/v1/keys", json={"name": name, "owner": owner}, headers=admin, timeout=30)
+    assert made.status_code == 201, made.text
     return str(made.json()["key"])
 
 
