@@ -24,9 +24,9 @@ def test_a_command_against_an_unreachable_api_says_so_in_one_line(tmp_path):
 
 
 def test_help_shows_the_address_a_command_would_call_and_where_it_comes_from(tmp_path):
-    runner = CliRunner(env={"GPUQ_API_URL": "http://10.0.0.5:9000", "GPUQ_DATA_DIR": str(tmp_path)})
+    runner = CliRunner(env={"GPUQ_API_URL": "http://127.0.0.5:9000", "GPUQ_DATA_DIR": str(tmp_path)})
     shown = runner.invoke(main, ["jobs", "--help"]).output
-    assert "http://10.0.0.5:9000, from GPUQ_API_URL" in " ".join(shown.split())
+    assert "http://127.0.0.5:9000, from GPUQ_API_URL" in " ".join(shown.split())
     assert "127.0.0.1:8000" not in shown
     remember_url(tmp_path, "0.0.0.0", 8123)  # as `gpuq up --port 8123` does
     shown = CliRunner(env={"GPUQ_API_URL": None, "GPUQ_DATA_DIR": str(tmp_path)}).invoke(main, ["jobs", "--help"])
