@@ -45,9 +45,9 @@ from gpuq.redis_keys import rate_limit_key
 # does not know; a few seconds keeps clients from hammering without making them idle long.
 QUEUE_FULL_RETRY_S = 5
 
-# KEYS[1] bucket; ARGV: capacity, refill per second, tokens wanted, now (s).
-# Returns {1, 0} when granted, or {0, seconds until enough tokens}.
-_TAKE_TOKENS = """
+# KEYS[1] bucket; ARGV: capacity, refill per second, tokens wanted, now (s). The bucket as it
+# stands now, refilled since its last take:
+_REFILLED = """
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local wanted = tonumber(ARGV[3])
@@ -56,6 +56,11 @@ local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
 local tokens = tonumber(state[1]) or capacity
 local at = tonumber(state[2]) or now
 tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+"""
+# Returns {1, 0} when granted, or {0, seconds until enough tokens}.
+_TAKE_TOKENS = (
+    _REFILLED
+    + """
 if tokens >= wanted then
   redis.call('HSET', KEYS[1], 'tokens', tostring(tokens - wanted), 'at', tostring(now))
   redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate) + 1)
@@ -63,22 +68,17 @@ if tokens >= wanted then
 end
 return {0, tostring((wanted - tokens) / rate)}
 """
-
-# The same arithmetic, reading only: {1, 0} when the tokens are there, else {0, seconds}.
-_PEEK_TOKENS = """
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local wanted = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or capacity
-local at = tonumber(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+)
+# The same, reading only: {1, 0} when the tokens are there, else {0, seconds}.
+_PEEK_TOKENS = (
+    _REFILLED
+    + """
 if tokens >= wanted then
   return {1, '0'}
 end
 return {0, tostring((wanted - tokens) / rate)}
 """
+)
 
 
 def check_queue_room(session: Session, caller: Caller, adding: int) -> None:
