@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuq.jobs.prompt import ChatFormatter, chat_formatter, request_tokens
+from gpuq.jobs.prompt import ChatFormatter, chat_formatter, request_tokens, unpack_prompt_ids, vocabulary_file_tag
 from gpuq.jobs.request import GenerationParams
 from gpuq.streams.events import TOKENS
 from worker.decoding import BatchDecoder, DamagedModel, Sampling
@@ -105,6 +105,7 @@ class LoadedModel:
             self.llm = _embedding_llama(path, n_ctx, threads, gpu_layers, tensor_split)
             return
         self.model = _load_weights(path, gpu_layers, tensor_split)
+        self.file_tag = vocabulary_file_tag(path)  # which API-built prompt ids fit this model
         self.formatter = chat_formatter(self.model)
         self.vocabulary = Vocabulary(self.model.vocab, self.model.n_vocab())
         self.decoder = BatchDecoder(
@@ -129,16 +130,25 @@ class LoadedModel:
         return request_tokens(request, self.model.tokenize, self.formatter)
 
     def prepare(
-        self, key: str, request: dict[str, Any], cancel: threading.Event, deadline: float | None = None
+        self,
+        key: str,
+        request: dict[str, Any],
+        cancel: threading.Event,
+        deadline: float | None = None,
+        prompt_ids: bytes | None = None,
     ) -> Prepared:
-        """A generation made ready to admit: its prompt tokenised and its output schema, if
-        any, compiled (beside the engine: the vocabulary is only read, and llama.cpp's
-        tokenizer and llguidance's compiler release the GIL)."""
+        """A generation made ready to admit: its prompt's tokens (those the API built, when it
+        built them with this model's file; else tokenised here) and its output schema, if any,
+        compiled (beside the engine: the vocabulary is only read, and llama.cpp's tokenizer
+        and llguidance's compiler release the GIL)."""
         assert self.decoder is not None, "an embedding model does not generate"
         params = GenerationParams.model_validate(request)
         schema = params.output_schema
         constraint = self.vocabulary.constraint(schema) if schema is not None else None
-        return Prepared(key, params, self.prompt_tokens(request), cancel, deadline, self.decoder, constraint)
+        tokens = unpack_prompt_ids(self.file_tag, prompt_ids)
+        if tokens is None:
+            tokens = self.prompt_tokens(request)
+        return Prepared(key, params, tokens, cancel, deadline, self.decoder, constraint)
 
     def tokens_decoded(self) -> int:
         assert self.decoder is not None

@@ -171,7 +171,7 @@ class JobRunner:
     def prepare_generation(
         self, claimed: store.ClaimedJob, cancel: threading.Event, deadline: float | None
     ) -> Prepared | None:
-        """Loads the job's model (if need be), tokenises its prompt and starts its stream: a
+        """Loads the job's model (if need be), tokenises its prompt (unless the API did) and starts its stream: a
         request ready for the decoder. None when the job ended at once (failed, handed back);
         its outcome is then already on its way."""
         running = self._start(claimed)
@@ -182,7 +182,7 @@ class JobRunner:
             spec = _spec(model, embedding=False)
             loaded, running.outcome.load_ms = self._load(spec)
             running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
-            prepared = loaded.prepare(claimed.id, claimed.request, cancel, deadline)
+            prepared = loaded.prepare(claimed.id, claimed.request, cancel, deadline, claimed.prompt_ids)
             running.outcome.prompt_tokens, running.decoder = len(prepared.tokens), prepared.decoder
         except HandBack as exc:
             self._hand_back_or_settle(running, exc)

@@ -104,11 +104,13 @@ def _lines(path: str, models: dict[str, Model | None], get_model: Any) -> Iterat
 
 
 def _check_line(line: _Line, model: Model | None, fleet: Fleet) -> int | None:
-    """The line's prompt tokens (None when it surely fits, or is no generation); RequestError if it cannot run."""
+    """The line's prompt tokens (None when it surely fits, or is no generation); RequestError if it cannot run.
+    Only the count is kept (the ids of 50,000 lines would be the memory a batch's start must
+    not hold): the worker tokenises a batch line's prompt."""
     spec = JobSpec(line.kind, line.model, Priority.LOW, line.request)
-    tokens = check_against_model(spec, model, exact=False)
+    counted = check_against_model(spec, model, exact=False)
     check_placeable(spec, model, fleet)
-    return tokens
+    return None if counted is None else counted.tokens
 
 
 @dataclass

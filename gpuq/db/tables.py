@@ -13,6 +13,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -84,6 +85,8 @@ class Job(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)  # of prompt_tokens, reused from a KV stream
+    # The prompt's tokens as the API built them, for the worker; cleared once the job has run.
+    prompt_ids: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     load_ms: Mapped[int | None] = mapped_column(Integer)
     run_ms: Mapped[int | None] = mapped_column(Integer)
 

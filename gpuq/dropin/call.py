@@ -25,7 +25,7 @@ from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.limits import precheck, tokenising_turn
-from gpuq.jobs.prompt import vocab_tokenizer
+from gpuq.jobs.prompt import Counted, vocab_tokenizer
 from gpuq.jobs.request import GenerationParams, JobParams
 from gpuq.jobs.submit import JobSpec, refuse_surely_too_long, submit_jobs
 from gpuq.queue_names import Priority
@@ -55,9 +55,9 @@ def call_spec(
     stream: bool,
 ) -> JobSpec:
     """The job of a call: its request asks for every token (streaming) or only the end."""
-    params, prompt_tokens = request if isinstance(request, SizedRequest) else (request, None)
+    params, counted = request if isinstance(request, SizedRequest) else (request, None)
     params = params.model_copy(update={REQUEST_FIELD: TOKENS if stream else END_ONLY})
-    return JobSpec(kind=kind, model=model, priority=priority, request=params.stored(), prompt_tokens=prompt_tokens)
+    return JobSpec(kind=kind, model=model, priority=priority, request=params.stored(), counted=counted)
 
 
 async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
@@ -83,7 +83,7 @@ def refuse_more_messages_than_the_context(model: Model, messages: int) -> None:
 
 class SizedRequest(NamedTuple):
     params: GenerationParams
-    prompt_tokens: int | None  # counted while sizing (None: not yet; submit_jobs counts it)
+    counted: Counted | None  # while sizing (None: not yet; submit_jobs counts it)
 
 
 async def with_max_tokens(
@@ -114,19 +114,20 @@ async def with_max_tokens(
 
     room = limit - (wanted or 1)  # the most prompt tokens the call can have
 
-    def count() -> tuple[int, bool]:
+    def count() -> Counted:
         tokenizer = vocab_tokenizer(model.path)
         refuse_surely_too_long(tokenizer, stored, wanted or 1, limit, model.name)
         return tokenizer.count_up_to(stored, room)
 
     try:
         async with tokenising_turn(caller.owner):
-            prompt_tokens, exact = await to_thread.run_sync(count)
+            counted = await to_thread.run_sync(count)
     except RequestError as exc:  # gpuq's 422, a 400 on the drop-in routes
         raise RequestError(400, exc.message, param=exc.param, code=exc.code) from None
     except ValueError as exc:
         raise RequestError(400, str(exc)) from None
-    if not exact:
+    prompt_tokens = counted.tokens
+    if not counted.exact:
         raise RequestError(
             400,
             f"the prompt is at least {prompt_tokens} tokens (counted from its start), but {model.name!r} has a "
@@ -143,7 +144,7 @@ async def with_max_tokens(
             code="context_length_exceeded",
         )
     filled = wanted if wanted is not None else max(1, limit - prompt_tokens)
-    return SizedRequest(request.model_copy(update={"max_tokens": filled}), prompt_tokens)
+    return SizedRequest(request.model_copy(update={"max_tokens": filled}), counted)
 
 
 async def submit_call(db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int) -> Job:

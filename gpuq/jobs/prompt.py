@@ -1,10 +1,11 @@
 """Turning a generation request into the exact tokens the model will see.
 
-The API counts a prompt's tokens to refuse one that cannot fit the model's context, and
-the worker runs those same tokens: both call :func:`prompt_text` and a tokenizer that
-wraps llama.cpp's own ``llama_tokenize``, so the count the user is told is the count
-that runs. The API loads only the vocabulary (``vocab_only``), which takes milliseconds
-and no weights.
+The API tokenises a prompt to refuse one that cannot fit the model's context, and hands
+the tokens to the worker with the job (``Counted.ids``), so the count the user is told is
+the count that runs and a prompt is tokenised once. Where the API did not tokenise (batch
+lines that surely fit), the worker does it the same way: both call :func:`prompt_text` and
+llama.cpp's own ``llama_tokenize``. The API loads only the vocabulary (``vocab_only``),
+which takes milliseconds and no weights.
 
 Tokenising is the API's one costly step (seconds for a prompt of hundreds of kilobytes), so
 a prompt that surely cannot fit is refused without it (:meth:`VocabTokenizer.fewest_tokens`),
@@ -17,12 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
+import os
 import queue
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # Same tokenizer call llama-cpp-python's chat handlers make for a rendered chat prompt.
 Tokenize = Callable[[bytes, bool, bool], list[int]]
@@ -290,24 +294,44 @@ class VocabTokenizer:
             skeleton = self._skeletons[roles] = len(prompt_text({"messages": empty}, self.formatter).encode("utf-8"))
         return skeleton + sum(len(m["content"].encode("utf-8")) for m in request["messages"])
 
+    def ids(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        """``tokenize`` in one llama.cpp call whatever the length (llama-cpp-python's sizes
+        its buffer by the training context, and tokenises a longer text twice): no text has
+        more tokens than bytes, plus the BOS and EOS it may be given."""
+        import llama_cpp
+
+        room = len(text) + 2
+        buffer = (llama_cpp.llama_token * room)()
+        with self._copy() as model:
+            n = llama_cpp.llama_tokenize(model.vocab, text, len(text), buffer, room, add_bos, special)
+        if n < 0:
+            raise ValueError(f"llama.cpp found more than {room} tokens in a text of {len(text)} bytes")
+        return buffer[:n]
+
     def count_request_tokens(self, request: dict[str, Any]) -> int:
         if request.get("prompt_token_ids") is not None:
             return len(request["prompt_token_ids"])
         # The same arguments as tokenize_prompt, so the count is the worker's count.
         return self.count(prompt_text(request, self.formatter).encode("utf-8"), True, True)
 
-    def count_up_to(self, request: dict[str, Any], over: int) -> tuple[int, bool]:
-        """The prompt's tokens and True; or, for a long prompt whose start alone has more
-        than ``over`` tokens, a lower bound from that start (more than ``over``) and False,
-        without tokenising the rest: a refusal need not cost seconds."""
+    def count_up_to(self, request: dict[str, Any], over: int) -> Counted:
+        """The prompt's tokens, counted by tokenising it once (the ids go to the worker); or,
+        for a long prompt whose start alone has more than ``over`` tokens, a lower bound
+        from that start (more than ``over``), without tokenising the rest: a refusal need
+        not cost seconds."""
         if request.get("prompt_token_ids") is not None:
-            return len(request["prompt_token_ids"]), True
+            return Counted(len(request["prompt_token_ids"]), exact=True)  # the request holds them
         text = prompt_text(request, self.formatter).encode("utf-8")
         if len(text) > START_BYTES_PER_TOKEN * over:
             least = self._start_tokens(text, START_BYTES_PER_TOKEN * over)
             if least > over:
-                return least, False
-        return self.count(text, True, True), True
+                return Counted(least, exact=False)
+        ids = self.ids(text, True, True)  # the same arguments as tokenize_prompt: the worker's tokens
+        return Counted(len(ids), exact=True, ids=self.packed(ids))
+
+    def packed(self, ids: list[int]) -> bytes:
+        """``ids`` as the job row keeps them for the worker (``unpack_prompt_ids``)."""
+        return pack_prompt_ids(vocabulary_file_tag(self._path), ids)
 
     def _start_tokens(self, text: bytes, length: int) -> int:
         """A lower bound on ``text``'s tokens from its first ``length`` bytes or so, cut at a
@@ -320,6 +344,41 @@ class VocabTokenizer:
 
     def count_text_tokens(self, text: str) -> int:
         return self.count(text.encode("utf-8"), True, False)
+
+
+class Counted(NamedTuple):
+    """A prompt's token count. ``exact`` False: a lower bound, found from its start (the
+    prompt is too long, so the rest was not tokenised). ``ids``: its tokens, packed for the
+    job row, when they were built here."""
+
+    tokens: int
+    exact: bool
+    ids: bytes | None = None
+
+
+# Tokens the API built, kept on the job row so the worker runs them without tokenising the
+# prompt again: a tag naming the model file they were made with (its name and size, so a
+# file registered again under the same model name is never run with another file's ids; the
+# worker then tokenises as before), then the ids as 32-bit little-endian integers.
+_TAG_BYTES = 8
+
+
+def vocabulary_file_tag(path: str) -> bytes:
+    identity = f"{os.path.basename(path)}\0{os.path.getsize(path)}".encode()
+    return hashlib.sha256(identity).digest()[:_TAG_BYTES]
+
+
+def pack_prompt_ids(tag: bytes, ids: list[int]) -> bytes:
+    return tag + struct.pack(f"<{len(ids)}i", *ids)
+
+
+def unpack_prompt_ids(tag: bytes, packed: bytes | None) -> list[int] | None:
+    """The ids packed by the API for the model file tagged ``tag``; None when there are
+    none, or they were made with another file."""
+    if packed is None or packed[:_TAG_BYTES] != tag:
+        return None
+    body = packed[_TAG_BYTES:]
+    return list(struct.unpack(f"<{len(body) // 4}i", body))
 
 
 def _load_vocabulary(path: str) -> Any:

@@ -30,7 +30,7 @@ from gpuq.fleet.placement import can_ever_run, evaluate, explain_unplaceable, gr
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.limits import admit, precheck, tokenising_turn
-from gpuq.jobs.prompt import VocabTokenizer, out_of_vocabulary, vocab_tokenizer
+from gpuq.jobs.prompt import Counted, VocabTokenizer, out_of_vocabulary, vocab_tokenizer
 from gpuq.jobs.request import KEEP_ALIVE_SHORTENS
 from gpuq.queue_names import Priority, QueueEntry
 
@@ -48,7 +48,7 @@ class JobSpec:
     idempotency_key: str | None = None
     # The prompt's tokens when the caller counted them already (a drop-in call sizing its
     # max_tokens): a prompt is tokenised once per call.
-    prompt_tokens: int | None = field(default=None, compare=False)
+    counted: Counted | None = field(default=None, compare=False)
 
     @property
     def request_hash(self) -> str:
@@ -70,10 +70,10 @@ def _where(index: int | None) -> str:
 
 def check_against_model(
     spec: JobSpec, model: Model | None, index: int | None = None, *, exact: bool = True
-) -> int | None:
+) -> Counted | None:
     """Checks that need the model: it exists, it does this kind, the input fits its context.
-    Returns the prompt's token count for generation jobs. With ``exact=False`` (batch
-    lines) text that surely fits is not tokenised, and None is returned for its count."""
+    Returns the prompt's tokens for generation jobs. With ``exact=False`` (batch lines)
+    text that surely fits is not tokenised, and None is returned."""
     where = _where(index)
     if model is None:
         raise RequestError(
@@ -93,7 +93,7 @@ def check_against_model(
     return None
 
 
-def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int | None:
+def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> Counted | None:
     n_ctx, max_tokens = model.context_length, spec.request["max_tokens"]
     if max_tokens > n_ctx:
         raise RequestError(
@@ -110,22 +110,20 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> int |
     try:
         if not exact and tokenizer.prompt_bytes(spec.request) + 2 <= n_ctx - max_tokens:
             return None  # no tokenizer yields more tokens than bytes (plus BOS/EOS): it fits
-        prompt_tokens, exact = spec.prompt_tokens, True
-        if prompt_tokens is None:
-            prompt_tokens, exact = tokenizer.count_up_to(spec.request, n_ctx - max_tokens)
+        counted = spec.counted or tokenizer.count_up_to(spec.request, n_ctx - max_tokens)
     except ValueError as exc:
         raise RequestError(422, f"{where}{exc}") from None
-    if prompt_tokens + max_tokens > n_ctx:
-        counted = f"{prompt_tokens}" if exact else f"at least {prompt_tokens}"
+    if counted.tokens + max_tokens > n_ctx:
+        told = f"{counted.tokens}" if counted.exact else f"at least {counted.tokens}"
         raise RequestError(
             422,
-            f"{where}the prompt is {counted} tokens and max_tokens is {max_tokens}, "
-            f"{prompt_tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
+            f"{where}the prompt is {told} tokens and max_tokens is {max_tokens}, "
+            f"{counted.tokens + max_tokens} in all, but {model.name!r} has a context of {n_ctx} tokens: "
             "shorten the prompt or lower max_tokens",
             param="max_tokens",
             code="context_length_exceeded",
         )
-    return prompt_tokens
+    return counted
 
 
 def refuse_surely_too_long(
@@ -220,7 +218,7 @@ async def submit_jobs(
         await precheck(db, redis, caller, queued_jobs=surely_new, submissions=surely_new)
     models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
     async with tokenising_turn(caller.owner):
-        prompt_tokens = await to_thread.run_sync(
+        counts = await to_thread.run_sync(
             lambda: [
                 check_against_model(s, models[s.model], i if len(specs) > 1 else None) for i, s in enumerate(specs)
             ]
@@ -240,11 +238,12 @@ async def submit_jobs(
                 request=s.request,
                 request_hash=s.request_hash,
                 idempotency_key=s.idempotency_key,
-                prompt_tokens=n,
+                prompt_tokens=None if n is None else n.tokens,
+                prompt_ids=None if n is None else n.ids,
                 owner=caller.owner,
                 api_key_id=caller.key_id,
             )
-            for s, n in zip(specs, prompt_tokens, strict=True)
+            for s, n in zip(specs, counts, strict=True)
             if s.idempotency_key is None or s.idempotency_key not in earlier
         ]
         if new and not admitted:

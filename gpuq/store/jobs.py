@@ -49,6 +49,7 @@ class NewJob:
     request_hash: str
     idempotency_key: str | None = None
     prompt_tokens: int | None = None
+    prompt_ids: bytes | None = None  # the prompt's tokens as the API built them (gpuq/jobs/prompt.py)
     batch_id: str | None = None
     custom_id: str | None = None
     line_count: int = 1
@@ -70,6 +71,7 @@ def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
             "request_hash": j.request_hash,
             "request": j.request,
             "prompt_tokens": j.prompt_tokens,
+            "prompt_ids": j.prompt_ids,
             "created_at": now,
             "attempts": 0,
             "batch_id": j.batch_id,
@@ -283,6 +285,7 @@ class ClaimedJob:
     started_at: datetime
     owner: str | None = None
     created_at: datetime | None = None  # when it was submitted: queue wait = started_at - created_at
+    prompt_ids: bytes | None = None  # the prompt's tokens as the API built them, if it did
 
 
 def claim_job(
@@ -310,7 +313,9 @@ def claim_job(
             attempts=Job.attempts + 1,
             error=None,
         )
-        .returning(Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner, Job.created_at)
+        .returning(
+            Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner, Job.created_at, Job.prompt_ids
+        )
     ).one_or_none()
     if row is not None:
         record_run_start(
@@ -319,9 +324,7 @@ def claim_job(
     session.commit()
     if row is None:
         return None
-    return ClaimedJob(
-        job_id, row.kind, row.model, row.priority, row.request, row.attempts, now, row.owner, row.created_at
-    )
+    return _claimed(job_id, row, now)
 
 
 def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | None:
@@ -329,13 +332,34 @@ def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | No
     acknowledgement was lost (the connection broke after the COMMIT) is found this way."""
     row = session.execute(
         select(
-            Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner, Job.created_at, Job.started_at
+            Job.kind,
+            Job.model,
+            Job.priority,
+            Job.request,
+            Job.attempts,
+            Job.owner,
+            Job.created_at,
+            Job.started_at,
+            Job.prompt_ids,
         ).where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
     ).one_or_none()
     if row is None:
         return None
+    return _claimed(job_id, row, row.started_at)
+
+
+def _claimed(job_id: str, row: Any, started_at: datetime) -> ClaimedJob:
     return ClaimedJob(
-        job_id, row.kind, row.model, row.priority, row.request, row.attempts, row.started_at, row.owner, row.created_at
+        job_id,
+        row.kind,
+        row.model,
+        row.priority,
+        row.request,
+        row.attempts,
+        started_at,
+        row.owner,
+        row.created_at,
+        row.prompt_ids,
     )
 
 
@@ -379,6 +403,7 @@ class Outcome:
             "gpu_seconds": self.gpu_seconds,
             "energy_j": self.energy_j,
             "energy_share": self.energy_share,
+            "prompt_ids": None,  # run: the request and the counts stay, the tokens need not
         }
         if self.prompt_tokens is not None:
             values["prompt_tokens"] = self.prompt_tokens

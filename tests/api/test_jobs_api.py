@@ -3,7 +3,11 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlalchemy import select
 
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job
+from gpuq.jobs.prompt import prompt_text, unpack_prompt_ids, vocab_tokenizer, vocabulary_file_tag
 from tests.api.conftest import queued_ids, redis_job_keys
 from tests.conftest import both_databases
 
@@ -22,6 +26,26 @@ def test_a_job_is_accepted_at_once_with_a_row_and_a_queue_entry(client, redis, j
     assert (row.id, row.status, row.request["prompt"]) == (job["id"], "queued", "Say hi.")
     assert queued_ids(redis, f"gpuq:{MODEL}:generate:high") == [job["id"]]
     assert client.get(f"/v1/jobs/{job['id']}").json()["request"]["max_tokens"] == 8
+
+
+def test_the_prompt_is_tokenised_once_and_its_tokens_kept_for_the_worker(client, database_url, model_path):
+    """The tokens the API counted go to the worker on the job row, as the worker's llama.cpp
+    would make them from the rendered prompt (tests/worker/test_prompt_ids.py runs them)."""
+    import llama_cpp
+
+    chat = {k: v for k, v in GEN.items() if k != "prompt"} | {"messages": [{"role": "user", "content": "Say hi."}]}
+    jobs = [client.post("/v1/jobs", json=body).json() for body in (GEN, chat)]
+    engine = sync_engine(database_url)
+    with sync_sessions(engine)() as s:
+        packed = [s.execute(select(Job.prompt_ids).where(Job.id == job["id"])).scalar_one() for job in jobs]
+    engine.dispose()
+    vocab = vocab_tokenizer(model_path)
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=256, verbose=False)
+    for job, body, ids in zip(jobs, (GEN, chat), packed, strict=True):
+        text = prompt_text(body, vocab.formatter).encode()
+        assert unpack_prompt_ids(vocabulary_file_tag(model_path), ids) == llm.tokenize(text, True, True)
+        assert job["prompt_tokens"] == len(llm.tokenize(text, True, True))
+    llm.close()
 
 
 def test_chat_messages_are_counted_with_the_models_chat_template(client):

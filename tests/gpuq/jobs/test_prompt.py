@@ -2,7 +2,7 @@
 
 import llama_cpp
 
-from gpuq.jobs.prompt import VocabTokenizer, prompt_text
+from gpuq.jobs.prompt import VocabTokenizer, prompt_text, unpack_prompt_ids, vocabulary_file_tag
 
 CHATS = [
     [{"role": "user", "content": "Hi"}],
@@ -53,13 +53,32 @@ def test_a_long_prompt_is_judged_by_its_start_and_a_short_one_counted_exactly(mo
     for messages in CHATS + LONG_CHATS:
         request = {"messages": messages}
         whole = vocab.count_request_tokens(request)
-        assert vocab.count_up_to(request, 10**6) == (whole, True)
-        n, exact = vocab.count_up_to(request, 2048)
+        assert vocab.count_up_to(request, 10**6)[:2] == (whole, True)
+        n, exact, _ = vocab.count_up_to(request, 2048)
         assert (n == whole) if exact else (2048 < n <= whole)
     long = {"messages": [{"role": "user", "content": "lorem ipsum dolor sit amet " * 3} for _ in range(2_000)]}
     whole = vocab.count_request_tokens(long)
-    least, exact = vocab.count_up_to(long, 2047)
-    assert not exact and 2047 < least <= whole
+    least, exact, ids = vocab.count_up_to(long, 2047)
+    assert not exact and 2047 < least <= whole and ids is None  # refused: nothing to hand on
+
+
+def test_the_tokens_counted_are_handed_on_as_the_workers_own(model_path):
+    """The API tokenises a prompt once; the ids it keeps on the job row are the ones the
+    worker's llama.cpp would make, and a worker with another model file ignores them."""
+    vocab = VocabTokenizer(model_path)
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=512, verbose=False)
+    tag = vocabulary_file_tag(model_path)
+    for messages in CHATS + LONG_CHATS:
+        request = {"messages": messages}
+        counted = vocab.count_up_to(request, 10**6)
+        text = prompt_text(request, vocab.formatter).encode()
+        worker_tokens = llm.tokenize(text, True, True)
+        assert counted.tokens == len(worker_tokens)
+        assert unpack_prompt_ids(tag, counted.ids) == worker_tokens
+        assert unpack_prompt_ids(b"elsewise", counted.ids) is None
+    llm.close()
+    given = {"prompt_token_ids": [1, 2, 3]}
+    assert vocab.count_up_to(given, 100) == (3, True, None)  # the request carries them already
 
 
 # A Hermes/Qwen-style template, cut down: it renders the tools, an assistant's calls (arguments
