@@ -26,7 +26,7 @@ MAX_TOKENS = 48
 
 
 def _direct(model_path: str, prompt: str) -> str:
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=1, verbose=False)
     try:
         completion = llm.create_completion(prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=1)
         assert isinstance(completion, dict)  # not a stream

@@ -19,7 +19,7 @@ COUNTING |= {"temperature": 0}
 
 
 def _direct_chat(model_path, messages, max_tokens):
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=1, verbose=False)
     try:
         return llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=0.0, seed=42)
     finally:

@@ -220,8 +220,9 @@ def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_p
                 caller.join(timeout=60)
         assert not any(caller.is_alive() for caller in callers), "a streaming call was never answered"
         out, _ = up.communicate(timeout=120)  # the long job is finished first (the drain), then all exits
-        assert "; starting it again in" not in out  # a supervisor stopped by Ctrl-C is not restarted
-        assert "stopped; not starting it again" in out
+        # A supervisor stopped by Ctrl-C is not restarted. (Whether its keeper logs that it saw
+        # the exit depends on which comes first, its next look or gpuq up's own stop.)
+        assert "; starting it again in" not in out
         assert sorted(answers) == sorted(calls)
         for text in answers.values():
             assert "the server is shutting down and this call's job had not started" in text

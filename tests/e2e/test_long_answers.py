@@ -7,7 +7,7 @@ import threading
 
 import llama_cpp
 
-from tests.worker.generation import generate
+from tests.worker.generation import THREADS, generate
 from worker.engine import LoadedModel
 
 N_CTX = 2304
@@ -20,7 +20,7 @@ CASES = [
 
 
 def test_answers_of_2000_tokens_are_create_completions_own(model_path):
-    model = LoadedModel(model_path, n_ctx=N_CTX, embedding=False, threads=2, gpu_layers=0, slots=1)
+    model = LoadedModel(model_path, n_ctx=N_CTX, embedding=False, threads=THREADS, gpu_layers=0, slots=1)
     try:
         ours = [
             generate(model, {"prompt": p, "max_tokens": 2000, "stop": stops} | sampling, threading.Event())
@@ -28,7 +28,7 @@ def test_answers_of_2000_tokens_are_create_completions_own(model_path):
         ]
     finally:
         model.close()
-    direct = llama_cpp.Llama(model_path=model_path, n_ctx=N_CTX, n_threads=2, verbose=False)
+    direct = llama_cpp.Llama(model_path=model_path, n_ctx=N_CTX, n_threads=THREADS, verbose=False)
     try:
         for (prompt, sampling, stops), mine in zip(CASES, ours, strict=True):
             direct.reset()
