@@ -19,12 +19,16 @@ lint:
 	.venv/bin/mypy
 	.venv/bin/python scripts/check_docs.py
 
+# Test processes (pytest-xdist): one per core, at most 4 (each e2e test starts its own API,
+# workers and Redis); every process claims its own Redis db indices (tests/conftest.py).
+TEST_PROCESSES ?= $(shell n=$$(nproc); [ "$$n" -gt 4 ] && n=4; echo $$n)
+
 test: install-test lint
-	.venv/bin/pytest
+	.venv/bin/pytest -n $(TEST_PROCESSES) --dist worksteal
 
 # Neither PostgreSQL nor started API/worker processes nor a browser (markers set in tests/conftest.py).
 test-fast: install
-	.venv/bin/pytest -m "not e2e and not postgres and not browser"
+	.venv/bin/pytest -n $(TEST_PROCESSES) --dist worksteal -m "not e2e and not postgres and not browser"
 
 # Two checkouts' fast tiers at once, both must pass (runs share one Redis and PostgreSQL):
 # for a quiet machine, see scripts/two_test_runs.sh.
