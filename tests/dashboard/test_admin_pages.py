@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, ViewportSize, expect
 from redis import Redis
 
 from gpuq.cli.client import GpuqClient
@@ -39,7 +39,7 @@ tab = shared.tab
 
 pytestmark = pytest.mark.e2e
 
-NARROW = {"width": 800, "height": 900}
+NARROW: ViewportSize = {"width": 800, "height": 900}
 
 
 @dataclass
@@ -108,7 +108,8 @@ OVERLAPS = """() => {
 def assert_fits_both_widths(page: Page, name: str) -> None:
     """Laid out (no overflow, nothing broken across lines) and no sections overlapping, at
     1280 px and at 800 px, with a screenshot of each."""
-    for viewport, suffix in (({"width": 1280, "height": 900}, ""), (NARROW, "-800")):
+    wide: ViewportSize = {"width": 1280, "height": 900}
+    for viewport, suffix in ((wide, ""), (NARROW, "-800")):
         page.set_viewport_size(viewport)
         assert_laid_out(page)
         assert page.evaluate(OVERLAPS) == []

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Route, ViewportSize, expect, sync_playwright
 
 from gpuq import store
 from gpuq.cli.client import GpuqClient
@@ -47,7 +47,7 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 )
-VIEWPORT = {"width": 1280, "height": 900}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 900}
 NOOPS = 60  # with the others, more than one page (50) of jobs
 
 
@@ -248,7 +248,7 @@ def screenshot(page: Page, name: str) -> None:
 def _workers(system: Seeded) -> list[dict[str, Any]]:
     response = httpx.get(f"{system.url}/v1/workers", headers={"Authorization": f"Bearer {system.admin_key}"})
     response.raise_for_status()
-    return response.json()["data"]  # type: ignore[no-any-return]
+    return response.json()["data"]
 
 
 def expect_jobs(page: Page, ids: set[str]) -> None:
@@ -266,7 +266,7 @@ def job_ids_in_table(page: Page) -> set[str]:
 def _stats(system: Seeded, path: str) -> dict[str, Any]:
     response = httpx.get(f"{system.url}{path}", headers={"Authorization": f"Bearer {system.admin_key}"})
     response.raise_for_status()
-    return response.json()  # type: ignore[no-any-return]
+    return response.json()
 
 
 def test_every_page_loads_with_its_data_fits_1280_px_and_logs_no_errors(system: Seeded, tab: Tab) -> None:

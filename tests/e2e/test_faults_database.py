@@ -3,6 +3,7 @@ own, stopped and started again), and a claim whose acknowledgement is lost on th
 
 import time
 from collections.abc import Iterator
+from typing import cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -42,7 +43,7 @@ def outage_system(tmp_path, database, redis_url) -> Iterator[GpuqProcesses]:
 
 
 def _spooled(redis: Redis, worker: str) -> set[bytes]:
-    return set(redis.hkeys(f"gpuq:outcome-spool:{worker}"))
+    return set(cast(list[bytes], redis.hkeys(f"gpuq:outcome-spool:{worker}")))
 
 
 def test_a_database_outage_loses_nothing_and_runs_nothing_twice(outage_system, database):

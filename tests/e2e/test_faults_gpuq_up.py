@@ -137,7 +137,8 @@ def _statuses(data_dir: Path, job_ids: list[str]) -> list[tuple[str, int]]:
     engine = sync_engine(f"sqlite:///{data_dir / 'gpuq.db'}")
     try:
         with sync_sessions(engine)() as session:
-            return [(job.status, job.attempts) for job in (store.get_job(session, i) for i in job_ids)]
+            jobs = [store.get_job(session, i) for i in job_ids]
+            return [(job.status, job.attempts) for job in jobs if job is not None]
     finally:
         engine.dispose()
 
@@ -183,7 +184,8 @@ def _statuses_and_errors(data_dir: Path, job_ids: list[str]) -> list[tuple[str, 
     engine = sync_engine(f"sqlite:///{data_dir / 'gpuq.db'}")
     try:
         with sync_sessions(engine)() as session:
-            return [(job.status, job.error) for job in (store.get_job(session, i) for i in job_ids)]
+            jobs = [store.get_job(session, i) for i in job_ids]
+            return [(job.status, job.error) for job in jobs if job is not None]
     finally:
         engine.dispose()
 

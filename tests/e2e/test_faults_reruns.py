@@ -21,6 +21,7 @@ def _history(database_url: str, job_ids: list[str]) -> dict[str, tuple[str, int,
             found = {}
             for job_id in job_ids:
                 job = store.get_job(session, job_id)
+                assert job is not None
                 runs = [(r.worker, r.attempt, r.outcome, r.refunded) for r in store.runs_of_job(session, job_id)]
                 found[job_id] = (job.status, job.attempts, runs)
             return found

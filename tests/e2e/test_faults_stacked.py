@@ -189,6 +189,7 @@ def _job(database_url: str, job_id: str) -> tuple[str, int, int | None, str | No
     try:
         with sync_sessions(engine)() as session:
             job = store.get_job(session, job_id)
+            assert job is not None
             runs = [(run.worker, run.outcome) for run in store.runs_of_job(session, job_id)]
             return job.status, job.attempts, job.completion_tokens, job.worker, runs
     finally:
