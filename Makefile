@@ -27,7 +27,7 @@ test: install-test lint
 	.venv/bin/pytest -n $(TEST_PROCESSES) --dist worksteal
 
 # Neither PostgreSQL nor started API/worker processes nor a browser (markers set in tests/conftest.py).
-test-fast: install
+test-fast: install-test
 	.venv/bin/pytest -n $(TEST_PROCESSES) --dist worksteal -m "not e2e and not postgres and not browser"
 
 # Two checkouts' fast tiers at once, both must pass (runs share one Redis and PostgreSQL):

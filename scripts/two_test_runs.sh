@@ -10,7 +10,7 @@
 #
 # Runs on a quiet machine: two fast tiers at once need both cores for several minutes.
 # The checkouts are git worktrees of the commit checked out here (HEAD: commit what is to be
-# tested), under a fresh temporary directory, each with its own .venv from scripts/install.sh
+# tested), under a fresh temporary directory, each with its own .venv from scripts/install.sh --with-browser (promtool for the alert rules)
 # (the llama-cpp-python wheel cached in ~/.cache/gpuq-wheels is reused: minutes, not a build).
 # The installs run one after the other; the two test runs start together. Exit status: 0 when
 # both runs passed, 1 otherwise; each run's log is printed at the end (its summary line and
@@ -43,7 +43,7 @@ trap cleanup EXIT
 for n in 1 2; do
   git worktree add --detach "$WORK/run$n" HEAD >/dev/null
   echo "== run $n: installing into $WORK/run$n/.venv" >&2
-  (cd "$WORK/run$n" && ./scripts/install.sh >"$WORK/install$n.log" 2>&1) || {
+  (cd "$WORK/run$n" && ./scripts/install.sh --with-browser >"$WORK/install$n.log" 2>&1) || {
     echo "two_test_runs.sh: install $n failed; see $WORK/install$n.log" >&2
     KEEP=1
     exit 1
