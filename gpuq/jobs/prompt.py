@@ -152,6 +152,7 @@ class VocabTokenizer:
 
     def __init__(self, path: str) -> None:
         self._path = path
+        self._file_tag = vocabulary_file_tag(path)  # on the tokens it hands the worker
         self._model = _load_vocabulary(path)
         self._lock = threading.Lock()
         self._skeletons: dict[tuple[str, ...], int] = {}
@@ -185,8 +186,18 @@ class VocabTokenizer:
             return int(self._model.n_params())
 
     def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        """llama.cpp's tokens for ``text``, in one call whatever its length (llama-cpp-python
+        sizes its buffer by the training context, and tokenises a longer text twice): no text
+        has more tokens than bytes, plus the BOS and EOS it may be given."""
+        import llama_cpp
+
+        room = len(text) + 2
+        buffer = (llama_cpp.llama_token * room)()
         with self._copy() as model:
-            return list(model.tokenize(text, add_bos, special))
+            n = llama_cpp.llama_tokenize(model.vocab, text, len(text), buffer, room, add_bos, special)
+        if n < 0:
+            raise ValueError(f"llama.cpp found more than {room} tokens in a text of {len(text)} bytes")
+        return buffer[:n]
 
     def n_vocab(self) -> int:
         with self._lock:
@@ -294,20 +305,6 @@ class VocabTokenizer:
             skeleton = self._skeletons[roles] = len(prompt_text({"messages": empty}, self.formatter).encode("utf-8"))
         return skeleton + sum(len(m["content"].encode("utf-8")) for m in request["messages"])
 
-    def ids(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
-        """``tokenize`` in one llama.cpp call whatever the length (llama-cpp-python's sizes
-        its buffer by the training context, and tokenises a longer text twice): no text has
-        more tokens than bytes, plus the BOS and EOS it may be given."""
-        import llama_cpp
-
-        room = len(text) + 2
-        buffer = (llama_cpp.llama_token * room)()
-        with self._copy() as model:
-            n = llama_cpp.llama_tokenize(model.vocab, text, len(text), buffer, room, add_bos, special)
-        if n < 0:
-            raise ValueError(f"llama.cpp found more than {room} tokens in a text of {len(text)} bytes")
-        return buffer[:n]
-
     def count_request_tokens(self, request: dict[str, Any]) -> int:
         if request.get("prompt_token_ids") is not None:
             return len(request["prompt_token_ids"])
@@ -326,12 +323,8 @@ class VocabTokenizer:
             least = self._start_tokens(text, START_BYTES_PER_TOKEN * over)
             if least > over:
                 return Counted(least, exact=False)
-        ids = self.ids(text, True, True)  # the same arguments as tokenize_prompt: the worker's tokens
-        return Counted(len(ids), exact=True, ids=self.packed(ids))
-
-    def packed(self, ids: list[int]) -> bytes:
-        """``ids`` as the job row keeps them for the worker (``unpack_prompt_ids``)."""
-        return pack_prompt_ids(vocabulary_file_tag(self._path), ids)
+        ids = self.tokenize(text, True, True)  # the same arguments as tokenize_prompt: the worker's tokens
+        return Counted(len(ids), exact=True, ids=pack_prompt_ids(self._file_tag, ids))
 
     def _start_tokens(self, text: bytes, length: int) -> int:
         """A lower bound on ``text``'s tokens from its first ``length`` bytes or so, cut at a
