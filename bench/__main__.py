@@ -289,10 +289,12 @@ def bench_peer(args: argparse.Namespace) -> None:
     for round_ in range(1, args.rounds + 1):
         for k in args.slots:
             for name, prompts in peer.WORKLOADS.items():
-                sides = [("gpuq", True), ("llama-server", True)]
+                sides = [("gpuq", True, False), ("llama-server", True, False)]
+                if args.flash_attn:  # both ways side by side: the ratio is not across runs
+                    sides.append(("gpuq, flash attn", True, True))
                 if name == "W2" and round_ == 1:
-                    sides.append(("gpuq, reuse off", False))  # slow (every prompt whole): once
-                for side, reuse in sides:
+                    sides.append(("gpuq, reuse off", False, False))  # slow (every prompt whole): once
+                for side, reuse, flash_attn in sides:
                     with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
                         if side == "llama-server":
                             run = peer.run_llama_server(binary, prompts, slots=k, threads=args.threads, workdir=workdir)
@@ -305,7 +307,7 @@ def bench_peer(args: argparse.Namespace) -> None:
                                 slots=k,
                                 threads=args.threads,
                                 reuse=reuse,
-                                flash_attn=args.flash_attn,
+                                flash_attn=flash_attn,
                             )
                     runs.setdefault((name, side, k), []).append(run)
                     print(
@@ -319,8 +321,8 @@ def bench_peer(args: argparse.Namespace) -> None:
 
     print(
         f"\npeer: 64 jobs a workload, greedy, {peer.MAX_TOKENS} tokens, {args.threads} threads, "
-        f"median of {args.rounds} rounds (reuse off: one round); gpuq's flash attention "
-        f"{'on' if args.flash_attn else 'off'}, llama-server's its default (on)"
+        f"median of {args.rounds} rounds (reuse off: one round); gpuq's flash attention off "
+        f"(and on, as 'gpuq, flash attn', with --flash-attn), llama-server's its default (on)"
     )
     print("  K  workload  side              jobs/s   tok/s")
     for (name, side, k), side_runs in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0], item[0][1])):
@@ -332,6 +334,10 @@ def bench_peer(args: argparse.Namespace) -> None:
         gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
         print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
         print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 gpuq/llama-server {w2:.2f}x")
+        if args.flash_attn:
+            w1 = jobs_s(("W1", "gpuq, flash attn", k)) / jobs_s(("W1", "llama-server", k))
+            w2 = jobs_s(("W2", "gpuq, flash attn", k)) / jobs_s(("W2", "llama-server", k))
+            print(f"peer, flash attention on: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 gpuq/llama-server {w2:.2f}x")
 
 
 def bench_decoder_steps(args: argparse.Namespace) -> None:
@@ -510,7 +516,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument(
-        "--flash-attn", action="store_true", help="peer: gpuq's workers with GPUQ_WORKER_FLASH_ATTN=true"
+        "--flash-attn",
+        action="store_true",
+        help="peer: gpuq's workers also with GPUQ_WORKER_FLASH_ATTN=true, side by side",
     )
     parser.add_argument(
         "--slots",
