@@ -104,8 +104,9 @@ class Settings(BaseSettings):
     )
     worker_flash_attn: bool = Field(
         False,
-        description="flash attention in generation contexts (llama.cpp's -fa): 1.19x the tokens/s at K=4 and 8 "
-        "on the CPU, kept exact there by two rules (docs/architecture.md); off until measured against llama-server",
+        description="flash attention in generation contexts (llama.cpp's -fa), kept exact on the CPU by two rules "
+        "(docs/architecture.md): 1.08-1.18x the jobs/s on distinct short prompts, 0.9x on prompts sharing a long "
+        "start at K=8 (docs/benchmarks.md)",
     )
     log_level: str = Field(
         "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"
