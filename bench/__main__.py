@@ -315,7 +315,10 @@ def bench_peer(args: argparse.Namespace) -> None:
                         f"{run.tokens_per_s:.1f} tok/s ({run.seconds:.1f} s)",
                         flush=True,
                     )
+    _print_peer_summary(args, runs)
 
+
+def _print_peer_summary(args: argparse.Namespace, runs: dict[tuple[str, str, int], list[peer.Run]]) -> None:
     def jobs_s(key: tuple[str, str, int]) -> float:
         return median(r.jobs_per_s for r in runs[key])
 
