@@ -265,7 +265,12 @@ def test_run_batch_ctrl_c_says_how_far_it_got_and_that_nothing_was_written(tmp_p
     import threading
 
     path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    path.write_text("\n".join(chat(f"c{i}", f"Count to {i}.", max_tokens=64) for i in range(40)) + "\n")
+    # Each answer runs to its max_tokens (a count), so the lines end in waves of the worker's slots:
+    # after the first lines answered (the bar's ETA) most of the batch is still to run.
+    lines = [
+        chat(f"c{i}", f"Write the numbers from 1 to {100 + i}, separated by commas.", max_tokens=32) for i in range(40)
+    ]
+    path.write_text("\n".join(lines) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")} | {"GPUQ_WORKER_THREADS": "1"}
     primary, replica = pty.openpty()
     process = subprocess.Popen(
