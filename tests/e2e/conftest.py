@@ -39,6 +39,14 @@ def _running_system(template: Template, workdir: Path, redis_server_url: str, db
             processes.stop_all()
 
 
+def system_on(database: str) -> pytest.MarkDecorator:
+    """A module's ``system`` on one database only: for the modules that test what a client sees
+    (the drop-in routes' shapes, streams, sampling), whose SQL (job rows, claims, outcomes) the
+    API, worker and store tests and the e2e modules left on both databases already run on each;
+    a second system would run the same generations again for the same answers."""
+    return pytest.mark.parametrize("system", [database], indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module", params=DATABASES)
 def system(request, tmp_path_factory, redis_server_url, redis_dbs: RedisDbs) -> Iterator[RunningSystem]:
     """The API and one worker as real processes, shared by a module's tests, on each database."""

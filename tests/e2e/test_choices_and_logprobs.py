@@ -8,6 +8,10 @@ import ollama
 import openai
 import pytest
 
+from tests.e2e.conftest import system_on
+
+pytestmark = system_on("postgresql")  # PostgreSQL: results holding n choices and their log-probabilities
+
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "Name three primary colours."}]
 HOT = {"temperature": 1.0, "top_p": 1.0, "seed": 99}

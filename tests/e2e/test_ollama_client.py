@@ -9,6 +9,10 @@ import httpx
 import ollama
 import pytest
 
+from tests.e2e.conftest import system_on
+
+pytestmark = system_on("sqlite")  # SQLite: the database `gpuq up` gives a user
+
 MODEL = "smollm2-135m"
 SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 4321, "num_predict": 16}
 DURATIONS = ("total_duration", "prompt_eval_duration", "eval_duration")

@@ -7,6 +7,10 @@ import time
 import openai
 import pytest
 
+from tests.e2e.conftest import system_on
+
+pytestmark = system_on("sqlite")  # SQLite: the database `gpuq up` gives a user
+
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "Name three primary colours."}]
 SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}

@@ -13,6 +13,10 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.e2e.conftest import system_on
+
+pytestmark = system_on("sqlite")  # SQLite: the database `gpuq up` gives a user
+
 MODEL = "smollm2-135m"
 SEEDED = {"temperature": 0.7, "top_p": 0.95, "seed": 42}
 WEATHER = {

@@ -8,6 +8,10 @@ import httpx
 import openai
 import pytest
 
+from tests.e2e.conftest import system_on
+
+pytestmark = system_on("postgresql")  # PostgreSQL: results holding token ids
+
 MODEL = "smollm2-135m"
 GREEDY = {"max_tokens": 12, "temperature": 0}
 
