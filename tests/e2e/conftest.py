@@ -1,3 +1,4 @@
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,14 @@ def processes(tmp_path, database_url, redis_url) -> Iterator[GpuqProcesses]:
     procs = GpuqProcesses(database_url, redis_url, tmp_path)
     yield procs
     procs.stop_all()
+
+
+def as_a_foreground_job() -> None:
+    """``preexec_fn`` for a command a test sends Ctrl-C (SIGINT): as a terminal's foreground job
+    it gets the signal's default, whatever the suite was started under. A shell without job
+    control starts its background commands with SIGINT ignored, children inherit that, and
+    Python then never raises KeyboardInterrupt: Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60.0) -> None:

@@ -16,6 +16,7 @@ from openai import OpenAI
 
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job, Schedule, utcnow
+from tests.e2e.conftest import as_a_foreground_job
 
 MODEL = "smollm2-135m"
 DONE = {"completed", "failed", "expired", "cancelled"}
@@ -279,6 +280,7 @@ def test_run_batch_ctrl_c_says_how_far_it_got_and_that_nothing_was_written(tmp_p
         stderr=replica,
         env=env,
         cwd=tmp_path,
+        preexec_fn=as_a_foreground_job,
     )
     os.close(replica)
     shown: list[bytes] = []

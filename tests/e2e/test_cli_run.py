@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from tests.e2e.conftest import as_a_foreground_job
+
 MODEL = "smollm2-135m"
 CLI = [sys.executable, "-m", "gpuq.cli"]
 
@@ -66,7 +68,9 @@ def test_run_answers_a_prompt_or_stdin_streaming_the_jobs_text(system, tmp_path)
 class Terminal:
     def __init__(self, args, env):
         self.master, slave = os.openpty()
-        self.proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env)
+        self.proc = subprocess.Popen(
+            args, stdin=slave, stdout=slave, stderr=slave, env=env, preexec_fn=as_a_foreground_job
+        )
         os.close(slave)
         self.seen = ""
 
