@@ -169,9 +169,10 @@ class GenerationRun:
                     decoder.abandon()
                     failed = True
             pieces = decoder.take_pieces() if decoder is not None else []
-            box.outputs.put(_Output(tuple(admitted), tuple(refused), tuple(pieces), tuple(finished)))
-            with box.wake:
-                box.wake.notify_all()
+            if admitted or refused or pieces or finished:  # a step with nothing to tell wakes no thread
+                box.outputs.put(_Output(tuple(admitted), tuple(refused), tuple(pieces), tuple(finished)))
+                with box.wake:
+                    box.wake.notify_all()
             if failed:
                 self._refuse_waiting("decoding failed beside it")
                 return True
