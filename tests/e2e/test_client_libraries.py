@@ -22,10 +22,12 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import UsageLimits
 
+from tests.e2e.conftest import system_on
+
 MODEL = "smollm2-135m"
 ASK = "Give the name and the country of one large city."
 # What is checked is each library's use of the API, which no database changes: one is enough.
-pytestmark = pytest.mark.parametrize("system", ["sqlite"], indirect=True)
+pytestmark = system_on("sqlite")
 
 
 class City(BaseModel):

@@ -11,6 +11,7 @@ import pytest
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import RemoteTokenizer
 
+from tests.e2e.conftest import system_on
 from tests.worker.generation import direct_logprobs, engine_like_llama
 
 MODEL = "smollm2-135m"
@@ -38,7 +39,7 @@ metric_list:
 
 
 # What is checked is the scoring, which no database changes: one database is enough.
-@pytest.mark.parametrize("system", ["sqlite"], indirect=True)
+@system_on("sqlite")
 def test_lm_eval_scores_a_multiple_choice_task_as_llama_cpp_computes_it(system, tmp_path, model_path, monkeypatch):
     data = tmp_path / "quiz.jsonl"
     data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS))
