@@ -99,6 +99,8 @@ class _Mailbox:
     closed: bool = False  # the desk admits nothing more
     desk_done: bool = False  # ... and has nothing in hand: the engine may end the run once idle
     engine_error: str | None = None  # the engine raised: the desk fails what it still holds, and ends
+    desk_error: BaseException | None = None  # the desk raised: the engine drops its sequences, and ends
+    engine_stopped: bool = False  # the engine steps no more (so the desk may fail what it holds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +138,15 @@ class GenerationRun:
             failed = True
             raise
         finally:
+            with self._box.wake:
+                self._box.engine_stopped = True
+                self._box.wake.notify_all()
             thread.join()
-            if failed:
+            if failed or self._box.desk_error is not None:
                 self._host.runner.unload(self._model)
             self._host.runner.keep_models()
+        if self._box.desk_error is not None:
+            raise self._box.desk_error  # for the worker's log; the desk failed every job it held
 
     def _engine(self) -> bool:
         """Admits and steps until the desk is done and nothing is live. True when decoding
@@ -147,14 +154,9 @@ class GenerationRun:
         box = self._box
         decoder = None
         while True:
-            with box.wake:
-                ready = list(box.ready)
-                box.ready.clear()
-                if not ready and (decoder is None or not decoder.active):
-                    if box.desk_done:
-                        return False
-                    box.wake.wait(INTAKE_POLL_S)
-                    continue
+            ready = self._take_ready(decoder)
+            if ready is None:
+                return False
             admitted, refused = self._admit(ready)
             if ready:
                 decoder = ready[0].decoder
@@ -176,6 +178,23 @@ class GenerationRun:
             if failed:
                 self._refuse_waiting("decoding failed beside it")
                 return True
+
+    def _take_ready(self, decoder: BatchDecoder | None) -> list[Prepared] | None:
+        """What the desk readied (after a short wait when there is nothing to step); None
+        when the run is over: the desk is done and nothing is live, or the desk broke."""
+        box = self._box
+        with box.wake:
+            if box.desk_error is not None:  # nobody would settle what the sequences produce
+                if decoder is not None:
+                    decoder.abandon()
+                return None
+            ready = list(box.ready)
+            box.ready.clear()
+            if not ready and (decoder is None or not decoder.active):
+                if box.desk_done:
+                    return None
+                box.wake.wait(INTAKE_POLL_S)
+        return ready
 
     def _admit(self, ready: list[Prepared]) -> tuple[list[tuple[str, int, int]], list[tuple[str, str]]]:
         """Ready requests into free slots; those without room yet wait in front."""
@@ -235,6 +254,11 @@ class _Desk:
                 with self._box.wake:
                     if self._box.outputs.empty():
                         self._box.wake.wait(INTAKE_POLL_S)
+        except BaseException as exc:
+            # A defect here (not an outcome: those are settled in order). The jobs in hand must
+            # not stay running, heartbeat by the monitor, until the worker dies.
+            log.exception("the desk of a generation run failed")
+            self._broke(exc)
         finally:
             with self._box.wake:
                 self._box.closed = self._box.desk_done = True
@@ -247,6 +271,32 @@ class _Desk:
         for key in list(self._jobs):
             self._host.runner.refuse(key, why)
             self._settled(key)
+
+    def _broke(self, exc: BaseException) -> None:
+        """Stops the engine, then fails every job in hand (what the engine had produced is
+        settled first where that still works)."""
+        box = self._box
+        with box.wake:
+            box.desk_error = exc
+            box.wake.notify_all()
+            while not box.engine_stopped:
+                box.wake.wait()
+        why = f"the worker's desk failed: {type(exc).__name__}: {exc}"
+        try:
+            self._drain_outputs()
+        except Exception:
+            log.exception("the engine's last outputs could not be settled")
+        for key, started in list(self._jobs.items()):
+            try:
+                self._host.runner.refuse(key, why)
+            except Exception:
+                # No outcome written: RQ's failed registry keeps the trace and the reconciler
+                # enqueues the job again (its row is running where nothing runs it).
+                log.exception("job %s could not be failed", key)
+                self._jobs.pop(key)
+                self._host.fail(started.job, started.queue, started.execution)
+            else:
+                self._settled(key)
 
     def _finished(self) -> bool:
         """Done once nothing is live or in hand and nothing more will be taken."""

@@ -404,15 +404,17 @@ class GpuqWorker(SimpleWorker):
             # enqueues it again (see IN_FLIGHT_LIMIT_S). Nothing was claimed.
             self.redis_health.failed(f"starting {job.id}", exc)
             return None
-        cancel = self.monitor.begin(job.id)
         try:
+            cancel = self.monitor.begin(job.id)
             claimed = self.runner.claim(job.id)
         except SQLAlchemyError:  # nothing ran: the job goes back to the front of its queue
             self.return_unclaimed(job, queue, execution)
             return None
         except Exception:
-            # Infrastructure (SQL unreachable while claiming, say): the row is still queued,
-            # RQ's failed registry keeps the trace and the reconciler enqueues the job again.
+            # Infrastructure (SQL unreachable while claiming, say) or a defect: the row is
+            # still queued, RQ's failed registry keeps the trace and the reconciler enqueues
+            # the job again. (Raised from here, the execution would stay begun, heartbeat by
+            # the monitor, its job unclaimed and untaken for as long as the worker lives.)
             log.exception("job %s could not be started", job.id)
             self.fail_execution(job, queue, execution)
             return None

@@ -92,3 +92,46 @@ def test_an_engine_that_breaks_fails_the_runs_jobs_instead_of_hanging(runner, se
         row = store.get_job(s, jobs[1].id)
     assert row.status == "failed" and "engine failed: RuntimeError: a defect" in row.error
     assert host.ended == [jobs[1].id]
+
+
+def test_a_desk_that_breaks_fails_the_runs_jobs_instead_of_leaving_them_running(runner, session):
+    """A defect on the desk thread (caused here: recording the second job's admission raises)
+    must not leave the jobs it holds running forever, their executions heartbeat by the worker:
+    the engine drops its sequences at once, every job in hand fails with the reason, nothing
+    more is taken, and the run raises the error for the worker's log."""
+    job_runner, writer, sessions = runner
+    jobs = store.insert_jobs(session, [make_job(request=GEN | {"max_tokens": 200}) for _ in range(5)])
+    prepared = job_runner.prepare_generation(job_runner.claim(jobs[0].id), threading.Event(), None)
+    decoder = prepared.decoder  # the model's decoder, loaded: count its steps
+    job_runner.refuse(jobs[0].id, "not this one")
+    ids = [j.id for j in jobs[1:]]  # 4 jobs for 3 slots: the last waits at least
+    real_step, real_admitted = decoder.step, job_runner.admitted
+    steps, steps_at_break = [], []
+
+    def counted_step():
+        steps.append(1)
+        return real_step()
+
+    def breaking_admitted(key, cached, decoded):
+        if key == ids[1]:
+            steps_at_break.append(len(steps))
+            raise RuntimeError("a defect on the desk")
+        real_admitted(key, cached, decoded)
+
+    decoder.step, job_runner.admitted = counted_step, breaking_admitted
+    host = ListHost(job_runner, ids[1:])
+    try:
+        with pytest.raises(RuntimeError, match="a defect on the desk"):
+            run_listed(host, ids[0])
+    finally:
+        decoder.step, job_runner.admitted = real_step, real_admitted
+    assert writer.flush()
+    with sessions() as s:
+        rows = [store.get_job(s, i) for i in ids]
+    taken = [r for r in rows if r.id in host.started]  # the first two at least; a third if it came in time
+    assert [r.id for r in taken] == ids[: len(taken)] and 2 <= len(taken) <= 3
+    assert all(r.status == "failed" and "desk failed: RuntimeError: a defect on the desk" in r.error for r in taken)
+    assert sorted(host.ended) == sorted(r.id for r in taken)
+    assert [r.status for r in rows[len(taken) :]] == ["queued"] * (4 - len(taken))
+    assert host.waiting == ids[len(taken) :]  # nothing taken after the break
+    assert len(steps) <= steps_at_break[0] + 3  # dropped, not decoded on to their 200 tokens
