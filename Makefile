@@ -13,22 +13,18 @@ up: install
 	.venv/bin/gpuq up
 
 lint:
-	./scripts/lint.sh
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
+	.venv/bin/mypy
+	.venv/bin/python scripts/check_docs.py
 
 # Test processes (pytest-xdist): one per core, at most 4 (each e2e test starts its own API,
 # workers and Redis); every process claims its own Redis db indices (tests/conftest.py).
 TEST_PROCESSES ?= $(shell n=$$(nproc); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
-# The lint runs beside the tests, not before them: its minute and a half of CPU (mypy from a
-# cold cache, as in CI) fits in the time the tests spend waiting on processes and outages.
-# Either failing fails the run; the lint's output comes after the tests'.
-test: install-test
-	@mkdir -p test-artifacts
-	@./scripts/lint.sh >test-artifacts/lint.log 2>&1 & linting=$$!; \
-	.venv/bin/pytest -n $(TEST_PROCESSES) --dist worksteal; tested=$$?; \
-	wait $$linting; linted=$$?; cat test-artifacts/lint.log; \
-	[ $$linted -eq 0 ] || echo "make test: the lint failed (its output is above)" >&2; \
-	[ $$tested -eq 0 ] && [ $$linted -eq 0 ]
+test: install-test lint
+	.venv/bin/pytest -n $(TEST_PROCESSES) --dist worksteal
 
 # Neither PostgreSQL nor started API/worker processes nor a browser (markers set in tests/conftest.py).
 test-fast: install-test
