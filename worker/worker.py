@@ -68,6 +68,7 @@ job_lines = logging.getLogger(f"{__name__}.jobs")  # a line per job taken: quiet
 IDLE_WRITE_GAP_S = 1.0
 CONTROL_READ_GAP_S = 1.0  # drain flags and unload requests are re-read at most this often
 DRAINED_WAKE_S = 1.0  # a drained worker checks its flags (and keep_alive expiries) this often
+PUBSUB_WAKE_S = 1.0  # RQ's command listener sees a stop this soon (see subscribe)
 
 # At the end of a job RQ's job hash is deleted (results live in SQL), unless an admin's
 # requeue or the reconciler has meanwhile enqueued the job again: then the hash belongs
@@ -595,6 +596,20 @@ class GpuqWorker(SimpleWorker):
             self._unload_when_idle(str(payload.get("model")))
             return
         super().handle_payload(message)
+
+    def subscribe(self) -> None:
+        """RQ's, with its listener thread waking every second instead of every minute. RQ's
+        teardown unsubscribes and then stops that thread, and since redis-py 8.2
+        ``PubSubWorkerThread.stop()`` waits for the thread to see the stop; the thread sees it
+        only when its ``get_message`` returns, up to RQ's ``sleep_time`` (60 s) later. Idle
+        workers told to stop sat there up to a minute (seen: every worker of a supervisor's
+        drain): the drain, `gpuq up`'s Ctrl-C and a killed parent's orphans all waited on it."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ types it as None
+            sleep_time=PUBSUB_WAKE_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def _unload_when_idle(self, model: str) -> None:
         """At once if the worker is waiting for work (the cache lock is free), else the main

@@ -45,3 +45,17 @@ def test_a_worker_sent_its_death_signal_while_draining_still_finishes_its_job(pr
     assert [(r["outcome"], r["refunded"]) for r in done["runs"]] == [("succeeded", False)]
     # The worker writes to its supervisor's log.
     assert "SIGTERM again while finishing its jobs: still finishing them" in supervisor.log.read_text()
+
+
+def test_a_stopped_supervisor_and_its_idle_workers_are_gone_in_seconds(processes):
+    """RQ's command listener waited up to a minute for a message before it saw a stop, and
+    since redis-py 8.2 a worker's teardown waits for that listener: every stop of an idle
+    fleet (the supervisor's drain, `gpuq up`'s Ctrl-C, a killed parent's orphans) took a
+    minute. The bound here is far above the second or two a stop takes and far below that."""
+    processes.settings |= {"GPUQ_SIMULATED_GPUS": "24,24,48,80"}
+    supervisor, workers = processes.start_supervisor(expected_workers=4)
+    pids = [w.pid for w in workers]
+    supervisor.popen.send_signal(signal.SIGTERM)
+    wait_until(lambda: supervisor.popen.poll() is not None, "the supervisor was still draining idle workers", 30)
+    assert supervisor.popen.returncode == 0
+    assert all(_gone(pid) for pid in pids)
