@@ -160,12 +160,13 @@ class GpuqWorker(SimpleWorker):
         blocking on the queues it started with). ``max_idle_time`` is not supported."""
         self.set_state(WorkerStatus.IDLE)
         while True:
+            # Only an answered wait for jobs says Redis is back: housekeeping skips Redis for
+            # seconds at a time (its writes are throttled), so its passing proves nothing, and
+            # taking it for an answer reset the backoff and spun this loop through the outage.
             try:
                 self._housekeeping()
             except RedisError as exc:
                 self.redis_health.failed("between jobs", exc)
-            else:
-                self.redis_health.succeeded()
             pause_s = self._pause_s(timeout)
             if pause_s is not None:
                 if timeout is None:
@@ -182,10 +183,12 @@ class GpuqWorker(SimpleWorker):
                     death_penalty_class=self.death_penalty_class,
                 )
             except DequeueTimeout:
+                self.redis_health.succeeded()
                 continue
             except RedisError as exc:
                 self.redis_health.failed("waiting for jobs", exc)
                 continue
+            self.redis_health.succeeded()
             if result is not None:
                 if self._put_back_if_drained(*result):
                     continue
@@ -322,7 +325,7 @@ class GpuqWorker(SimpleWorker):
     def _execute_job(self, job: Job, queue: Queue) -> None:
         try:
             execution = self.begin_execution(job)
-        except RedisError as exc:  # popped, not started: the reconciler enqueues it again
+        except RedisError as exc:  # popped, unclaimed: the reconciler enqueues it again (see start)
             self.redis_health.failed(f"starting {job.id}", exc)
             return
         self.monitor.begin(job.id)  # watched like any job: heartbeats keep its execution alive
@@ -379,7 +382,7 @@ class GpuqWorker(SimpleWorker):
     def put_back(self, job: Job, queue: Queue) -> None:
         try:
             queue.push_job_id(job.id, at_front=True)
-        except RedisError as exc:  # popped, not started: the reconciler enqueues it again
+        except RedisError as exc:  # popped, unclaimed: the reconciler enqueues it again (see start)
             self.redis_health.failed(f"putting {job.id} back", exc)
 
     def must_run_alone(self, job: Job) -> bool:
@@ -401,8 +404,9 @@ class GpuqWorker(SimpleWorker):
         try:
             execution = self.begin_execution(job)
         except RedisError as exc:
-            # Popped but not started: in no list, its hash still queued, so the reconciler
-            # enqueues it again (see IN_FLIGHT_LIMIT_S). Nothing was claimed.
+            # Popped, and its start written or not (Redis may have applied the writes and
+            # gone down before the reply): in no list, its hash queued or started here, and
+            # unclaimed, so the reconciler enqueues it again (see IN_FLIGHT_LIMIT_S).
             self.redis_health.failed(f"starting {job.id}", exc)
             return None
         try:

@@ -5,12 +5,16 @@ conditional claim makes a duplicate queue entry harmless):
 
 * a row SQL says is ``queued`` but Redis has no live entry for is enqueued again. An
   entry is live when RQ's hash says ``queued`` and the id is in its queue, or ``started``
-  by a worker that is alive. So this covers Redis restarted empty, the API dying between
-  its commit and its enqueue, and a worker that popped the job and then died or froze
-  before starting it (RQ's ``BLPOP`` is not reliable: the id is then in no list while
-  the hash still says ``queued``). A popped job is in no list for the milliseconds before
-  its worker starts it, so such an entry is re-enqueued only when a pass at least
-  ``IN_FLIGHT_LIMIT_S`` earlier saw it so too (``LOST_SUSPECTS_KEY``);
+  by a worker that is alive (and about to claim it). So this covers Redis restarted empty,
+  the API dying between its commit and its enqueue, a worker that popped the job and then
+  died or froze before starting it (RQ's ``BLPOP`` is not reliable: the id is then in no
+  list while the hash still says ``queued``), and a live worker that started it in Redis
+  but never claimed it (Redis went down before its reply to the start: the worker took the
+  start as not written and forgot the job). A popped job is in no list for the milliseconds
+  before its worker starts it, and a started one unclaimed for the milliseconds before its
+  claim, so such an entry is re-enqueued only when a pass at least ``IN_FLIGHT_LIMIT_S``
+  earlier saw it so too (``LOST_SUSPECTS_KEY``); should its worker claim it after all, the
+  second entry's claim fails and that entry is dropped;
 * a row SQL says is ``running`` on a worker whose heartbeat has expired goes back to
   the queue, or fails once it has used up its attempts. Jobs that died together on one
   worker are not charged the attempt and run alone next (``RUN_ALONE_KEY``). Before that,
@@ -151,7 +155,12 @@ def _requeue_lost_entries(
         if status == b"queued":
             if entry.job_id.encode() not in waiting:
                 in_flight.append(entry)
-        elif status != b"started" or worker is None or worker.decode() not in alive:
+        elif status == b"started" and worker is not None and worker.decode() in alive:
+            # Started and not yet claimed: its worker is between the two, for milliseconds,
+            # or it never learned that its start was written (Redis went down before the
+            # reply came) and has forgotten the job.
+            in_flight.append(entry)
+        else:
             lost.append(entry)  # no hash (Redis lost it), or ended, failed, or started by a dead worker
     lost.extend(_persisting(redis, LOST_SUSPECTS_KEY, in_flight, limit_s=in_flight_limit_s))
     if lost:
