@@ -603,11 +603,12 @@ class GpuqWorker(SimpleWorker):
 
     def subscribe(self) -> None:
         """RQ's, with its listener thread waking every second instead of every minute. RQ's
-        teardown unsubscribes and then stops that thread, and since redis-py 8.2
-        ``PubSubWorkerThread.stop()`` waits for the thread to see the stop; the thread sees it
-        only when its ``get_message`` returns, up to RQ's ``sleep_time`` (60 s) later. Idle
-        workers told to stop sat there up to a minute (seen: every worker of a supervisor's
-        drain): the drain, `gpuq up`'s Ctrl-C and a killed parent's orphans all waited on it."""
+        teardown unsubscribes, counting on Redis's reply to wake that thread, and then stops
+        it; when the reply comes first, the thread goes back to waiting, up to RQ's
+        ``sleep_time`` (60 s), and redis-py 8.2's ``PubSubWorkerThread.stop()`` waits for it.
+        Idle workers told to stop sat there up to a minute (seen: every worker of a
+        supervisor's drain): the drain, `gpuq up`'s Ctrl-C and a killed parent's orphans all
+        waited on them."""
         self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
         self.pubsub = self.connection.pubsub()
         self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
