@@ -5,9 +5,10 @@ Outages of either (a restart, a failover) must not crash a worker or churn its q
 worker that cannot reach SQL keeps serving what it holds (running sequences, heartbeats)
 and takes no new job; one that cannot reach Redis keeps decoding its running sequences and
 keeps the bookkeeping it could not send for later. Each retries after a backoff that
-doubles from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (the exponent capped too, so a
-streak of any length never overflows). A streak of failures is logged twice: the first
-failure with its traceback, then one line when the dependency answers.
+doubles from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (``REDIS_BACKOFF_MAX_S`` for a running
+worker's Redis; the exponent capped too, so a streak of any length never overflows). A
+streak of failures is logged twice: the first failure with its traceback, then one line
+when the dependency answers.
 
 A worker that cannot reach either at start waits for both (``wait_for_dependencies``);
 one whose start fails all the same because of an outage exits with ``EXIT_OUTAGE``, which
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
+# A running worker tries Redis again at least this often: a try is one cheap connection
+# attempt, and what the wait costs is the time after Redis is back before jobs flow again.
+REDIS_BACKOFF_MAX_S = 2.0
 EXIT_OUTAGE = 75  # EX_TEMPFAIL: the worker could not reach Redis or the database; try again later
 
 
@@ -79,9 +83,10 @@ def wait_for_dependencies(sessions: sessionmaker[Session], redis: Redis, stop: t
 class Dependency:
     """One thing the worker needs (``name``: "the database", "Redis") and its streak of failures."""
 
-    def __init__(self, name: str, *, meanwhile: str) -> None:
+    def __init__(self, name: str, *, meanwhile: str, max_wait_s: float = BACKOFF_MAX_S) -> None:
         self.name = name
         self._meanwhile = meanwhile  # what the worker does while it is down, for the log
+        self._max_wait_s = max_wait_s
         self._failures = 0
         self._retry_at = 0.0  # time.monotonic()
         self._failing_since = 0.0
@@ -96,7 +101,7 @@ class Dependency:
             self._failing_since = time.monotonic()
             log.warning("%s is unreachable (%s); %s", self.name, what, self._meanwhile, exc_info=exc)
         self._failures += 1
-        self._retry_at = time.monotonic() + backoff_s(self._failures)
+        self._retry_at = time.monotonic() + backoff_s(self._failures, max_s=self._max_wait_s)
 
     def succeeded(self) -> None:
         if self._failures:

@@ -59,7 +59,7 @@ from gpuq.redis_keys import (
 )
 from worker.batching import EmbeddingRun, GenerationRun, Started
 from worker.monitor import JobMonitor
-from worker.outages import Dependency
+from worker.outages import REDIS_BACKOFF_MAX_S, Dependency
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,9 @@ class GpuqWorker(SimpleWorker):
         self._control_changed = threading.Event()  # set by pub/sub: re-read the flags now
         self._unloads_pending: set[str] = set()
         self._requeued_jobs: set[str] = set()
-        self.redis_health = Dependency("Redis", meanwhile="decoding what runs, its bookkeeping kept for later")
+        self.redis_health = Dependency(
+            "Redis", meanwhile="decoding what runs, its bookkeeping kept for later", max_wait_s=REDIS_BACKOFF_MAX_S
+        )
         self._unsent: list[Callable[[], None]] = []  # RQ bookkeeping that Redis could not take yet
         self.monitor = JobMonitor(
             self.connection,
