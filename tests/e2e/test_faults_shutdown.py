@@ -49,7 +49,7 @@ def test_a_worker_sent_its_death_signal_while_draining_still_finishes_its_job(pr
 
 def test_a_stopped_supervisor_and_its_idle_workers_are_gone_in_seconds(processes):
     """RQ's command listener waited up to a minute for a message before it saw a stop, and
-    since redis-py 8.2 a worker's teardown waits for that listener: every stop of an idle
+    with redis-py 8.2 a worker's teardown waits for that listener: every stop of an idle
     fleet (the supervisor's drain, `gpuq up`'s Ctrl-C, a killed parent's orphans) took a
     minute. The bound here is far above the second or two a stop takes and far below that."""
     processes.settings |= {"GPUQ_SIMULATED_GPUS": "24,24,48,80"}

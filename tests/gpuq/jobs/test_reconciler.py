@@ -96,16 +96,21 @@ def test_a_redis_that_restarted_empty_gets_a_settling_time_before_any_worker_is_
     assert reconcile_once(session, redis, **settling).recovered == [job.id]
 
 
+def _started_in_redis(redis: Redis, job_id: str, *, worker: str) -> None:
+    """RQ's hash of a job its worker has started (the start written, the claim not yet)."""
+    redis.hset(
+        RQJob.key_for(job_id),
+        mapping={"status": "started", "origin": "gpuq:smollm2-135m:generate:normal", "worker_name": worker},
+    )
+
+
 def test_a_job_started_by_a_live_worker_that_never_claims_it_is_enqueued_again(session, redis):
     """Redis applied a worker's start of the job and went down before replying: the worker
     took the start as failed and forgot the job, whose hash says `started` by that live worker
     while SQL still has it queued. Seen once in the stacked soak: the job stayed queued for good."""
     [job] = store.insert_jobs(session, [make_job()])
     _register_worker(redis, "alive")
-    redis.hset(
-        RQJob.key_for(job.id),
-        mapping={"status": "started", "origin": "gpuq:smollm2-135m:generate:normal", "worker_name": "alive"},
-    )
+    _started_in_redis(redis, job.id, worker="alive")
 
     # The first pass takes it for a claim on its way (milliseconds, normally); a pass the
     # in-flight limit later, with still no claim, enqueues it again.
@@ -116,10 +121,7 @@ def test_a_job_started_by_a_live_worker_that_never_claims_it_is_enqueued_again(s
 
     # Claimed on its worker meanwhile: no longer queued in SQL, so never a suspect.
     [claimed] = store.insert_jobs(session, [make_job()])
-    redis.hset(
-        RQJob.key_for(claimed.id),
-        mapping={"status": "started", "origin": "gpuq:smollm2-135m:generate:normal", "worker_name": "alive"},
-    )
+    _started_in_redis(redis, claimed.id, worker="alive")
     store.claim_job(session, claimed.id, worker="alive", device="cpu")
     for _ in range(2):
         assert reconcile_once(session, redis, **(RECONCILE | {"in_flight_limit_s": 0.0})).requeued == []
