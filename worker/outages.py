@@ -5,8 +5,9 @@ Outages of either (a restart, a failover) must not crash a worker or churn its q
 worker that cannot reach SQL keeps serving what it holds (running sequences, heartbeats)
 and takes no new job; one that cannot reach Redis keeps decoding its running sequences and
 keeps the bookkeeping it could not send for later. Each retries after a backoff that
-doubles from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (``REDIS_BACKOFF_MAX_S`` for a running
-worker's Redis; the exponent capped too, so a streak of any length never overflows). A
+doubles from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (``RECONNECT_BACKOFF_MAX_S`` for a
+running worker's Redis and for the wait at start; the exponent capped too, so a streak of any
+length never overflows). A
 streak of failures is logged twice: the first failure with its traceback, then one line
 when the dependency answers.
 
@@ -35,9 +36,10 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
-# A running worker tries Redis again at least this often: a try is one cheap connection
-# attempt, and what the wait costs is the time after Redis is back before jobs flow again.
-REDIS_BACKOFF_MAX_S = 2.0
+# Where a try is one cheap connection attempt (a running worker's Redis, both dependencies
+# while a worker or supervisor waits to start), it is made at least this often: what a longer
+# wait costs is the time after the outage before jobs flow again.
+RECONNECT_BACKOFF_MAX_S = 2.0
 EXIT_OUTAGE = 75  # EX_TEMPFAIL: the worker could not reach Redis or the database; try again later
 
 
@@ -59,8 +61,10 @@ def is_outage(exc: BaseException) -> bool:
 
 def wait_for_dependencies(sessions: sessionmaker[Session], redis: Redis, stop: threading.Event | None = None) -> bool:
     """Blocks until the database and Redis both answer (False if ``stop`` is set first)."""
-    database = Dependency("the database", meanwhile="waiting for it before starting")
-    queue = Dependency("Redis", meanwhile="waiting for it before starting")
+    database = Dependency(
+        "the database", meanwhile="waiting for it before starting", max_wait_s=RECONNECT_BACKOFF_MAX_S
+    )
+    queue = Dependency("Redis", meanwhile="waiting for it before starting", max_wait_s=RECONNECT_BACKOFF_MAX_S)
     stop = stop or threading.Event()
     while not stop.is_set():
         try:

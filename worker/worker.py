@@ -59,7 +59,7 @@ from gpuq.redis_keys import (
 )
 from worker.batching import EmbeddingRun, GenerationRun, Started
 from worker.monitor import JobMonitor
-from worker.outages import REDIS_BACKOFF_MAX_S, Dependency
+from worker.outages import RECONNECT_BACKOFF_MAX_S, Dependency
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class GpuqWorker(SimpleWorker):
         self._unloads_pending: set[str] = set()
         self._requeued_jobs: set[str] = set()
         self.redis_health = Dependency(
-            "Redis", meanwhile="decoding what runs, its bookkeeping kept for later", max_wait_s=REDIS_BACKOFF_MAX_S
+            "Redis", meanwhile="decoding what runs, its bookkeeping kept for later", max_wait_s=RECONNECT_BACKOFF_MAX_S
         )
         self._unsent: list[Callable[[], None]] = []  # RQ bookkeeping that Redis could not take yet
         self.monitor = JobMonitor(

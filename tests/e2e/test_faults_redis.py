@@ -135,7 +135,7 @@ def test_an_idle_worker_waits_out_a_redis_outage_with_one_warning_not_a_spin(tmp
         wait_until(lambda: "Redis is unreachable" in worker.log.read_text(), "the worker never noticed the outage")
         time.sleep(3)
         redis_server.start(port=redis_server.port)
-        # It tries Redis again at least every REDIS_BACKOFF_MAX_S (2 s): back well within 10 s.
+        # It tries Redis again at least every RECONNECT_BACKOFF_MAX_S (2 s): back well within 10 s.
         wait_until(lambda: "Redis answers again" in worker.log.read_text(), "the worker never saw Redis back", 10)
         still_alive = worker.popen.poll() is None
     finally:
