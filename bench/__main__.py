@@ -379,6 +379,20 @@ def bench_intake_burst(args: argparse.Namespace) -> None:
             f"  {r.decode_ms_before:15.1f} / {r.decode_ms_during:5.1f} ms  {r.ratio:12.2f}x   ({r.admitted} admitted)"
         )
     print(f"intake-burst: inter-token gap p99 during the burst / median outside {median(r.ratio for r in runs):.2f}x")
+    if args.peer:
+        binary = peer.llama_server_binary(Path(__file__).resolve().parent.parent)
+        peers = []
+        for _ in range(args.rounds):
+            with fresh_system_state(args.redis_url, None) as (_redis_url, _db, workdir):
+                peers.append(intake_burst.run_on_llama_server(binary, workdir, threads=args.threads))
+        print("\nthe same burst on llama-server -np 8 (gaps between a stream's tokens at the client)")
+        for i, p in enumerate(peers, 1):
+            print(
+                f"  {i:<5}  {p.gap_ms_before:17.1f} ms  {p.gap_ms_during_median:8.1f} {p.gap_ms_during_p99:8.1f} ms"
+                f"  {'':23}  {p.ratio:12.2f}x   ({p.answered} answered)"
+            )
+        ratio = median(p.ratio for p in peers)
+        print(f"intake-burst: llama-server's gap p99 during the burst / median outside {ratio:.2f}x")
 
 
 def bench_structured(args: argparse.Namespace) -> None:
@@ -522,6 +536,9 @@ def main() -> None:
         "--flash-attn",
         action="store_true",
         help="peer: gpuq's workers also with GPUQ_WORKER_FLASH_ATTN=true, side by side",
+    )
+    parser.add_argument(
+        "--peer", action="store_true", help="intake-burst: the same burst on llama-server too, after gpuq's rounds"
     )
     parser.add_argument(
         "--slots",

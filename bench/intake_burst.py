@@ -10,11 +10,18 @@ is the inter-token gap of every long sequence. Reported: the gap's median before
 its p99 while burst jobs are in the run, and how much of a step llama_decode took in each
 (the burst's own prompts must be decoded too: 2-token prompts and one token each, so that
 what is measured is the intake, not their compute).
+
+``--peer`` runs the same burst on llama.cpp's own server (``-np 8``, the same model and
+threads): four streamed long answers, then 32 short requests at once after the first stream's
+80th token; the gaps are the streams' token arrivals at the client. It shows what the burst's
+own prompts cost on this hardware whatever the intake.
 """
 
 from __future__ import annotations
 
+import http.client
 import itertools
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +29,7 @@ from pathlib import Path
 from statistics import median, quantiles
 from typing import Any
 
+from bench.peer import LlamaServer
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import JobKind
@@ -33,7 +41,8 @@ from worker.model_cache import ModelCache
 from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
 
-LONG = {"prompt": "Count from 1 to 5000: 1, 2, 3,", "max_tokens": 500, "temperature": 0.0, "stop": []}
+LONG_PROMPT, LONG_TOKENS = "Count from 1 to 5000: 1, 2, 3,", 500
+LONG = {"prompt": LONG_PROMPT, "max_tokens": LONG_TOKENS, "temperature": 0.0, "stop": []}
 SHORT = {"prompt": "Hi", "max_tokens": 1, "temperature": 0.0, "stop": []}
 BEFORE_STEPS = 80  # steps of the long sequences alone before the burst arrives
 
@@ -166,3 +175,73 @@ def _new(request: dict[str, Any]) -> store.NewJob:
     return store.NewJob(
         id=store.new_job_id(), kind="generate", model=BUNDLED_MODEL_NAME, priority=0, request=request, request_hash="b"
     )
+
+
+@dataclass(frozen=True)
+class PeerBurst:
+    gap_ms_before: float  # median
+    gap_ms_during_median: float
+    gap_ms_during_p99: float
+    answered: int
+
+    @property
+    def ratio(self) -> float:
+        return self.gap_ms_during_p99 / self.gap_ms_before
+
+
+def run_on_llama_server(binary: str, workdir: Path, *, threads: int, burst: int = 32) -> PeerBurst:
+    server = LlamaServer(binary, slots=8, threads=threads, log=workdir / "llama-server-burst.log")
+    try:
+        server.complete("Hello")  # warm, as gpuq's side loads its model first
+        arrivals: list[list[float]] = [[] for _ in range(4)]
+        started_80 = threading.Event()
+
+        def stream(times: list[float]) -> None:
+            for _ in _completion(server.port, LONG_PROMPT, LONG_TOKENS, stream=True):
+                times.append(time.perf_counter())
+                if len(times) == BEFORE_STEPS:
+                    started_80.set()
+
+        longs = [threading.Thread(target=stream, args=(times,)) for times in arrivals]
+        for t in longs:
+            t.start()
+        started_80.wait(timeout=600)
+        burst_start = time.perf_counter()
+        answered: list[int] = []
+        shorts = [
+            threading.Thread(target=lambda: answered.append(len(list(_completion(server.port, "Hi", 1)))))
+            for _ in range(burst)
+        ]
+        for t in shorts:
+            t.start()
+        for t in shorts:
+            t.join()
+        burst_end = time.perf_counter()
+        for t in longs:
+            t.join()
+    finally:
+        server.close()
+    # Each token's gap from the one before it in its stream, labelled by when it arrived.
+    gaps = [((b - a) * 1000, b) for times in arrivals for a, b in itertools.pairwise(times[20:])]
+    before = [g for g, at in gaps if at < burst_start]
+    during = [g for g, at in gaps if burst_start <= at <= burst_end]
+    return PeerBurst(median(before), median(during), quantiles(during, n=100, method="inclusive")[98], len(answered))
+
+
+def _completion(port: int, prompt: str, n_predict: int, *, stream: bool = False) -> Any:
+    """llama-server's /completion, greedy; yields each streamed event (or the one answer)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": True, "stream": stream}
+    connection.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"llama-server answered {response.status}: {response.read()[:200]!r}")
+    if not stream:
+        yield json.loads(response.read())
+    else:
+        for line in response:
+            if line.startswith(b"data: "):
+                event = json.loads(line[6:])
+                if event.get("content") or not event.get("stop"):
+                    yield event
+    connection.close()
