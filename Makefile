@@ -19,9 +19,11 @@ lint:
 	.venv/bin/mypy
 	.venv/bin/python scripts/check_docs.py
 
-# Test processes (pytest-xdist): one per core, at most 4 (each e2e test starts its own API,
-# workers and Redis); every process claims its own Redis db indices (tests/conftest.py).
-TEST_PROCESSES ?= $(shell n=$$(nproc); [ "$$n" -gt 4 ] && n=4; echo $$n)
+# Test processes (pytest-xdist): one more than the cores, at most 4 (each e2e test starts its
+# own API, workers and Redis, and waits on them and on the outages it causes: a spare process
+# keeps the cores busy meanwhile); every process claims its own Redis db indices
+# (tests/conftest.py).
+TEST_PROCESSES ?= $(shell n=$$(( $$(nproc) + 1 )); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 test: install-test lint
 	.venv/bin/pytest -n $(TEST_PROCESSES) --dist worksteal
