@@ -370,8 +370,12 @@ def bench_intake_burst(args: argparse.Namespace) -> None:
     runs = []
     for _ in range(args.rounds):
         with fresh_system_state(args.redis_url, args.database_url) as (_redis_url, db, workdir):
-            runs.append(intake_burst.run(db, workdir, threads=args.threads))
-    print(f"\nintake burst: 4 long generations, then 32 short jobs taken while they decode (K=8), {args.rounds} rounds")
+            runs.append(intake_burst.run(db, workdir, threads=args.threads, flash_attn=args.flash_attn))
+    attention = ", flash attention on" if args.flash_attn else ""
+    print(
+        f"\nintake burst: 4 long generations, then 32 short jobs taken while they decode"
+        f" (K=8{attention}), {args.rounds} rounds"
+    )
     print("  round  gap before (median)  during (median, p99)  llama_decode a step before/during  ratio p99/median")
     for i, r in enumerate(runs, 1):
         print(
@@ -535,7 +539,7 @@ def main() -> None:
     parser.add_argument(
         "--flash-attn",
         action="store_true",
-        help="peer: gpuq's workers also with GPUQ_WORKER_FLASH_ATTN=true, side by side",
+        help="peer: gpuq's workers also with GPUQ_WORKER_FLASH_ATTN=true, side by side; intake-burst: its engine",
     )
     parser.add_argument(
         "--peer", action="store_true", help="intake-burst: the same burst on llama-server too, after gpuq's rounds"

@@ -106,7 +106,7 @@ class BurstResult:
         return self.gap_ms_during_p99 / self.gap_ms_before
 
 
-def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32) -> BurstResult:
+def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flash_attn: bool = False) -> BurstResult:
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
     writer = OutcomeWriter(sessions)
@@ -125,7 +125,9 @@ def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32) -> B
     host: _ListHost
 
     def load(spec: Any) -> LoadedModel:
-        loaded = LoadedModel(spec.path, n_ctx=spec.n_ctx, embedding=False, threads=threads, gpu_layers=0, slots=8)
+        loaded = LoadedModel(
+            spec.path, n_ctx=spec.n_ctx, embedding=False, threads=threads, gpu_layers=0, slots=8, flash_attn=flash_attn
+        )
         decoder = loaded.decoder
         assert decoder is not None
         step = decoder.step
