@@ -7,9 +7,8 @@ and takes no new job; one that cannot reach Redis keeps decoding its running seq
 keeps the bookkeeping it could not send for later. Each retries after a backoff that
 doubles from ``BACKOFF_START_S`` to ``BACKOFF_MAX_S`` (``RECONNECT_BACKOFF_MAX_S`` for a
 running worker's Redis and for the wait at start; the exponent capped too, so a streak of any
-length never overflows). A
-streak of failures is logged twice: the first failure with its traceback, then one line
-when the dependency answers.
+length never overflows). A streak of failures is logged twice: the first failure with its
+traceback, then one line when the dependency answers.
 
 A worker that cannot reach either at start waits for both (``wait_for_dependencies``);
 one whose start fails all the same because of an outage exits with ``EXIT_OUTAGE``, which
