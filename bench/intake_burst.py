@@ -19,9 +19,7 @@ own prompts cost on this hardware whatever the intake.
 
 from __future__ import annotations
 
-import http.client
 import itertools
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -199,7 +197,7 @@ def run_on_llama_server(binary: str, workdir: Path, *, threads: int, burst: int 
         started_80 = threading.Event()
 
         def stream(times: list[float]) -> None:
-            for _ in _completion(server.port, LONG_PROMPT, LONG_TOKENS, stream=True):
+            for _ in server.stream(LONG_PROMPT, LONG_TOKENS):
                 times.append(time.perf_counter())
                 if len(times) == BEFORE_STEPS:
                     started_80.set()
@@ -211,8 +209,7 @@ def run_on_llama_server(binary: str, workdir: Path, *, threads: int, burst: int 
         burst_start = time.perf_counter()
         answered: list[int] = []
         shorts = [
-            threading.Thread(target=lambda: answered.append(len(list(_completion(server.port, "Hi", 1)))))
-            for _ in range(burst)
+            threading.Thread(target=lambda: answered.append(server.complete("Hi", n_predict=1))) for _ in range(burst)
         ]
         for t in shorts:
             t.start()
@@ -228,22 +225,3 @@ def run_on_llama_server(binary: str, workdir: Path, *, threads: int, burst: int 
     before = [g for g, at in gaps if at < burst_start]
     during = [g for g, at in gaps if burst_start <= at <= burst_end]
     return PeerBurst(median(before), median(during), quantiles(during, n=100, method="inclusive")[98], len(answered))
-
-
-def _completion(port: int, prompt: str, n_predict: int, *, stream: bool = False) -> Any:
-    """llama-server's /completion, greedy; yields each streamed event (or the one answer)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": True, "stream": stream}
-    connection.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"llama-server answered {response.status}: {response.read()[:200]!r}")
-    if not stream:
-        yield json.loads(response.read())
-    else:
-        for line in response:
-            if line.startswith(b"data: "):
-                event = json.loads(line[6:])
-                if event.get("content") or not event.get("stop"):
-                    yield event
-    connection.close()

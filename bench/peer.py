@@ -24,6 +24,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -119,13 +120,25 @@ class LlamaServer:
                 time.sleep(0.5)
         raise TimeoutError("llama-server did not become ready in 120 s")
 
-    def complete(self, prompt: str) -> int:
-        body = json.dumps({"prompt": prompt, "n_predict": MAX_TOKENS, "temperature": 0.0, "cache_prompt": True})
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/completion", data=body.encode(), headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=600) as r:
+    def complete(self, prompt: str, n_predict: int = MAX_TOKENS) -> int:
+        """A greedy answer; returns how many tokens it has."""
+        with urllib.request.urlopen(self._request(prompt, n_predict, stream=False), timeout=600) as r:
             return int(json.load(r)["tokens_predicted"])
+
+    def stream(self, prompt: str, n_predict: int) -> Iterator[None]:
+        """A greedy answer streamed: yields as each token arrives."""
+        with urllib.request.urlopen(self._request(prompt, n_predict, stream=True), timeout=600) as r:
+            for line in r:
+                if line.startswith(b"data: ") and json.loads(line[6:]).get("content"):
+                    yield None
+
+    def _request(self, prompt: str, n_predict: int, *, stream: bool) -> urllib.request.Request:
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": True, "stream": stream}
+        return urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
 
     def close(self) -> None:
         self._process.terminate()
