@@ -289,11 +289,11 @@ def bench_peer(args: argparse.Namespace) -> None:
     for round_ in range(1, args.rounds + 1):
         for k in args.slots:
             for name, prompts in peer.WORKLOADS.items():
-                sides = [("gpuq", True, False), ("llama-server", True, False)]
-                if args.flash_attn:  # both ways side by side: the ratio is not across runs
-                    sides.append(("gpuq, flash attn", True, True))
+                sides = [("gpuq", True, True), ("llama-server", True, True)]
+                if args.flash_attn_off:  # both ways side by side: the ratio is not across runs
+                    sides.append(("gpuq, flash attn off", True, False))
                 if name == "W2" and round_ == 1:
-                    sides.append(("gpuq, reuse off", False, False))  # slow (every prompt whole): once
+                    sides.append(("gpuq, reuse off", False, True))  # slow (every prompt whole): once
                 for side, reuse, flash_attn in sides:
                     with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
                         if side == "llama-server":
@@ -324,23 +324,23 @@ def _print_peer_summary(args: argparse.Namespace, runs: dict[tuple[str, str, int
 
     print(
         f"\npeer: 64 jobs a workload, greedy, {peer.MAX_TOKENS} tokens, {args.threads} threads, "
-        f"median of {args.rounds} rounds (reuse off: one round); gpuq's flash attention off "
-        f"(and on, as 'gpuq, flash attn', with --flash-attn), llama-server's its default (on)"
+        f"median of {args.rounds} rounds (reuse off: one round); flash attention on both sides, their "
+        f"default (gpuq's also off, as 'gpuq, flash attn off', with --flash-attn-off)"
     )
     print("  K  workload  side              jobs/s   tok/s")
     for (name, side, k), side_runs in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0], item[0][1])):
         tok = median(r.tokens_per_s for r in side_runs)
         print(f"  {k:<2} {name:<9} {side:<16} {jobs_s((name, side, k)):7.2f} {tok:7.1f}")
     for k in args.slots:
-        w1 = jobs_s(("W1", "gpuq", k)) / jobs_s(("W1", "llama-server", k))
-        w2 = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "llama-server", k))
         gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
         print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
+        if args.flash_attn_off:
+            w1 = jobs_s(("W1", "gpuq, flash attn off", k)) / jobs_s(("W1", "llama-server", k))
+            w2 = jobs_s(("W2", "gpuq, flash attn off", k)) / jobs_s(("W2", "llama-server", k))
+            print(f"  K={k}: gpuq's flash attention off: W1 gpuq/llama-server {w1:.2f}x, W2 {w2:.2f}x")
+        w1 = jobs_s(("W1", "gpuq", k)) / jobs_s(("W1", "llama-server", k))
+        w2 = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "llama-server", k))
         print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 gpuq/llama-server {w2:.2f}x")
-        if args.flash_attn:
-            w1 = jobs_s(("W1", "gpuq, flash attn", k)) / jobs_s(("W1", "llama-server", k))
-            w2 = jobs_s(("W2", "gpuq, flash attn", k)) / jobs_s(("W2", "llama-server", k))
-            print(f"peer, flash attention on: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 gpuq/llama-server {w2:.2f}x")
 
 
 def bench_decoder_steps(args: argparse.Namespace) -> None:
@@ -370,8 +370,8 @@ def bench_intake_burst(args: argparse.Namespace) -> None:
     runs = []
     for _ in range(args.rounds):
         with fresh_system_state(args.redis_url, args.database_url) as (_redis_url, db, workdir):
-            runs.append(intake_burst.run(db, workdir, threads=args.threads, flash_attn=args.flash_attn))
-    attention = ", flash attention on" if args.flash_attn else ""
+            runs.append(intake_burst.run(db, workdir, threads=args.threads, flash_attn=not args.flash_attn_off))
+    attention = ", flash attention off" if args.flash_attn_off else ""
     print(
         f"\nintake burst: 4 long generations, then 32 short jobs taken while they decode"
         f" (K=8{attention}), {args.rounds} rounds"
@@ -537,9 +537,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument(
-        "--flash-attn",
+        "--flash-attn-off",
         action="store_true",
-        help="peer: gpuq's workers also with GPUQ_WORKER_FLASH_ATTN=true, side by side; intake-burst: its engine",
+        help="peer: gpuq's workers also with GPUQ_WORKER_FLASH_ATTN=false, side by side; intake-burst: its engine",
     )
     parser.add_argument(
         "--peer", action="store_true", help="intake-burst: the same burst on llama-server too, after gpuq's rounds"

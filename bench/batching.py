@@ -8,7 +8,8 @@ Three sides, same prompts, same model, same threads, greedy:
 * **direct batched** (the ceiling at K): a minimal loop on llama-cpp-python's low-level API,
   no queue, no HTTP, no SQL: one context with K sequences, each step one ``llama_decode``
   with the next token of every live sequence and the prompts of sequences that just joined,
-  greedy sampling, a new prompt joining as soon as one ends;
+  greedy sampling, a new prompt joining as soon as one ends (flash attention on, as gpuq's
+  workers have it by default);
 * **gpuq at K**: the jobs submitted over HTTP at once to one worker with
   ``GPUQ_WORKER_SLOTS=K``; the clock runs from the submission to the last recorded finish;
 * **gpuq at K=1 with prompt reuse off** (``GPUQ_WORKER_PROMPT_CACHE=false``): these ~30-token
@@ -92,7 +93,7 @@ class _Direct:
         cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = BUNDLED_CONTEXT_LENGTH * slots, 512, 512
         cparams.n_seq_max, cparams.kv_unified = slots, False
         cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO  # as gpuq's workers have it by default
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(512, 0, 1)

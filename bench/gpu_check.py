@@ -11,9 +11,10 @@
   every 0.1 s) x its ``gpu_seconds``.
 * GPU telemetry: ``/metrics`` has the GPU's power and utilisation gauges, and ``gpu_samples``
   has rows with power.
-* seeded texts: the same seeded requests give the same texts with and without prompt-cache
-  hits on the GPU (the engine's promise: a miss), and whether they also match at K=1, 8 and 16
-  is reported (a GPU may pick other kernels for other batch sizes: reported, not judged).
+* seeded texts: the same seeded requests, with flash attention on (the worker's default),
+  give the same texts with and without prompt-cache hits on the GPU (the engine's promise: a
+  miss), and whether they also match at K=1, 8 and 16 is reported (a GPU may pick other
+  kernels for other batch sizes: reported, not judged).
 * peer: gpuq against llama.cpp's own server built for CUDA (scripts/build_llama_server.sh) on
   bench/peer.py's W1 and W2 at K=8, >= 1.0x jobs/s on both.
 

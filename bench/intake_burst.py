@@ -104,7 +104,7 @@ class BurstResult:
         return self.gap_ms_during_p99 / self.gap_ms_before
 
 
-def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flash_attn: bool = False) -> BurstResult:
+def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flash_attn: bool = True) -> BurstResult:
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
     writer = OutcomeWriter(sessions)

@@ -12,9 +12,8 @@ is on, as it is by default. Two workloads of 64 jobs, greedy, 64 tokens each:
 gpuq gets each workload as one bulk submission to one worker with ``GPUQ_WORKER_SLOTS=K``;
 llama-server gets K concurrent clients, each taking the next prompt when its last answer
 came. The clock runs from the first submission to the last answer (gpuq: the last recorded
-finish). W2 also runs through gpuq with prompt reuse off. llama-server runs with its own
-default, flash attention on where the backend has it; gpuq with its default, off (a seeded
-text must not depend on a cache hit), or on with ``--flash-attn``.
+finish). W2 also runs through gpuq with prompt reuse off. Both sides run with their default,
+flash attention on where the backend has it; gpuq also with it off with ``--flash-attn-off``.
 """
 
 from __future__ import annotations
@@ -192,7 +191,7 @@ def run_gpuq(
     threads: int,
     reuse: bool,
     gpus: str | None = None,
-    flash_attn: bool = False,
+    flash_attn: bool = True,
 ) -> Run:
     body = {"kind": "generate", "model": BUNDLED_MODEL_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0}
     jobs = [body | {"prompt": p, "top_p": 1.0, "seed": 7} for p in prompts]

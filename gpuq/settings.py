@@ -103,10 +103,10 @@ class Settings(BaseSettings):
         "whole 64-token chunks only (exact on any backend); auto: any-prefix on the CPU, whole-chunks on a GPU",
     )
     worker_flash_attn: bool = Field(
-        False,
-        description="flash attention in generation contexts (llama.cpp's -fa), kept exact on the CPU by two rules "
-        "(docs/architecture.md): 1.08-1.18x the jobs/s on distinct short prompts, 0.9x on prompts sharing a long "
-        "start at K=8 (docs/benchmarks.md)",
+        True,
+        description="flash attention in generation contexts (llama.cpp's -fa, on by default in llama-server too): "
+        "kept exact on the CPU by two rules (docs/architecture.md); false: llama-cpp-python's Llama's own "
+        "computation, which gives Llama's texts token for token",
     )
     log_level: str = Field(
         "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"

@@ -95,7 +95,7 @@ class LoadedModel:
         tensor_split: list[float] | None = None,
         slots: int = 1,
         prompt_cache: bool = True,
-        flash_attn: bool = False,
+        flash_attn: bool = True,
         any_prefix: bool | None = None,
     ) -> None:
         self.embedding = embedding

@@ -23,7 +23,9 @@
   logits are computed: without it the estimate fell 9 % short of what llama.cpp allocated
   for SmolLM2's embedding context at 4,096 tokens, with it every case measured is within
   2.5 % (see ``tests/gpuq/fleet/test_vram.py``). Every GPU of a group holding layers
-  allocates its own, as Ollama counts it.
+  allocates its own, as Ollama counts it. Flash attention (the worker's default) does not
+  hold the scores whole: at 2,048 tokens llama.cpp allocated 3 % more on the CPU, at 8,192
+  tokens 41 % less, so the estimate holds near a small context and errs high on a long one.
 * CUDA overhead: the CUDA context and cuBLAS workspace every GPU pays once per process,
   457 MiB (Ollama's ``MinimumMemory`` for CUDA devices); the margin covers what the
   formula misses.

@@ -7,11 +7,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import llama_cpp
 from redis import Redis
 from rq.registry import StartedJobRegistry
 
 from tests.e2e.conftest import reconcile
+from tests.worker.generation import engine_like_llama
 
 MODEL = "smollm2-135m"
 PROMPTS = [
@@ -26,7 +26,7 @@ MAX_TOKENS = 48
 
 
 def _direct(model_path: str, prompt: str) -> str:
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=1, verbose=False)
+    llm = engine_like_llama(model_path, n_ctx=2048, logits_all=False)
     try:
         completion = llm.create_completion(prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=1)
         assert isinstance(completion, dict)  # not a stream

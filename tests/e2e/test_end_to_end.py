@@ -6,10 +6,10 @@ import subprocess
 import sys
 import time
 
-import llama_cpp
 import pytest
 
 from gpuq.cli.client import ApiError
+from tests.worker.generation import engine_like_llama
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -19,7 +19,7 @@ COUNTING |= {"temperature": 0}
 
 
 def _direct_chat(model_path, messages, max_tokens):
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=1, verbose=False)
+    llm = engine_like_llama(model_path, n_ctx=2048, logits_all=False)
     try:
         return llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=0.0, seed=42)
     finally:

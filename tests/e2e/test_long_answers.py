@@ -1,14 +1,14 @@
-"""Long answers give create_completion's own text, byte for byte: the engine builds a
+"""Long answers give create_completion's own text (``Llama`` evaluating as the engine does),
+byte for byte: the engine builds a
 completion's text a token at a time (each token's bytes once, stop strings looked for only
 where they can newly end) where create_completion detokenises and rescans it whole. In the
 slow tier for its length: two answers of 2,000 tokens, each generated twice."""
 
 import threading
 
-import llama_cpp
 import pytest
 
-from tests.worker.generation import THREADS, generate
+from tests.worker.generation import THREADS, engine_like_llama, generate
 from worker.engine import LoadedModel
 
 N_CTX = 2304
@@ -28,7 +28,7 @@ def test_answers_of_2000_tokens_are_create_completions_own(model_path, prompt, s
         mine = generate(model, {"prompt": prompt, "max_tokens": 2000, "stop": stops} | sampling, threading.Event())
     finally:
         model.close()
-    direct = llama_cpp.Llama(model_path=model_path, n_ctx=N_CTX, n_threads=THREADS, verbose=False)
+    direct = engine_like_llama(model_path, n_ctx=N_CTX, logits_all=False)
     try:
         out = direct.create_completion(prompt, max_tokens=2000, stop=stops, **sampling)
     finally:

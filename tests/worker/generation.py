@@ -17,7 +17,7 @@ from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from worker.batching import GenerationRun, Started
 from worker.catalog import ModelInfo
-from worker.decoding import PREFILL_CHUNK_TOKENS, Finished, Generation
+from worker.decoding import FLASH_ATTN_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS, Finished, Generation
 from worker.engine import LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outcome_writer import OutcomeWriter
@@ -31,19 +31,25 @@ MODEL = "smollm2-135m"  # the bundled model, as tests/conftest.py registers it
 THREADS = 1
 
 
-def engine_like_llama(model_path: str, *, n_ctx: int = 1024) -> Any:
-    """llama-cpp-python's ``Llama`` evaluating as the engine does: a prompt in chunks of the
-    engine's size at the same boundaries, every row's logits kept (CPU kernels differ with a
-    batch's size, by about 1e-2 in a logit, so another split would not be the same computation)."""
+def engine_like_llama(model_path: str, *, n_ctx: int = 1024, logits_all: bool = True, flash_attn: bool = True) -> Any:
+    """llama-cpp-python's ``Llama`` evaluating as the engine does on the CPU: flash attention as
+    the engine has it (on by default, ``Llama``'s own default is off), a prompt in passes of the
+    engine's size at the same boundaries (CPU kernels differ with a pass's size, by about 1e-2 in
+    a logit, so another split would not be the same computation), every row's logits kept or,
+    as a plain generation has it, the last one only. Below 512 KV cells a stream's lone decode
+    row is computed as the engine computes it beside others (docs/architecture.md), so its texts
+    are the engine's texts token for token."""
     import llama_cpp
 
+    chunk = FLASH_ATTN_CHUNK_TOKENS if flash_attn else PREFILL_CHUNK_TOKENS
     return llama_cpp.Llama(
         model_path=model_path,
         n_ctx=n_ctx,
-        n_batch=PREFILL_CHUNK_TOKENS,
-        n_ubatch=PREFILL_CHUNK_TOKENS,
+        n_batch=chunk,
+        n_ubatch=chunk,
         n_threads=THREADS,
-        logits_all=True,
+        logits_all=logits_all,
+        flash_attn=flash_attn,
         verbose=False,
     )
 

@@ -3,10 +3,9 @@
 import math
 import threading
 
-import llama_cpp
 import pytest
 
-from tests.worker.generation import THREADS, generate, run_together
+from tests.worker.generation import THREADS, engine_like_llama, generate, run_together
 from worker.engine import EMBED_CHUNK, JobCancelled, LoadedModel
 from worker.model_cache import ModelCache, ModelSpec
 
@@ -30,7 +29,7 @@ def embedder(model_path):
 def test_greedy_generation_is_what_llama_cpp_itself_produces(generator, model_path):
     request = {"prompt": "The three primary colours are", "max_tokens": 24} | GREEDY
     ours = generate(generator, request)
-    direct = llama_cpp.Llama(model_path=model_path, n_ctx=2048, n_threads=THREADS, verbose=False)
+    direct = engine_like_llama(model_path, n_ctx=2048, logits_all=False)
     expected = direct.create_completion("The three primary colours are", max_tokens=24, temperature=0.0, seed=7)
     direct.close()
     assert ours.text == expected["choices"][0]["text"] and ours.text.strip()

@@ -9,6 +9,7 @@ grammar as a mask on its logits row).
 
 from worker.decoding.decoder import (
     DAMAGED_LOGITS,
+    FLASH_ATTN_CHUNK_TOKENS,
     PREFILL_CHUNK_TOKENS,
     BatchDecoder,
     DamagedModel,
@@ -22,6 +23,7 @@ from worker.decoding.logprobs import TokenLogprob
 
 __all__ = [
     "DAMAGED_LOGITS",
+    "FLASH_ATTN_CHUNK_TOKENS",
     "PREFILL_CHUNK_TOKENS",
     "BatchDecoder",
     "DamagedModel",

@@ -217,7 +217,7 @@ class BatchDecoder:
         threads: int,
         prompt_cache: bool = True,
         chunk_tokens: int = PREFILL_CHUNK_TOKENS,
-        flash_attn: bool = False,
+        flash_attn: bool = True,
         any_prefix: bool = False,
     ) -> None:
         import llama_cpp
@@ -237,8 +237,8 @@ class BatchDecoder:
         params.n_seq_max = slots
         params.kv_unified = False  # a KV stream per sequence: outputs do not depend on neighbours
         params.n_threads = params.n_threads_batch = threads
-        # Off by default, as Llama has it; with it on, exact by two rules (FLASH_ATTN_CHUNK_TOKENS
-        # and the throwaway rows of ``_decode_rows``).
+        # On by default, as llama-server has it (Llama has it off): exact on the CPU by two rules
+        # (FLASH_ATTN_CHUNK_TOKENS and the throwaway rows of ``_decode_rows``).
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
