@@ -25,12 +25,14 @@ PROMPTS = [
 MAX_TOKENS = 48
 
 
-def _direct(model_path: str, prompt: str) -> str:
+def _direct(model_path: str, prompt: str) -> tuple[str, int, str]:
+    """llama.cpp's own text, length and ending for the prompt, computed as the engine computes."""
     llm = engine_like_llama(model_path, n_ctx=2048, logits_all=False)
     try:
         completion = llm.create_completion(prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=1)
         assert isinstance(completion, dict)  # not a stream
-        return completion["choices"][0]["text"]
+        choice = completion["choices"][0]
+        return choice["text"], completion["usage"]["completion_tokens"], choice["finish_reason"]
     finally:
         llm.close()
 
@@ -67,8 +69,10 @@ def test_one_worker_runs_several_generations_at_once_each_with_its_own_text(proc
     )
     assert overlaps >= 3
     for prompt, job in zip(PROMPTS, done, strict=True):
-        assert job["result"]["text"] == _direct(model_path, prompt), prompt
-        assert job["completion_tokens"] == MAX_TOKENS and job["attempts"] == 1
+        text, completion_tokens, finish_reason = _direct(model_path, prompt)
+        assert job["result"]["text"] == text, prompt
+        assert job["result"]["finish_reason"] == finish_reason and job["completion_tokens"] == completion_tokens
+        assert job["attempts"] == 1
     assert started.count == 0  # every execution was cleaned up
 
 
