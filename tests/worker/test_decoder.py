@@ -160,7 +160,8 @@ def test_a_long_prompt_goes_in_chunk_by_chunk_while_the_others_keep_generating(f
     steps = []
     while True:
         decoder.step()
-        generated, prompt = decoder.last_step
+        plan = decoder.last_plan
+        generated, prompt = len(plan.rows), plan.prompt_tokens
         if prompt == 0:
             break
         steps.append((generated, prompt))
@@ -280,6 +281,36 @@ def test_with_flash_attention_a_prompt_gives_the_same_text_alone_beside_others_a
         assert sum(f.generation.cached_tokens > 0 for f in done.values()) >= len(requests) - 5
     finally:
         model.close()
+
+
+def test_with_flash_attention_short_prompts_go_in_beside_the_decode_rows_and_keep_their_text(model_path):
+    """With flash attention, a prompt with at most SHORT_TAIL_TOKENS tokens left, taken while
+    others decode, goes in a token a step inside their pass (plan.py), where alone it went in
+    by a pass of its own: the same texts, greedy and seeded, token for token, and the same
+    log-probabilities to the last bit (a logit moved by less than a text shows would change them)."""
+    short = ["The three primary colours are red,", "def add(a, b):", "The capital of France is called"]
+    short += ["Water boils at a temperature of", "The best way to learn is"]  # 6 or 7 tokens each
+    pairs = [(p, kind, s) for p in short for kind, s in (("greedy", GREEDY), ("seeded", SEEDED))]
+    # Lengths apart, so that sequences end at different steps and the next come in beside others.
+    requests = {f"{kind}:{p}": _request(p, s, 6 + 3 * i) | {"logprobs": 2} for i, (p, kind, s) in enumerate(pairs)}
+    model = _model(model_path, 2, prompt_cache=False, any_prefix=True, flash_attn=True)
+    try:
+        alone = {key: generate(model, request) for key, request in requests.items()}
+    finally:
+        model.close()
+    model = _model(model_path, 3, prompt_cache=False, any_prefix=True, flash_attn=True)
+    beside: set[tuple[int, int]] = set()
+
+    def note_beside(_step: int) -> None:
+        plan = model.decoder.last_plan
+        beside.update((c.sequence, c.start) for c in plan.beside)
+
+    try:
+        done = run_together(model, requests, after_step=note_beside)
+    finally:
+        model.close()
+    assert {key: f.generation for key, f in done.items()} == alone
+    assert len({sequence for sequence, _start in beside}) >= 4  # prompts that went in beside others
 
 
 def test_with_the_cache_off_nothing_is_reused(model_path, uncached):

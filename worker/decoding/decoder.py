@@ -55,6 +55,14 @@ PREFILL_CHUNK_TOKENS = 64  # a prompt goes in 64 tokens at a time, at fixed boun
 # tiled rows round differently from rows computed one by one (``python -m bench invariance``):
 # with it on, prompt passes stay under 64 rows so that every prompt row takes the same kernel.
 FLASH_ATTN_CHUNK_TOKENS = 63
+# While others decode, a prompt with at most this many tokens left goes in beside their rows
+# (plan.py): a pass of its own costs ~8.5 ms + 3.5 ms a row here, a row beside them ~4.4 ms,
+# so beside is cheaper up to about nine rows. Only with flash attention and any common prefix
+# reused: a prompt row beside others is then computed as in a pass of its own (measured
+# exact at 2 to 32 prompt tokens); without flash attention it is not (up to 0.48 in a logit
+# from six tokens on: a stream's one row takes other attention kernels than a pass of its
+# own rows), and whole-chunk reuse needs each chunk in one pass.
+SHORT_TAIL_TOKENS = 8
 PENALTY_LAST_N = 64  # Llama's last_n_tokens_size: the window the repeat penalty looks at
 
 
@@ -255,7 +263,7 @@ class BatchDecoder:
         self._ids = itertools.count()
         self._admitted = 0
         self._reserved = 0  # streams held for the forks of requests still prefilling
-        self.last_step = (0, 0)  # (sequences that got a token, prompt tokens fed) in the last step
+        self.last_plan: StepPlan | None = None  # what the last step decoded
         self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
         self.reused_tokens = 0  # prompt tokens taken from a KV stream instead of decoded
         self.decode_seconds = 0.0  # inside llama_decode: the rest of a step is the engine's own cost
@@ -366,9 +374,14 @@ class BatchDecoder:
         finished = self._cut_off()
         if self._live:
             self._move_down()
-            plan = plan_step(self._views(), chunk_tokens=self.chunk_tokens, aligned=not self.kv.any_prefix)
+            plan = plan_step(
+                self._views(),
+                chunk_tokens=self.chunk_tokens,
+                aligned=not self.kv.any_prefix,
+                short_tail=SHORT_TAIL_TOKENS if self._flash_attn and self.kv.any_prefix else 0,
+            )
             finished += self._run(plan)
-            self.last_step = (len(plan.rows), plan.prompt_tokens)
+            self.last_plan = plan
         return finished
 
     # ------------------------------------------------------------- plan, decode, commit
@@ -391,13 +404,17 @@ class BatchDecoder:
     def _run(self, plan: StepPlan) -> list[Finished]:
         finished: list[Finished] = []
         if plan.rows:
-            code, places = self._decode_rows(plan)
+            code, places, beside_places = self._decode_rows(plan)
             if code == 1:
                 return [self._evict_newest()]
             for i, row in zip(places, plan.rows, strict=True):
                 seq = self._live.get(row.sequence)
                 if seq is not None:  # its request may have ended at an earlier row (damaged logits)
                     finished += self._sample(seq, i)
+            for i, chunk in zip(beside_places, plan.beside, strict=True):
+                seq = self._live.get(chunk.sequence)
+                if seq is not None:
+                    finished += self._commit_chunk(seq, chunk, last_row=i, beside=True)
         for chunk in plan.chunks:
             seq = self._live.get(chunk.sequence)
             if seq is None:
@@ -408,12 +425,12 @@ class BatchDecoder:
             )
             if code == 1:
                 return [*finished, self._evict_newest()]
-            finished += self._commit_chunk(seq, chunk)
+            finished += self._commit_chunk(seq, chunk, last_row=chunk.end - chunk.start - 1)
         return finished
 
-    def _decode_rows(self, plan: StepPlan) -> tuple[int, list[int]]:
-        """The step's decode rows in one llama_decode; returns llama_decode's code and each
-        plan row's place in the batch.
+    def _decode_rows(self, plan: StepPlan) -> tuple[int, list[int], list[int]]:
+        """The step's decode rows, and the prompt rows beside them, in one llama_decode;
+        returns llama_decode's code and each plan row's and beside chunk's place in the batch.
 
         With flash attention, ggml's CPU kernel splits the KV of a pass that holds one row of
         one stream over its threads (from 512 cells on), which rounds otherwise than the same
@@ -423,6 +440,8 @@ class BatchDecoder:
         of two or more: a throwaway row goes into each stream missing from it (after its last
         cell, removed once decoded), and a sequence's logits are the same alone as beside others."""
         rows = {r.stream: (r.token, r.position, r.stream, True) for r in plan.rows}
+        for c in plan.beside:
+            rows[c.stream] = (self._live[c.sequence].request.prompt[c.start], c.start, c.stream, c.last)
         throwaway: dict[int, int] = {}  # stream -> the position of its throwaway row
         if self._flash_attn and self.slots > 1:
             low, high = min(rows), max(rows)
@@ -439,7 +458,7 @@ class BatchDecoder:
             for stream, position in throwaway.items():
                 self._llama.llama_memory_seq_rm(self._memory, stream, position, -1)
         place = {row[2]: i for i, row in enumerate(batch)}
-        return code, [place[r.stream] for r in plan.rows]
+        return code, [place[r.stream] for r in plan.rows], [place[c.stream] for c in plan.beside]
 
     def _decode(self, rows: list[tuple[int, int, int, bool]], *, counted: int | None = None) -> int:
         """One llama_decode of (token, position, stream, wants logits) rows. 1: no KV room
@@ -462,17 +481,18 @@ class BatchDecoder:
             self.tokens_decoded += len(rows) if counted is None else counted
         return code
 
-    def _commit_chunk(self, seq: _Sequence, chunk: Chunk) -> list[Finished]:
+    def _commit_chunk(self, seq: _Sequence, chunk: Chunk, *, last_row: int, beside: bool = False) -> list[Finished]:
+        """The chunk's KV is in; ``last_row``: its last row's place in its batch (beside: among
+        the decode rows, a pass of two rows or more)."""
         request = seq.request
         rows = chunk.end - chunk.start
-        if rows == self.chunk_tokens or (self.kv.any_prefix and rows >= 2):  # reusable by later prompts
+        if rows == self.chunk_tokens or (self.kv.any_prefix and (rows >= 2 or beside)):  # reusable by later prompts
             self.kv.computed(seq.stream, request.prompt[chunk.start : chunk.end])
         seq.fed = chunk.end
         if request.echo:
             self._prompt_logprobs(request, chunk)
         if not chunk.last:
             return []
-        last_row = chunk.end - chunk.start - 1
         seqs = [seq, *self._fork(seq)]
         for each in seqs:
             each.state = State.DECODING

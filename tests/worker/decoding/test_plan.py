@@ -60,3 +60,32 @@ def test_unaligned_chunks_start_where_reuse_ended_never_leave_one_token_alone_no
     assert chunk_end(0, 3, 2, aligned=False) == 3  # two rows and one left: the last one taken along
     plan = plan_step([live(1, 0, prompt_len=C + 1, fed=0)], chunk_tokens=C, aligned=False)
     assert [(c.start, c.end, c.last) for c in plan.chunks] == [(0, C - 1, False), (C - 1, C + 1, True)]
+
+
+def test_while_others_decode_a_short_prompt_goes_in_a_token_a_step_beside_their_rows():
+    decoding = [live(i, i, pending=3, position=40) for i in range(1, 5)]  # four decode rows
+    sequences = [
+        *decoding,
+        live(5, 4, prompt_len=30, fed=24, admitted=5),  # six tokens left: beside
+        live(6, 5, prompt_len=30, fed=0, admitted=6),  # thirty: a chunk of its own
+        live(7, 6, prompt_len=2, fed=0, admitted=7),  # two, but one beside row per four decode rows
+    ]
+    plan = plan_step(sequences, chunk_tokens=C, aligned=False, short_tail=8)
+    assert len(plan.rows) == 4
+    assert plan.beside == (Chunk(5, 4, 24, 25, False),)
+    assert plan.chunks == (Chunk(6, 5, 0, 30, True),)  # the waiting short one is never chunked
+    last = plan_step([*decoding, live(5, 4, prompt_len=30, fed=29)], chunk_tokens=C, aligned=False, short_tail=8)
+    assert last.beside == (Chunk(5, 4, 29, 30, True),) and last.prompt_tokens == 1  # its first token comes next
+    eight = [live(i, i, pending=3, position=40) for i in range(1, 9)]
+    two = plan_step([*eight, live(9, 8, prompt_len=3), live(10, 9, prompt_len=3)], chunk_tokens=C, short_tail=8)
+    assert [c.sequence for c in two.beside] == [9, 10]
+
+
+def test_short_prompts_go_in_by_passes_of_their_own_when_nothing_decodes_or_the_decoder_says_not():
+    alone = plan_step([live(1, 0, prompt_len=5, fed=0)], chunk_tokens=C, aligned=False, short_tail=8)
+    assert alone.beside == () and alone.chunks == (Chunk(1, 0, 0, 5, True),)
+    decoding = live(2, 1, pending=3, position=40)
+    off = plan_step([decoding, live(1, 0, prompt_len=5, fed=0)], chunk_tokens=C, aligned=False)
+    assert off.beside == () and off.chunks == (Chunk(1, 0, 0, 5, True),)
+    echo = Live(3, 2, 3, 5, 0, None, 5, prompt_logits=True)  # every prompt row's logits: its own passes
+    assert plan_step([decoding, echo], chunk_tokens=C, aligned=False, short_tail=8).beside == ()
