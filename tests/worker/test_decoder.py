@@ -313,6 +313,33 @@ def test_with_flash_attention_short_prompts_go_in_beside_the_decode_rows_and_kee
     assert len({sequence for sequence, _start in beside}) >= 4  # prompts that went in beside others
 
 
+def test_prompts_taken_while_others_decode_go_in_beside_them_in_the_order_they_came(model_path):
+    """One-token answers arriving all the while (a classification batch): each new prompt takes
+    the lowest free stream, yet the prompts go in beside the decode rows oldest first, none
+    held back by those that came after it."""
+    model = _model(model_path, 6, prompt_cache=False, any_prefix=True, flash_attn=True)
+    decoder = model.decoder
+    try:
+        cancels = {f"long{i}": threading.Event() for i in range(2)}
+        for key, cancel in cancels.items():
+            admit(model, key, _request(PROMPTS[0], GREEDY, 400), cancel)
+        decoder.step()
+        admitted = 0
+        order: list[int] = []
+        while len(order) < 12:
+            while decoder.free_slots and admitted < 12:
+                admit(model, f"short{admitted}", _request("Hi", GREEDY, 1))
+                admitted += 1
+            order += [int(f.key.removeprefix("short")) for f in decoder.step()]
+            assert len(decoder.last_plan.rows) == 2 and len(decoder.last_plan.beside) == 1
+        assert order == list(range(12))
+        for cancel in cancels.values():
+            cancel.set()
+        decoder.step()
+    finally:
+        model.close()
+
+
 def test_with_the_cache_off_nothing_is_reused(model_path, uncached):
     model = _model(model_path, 2, prompt_cache=False)
     try:

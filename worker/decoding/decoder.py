@@ -374,6 +374,7 @@ class BatchDecoder:
         finished = self._cut_off()
         if self._live:
             self._move_down()
+            self._order_waiting()
             plan = plan_step(
                 self._views(),
                 chunk_tokens=self.chunk_tokens,
@@ -703,6 +704,21 @@ class BatchDecoder:
         self._apply(ops)
         for move in moves:
             self._live[move.sequence].stream = move.dst
+
+    def _order_waiting(self) -> None:
+        """Prompts not yet begun (nothing in their streams) hold the lowest of their streams
+        oldest first: the prompt that goes in beside the decode rows next (lowest stream
+        first, plan.py) is then also the one that waited longest, never one that came after it
+        into a stream just freed."""
+        waiting = sorted(
+            (s for s in self._live.values() if s.state is State.PREFILLING and s.fed == 0),
+            key=lambda s: s.request.admitted,
+        )
+        for seq, stream in zip(waiting, sorted(s.stream for s in waiting), strict=True):
+            if seq.stream != stream:
+                other = next(s for s in waiting if s.stream == stream)
+                self.kv.swap(seq.stream, stream)
+                other.stream, seq.stream = seq.stream, stream
 
     def _apply(self, ops: Iterable[KvOp]) -> None:
         for op in ops:

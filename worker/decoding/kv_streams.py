@@ -135,6 +135,13 @@ class KvStreams:
         """Reusable prompt tokens were decoded into the stream, right after what it holds."""
         self._streams[stream].reusable.extend(tokens)
 
+    def swap(self, a: int, b: int) -> None:
+        """Two sequences whose streams hold nothing of theirs yet (nothing reused, nothing fed)
+        trade streams: no cell moves."""
+        sa, sb = self._streams[a], self._streams[b]
+        assert sa.owner is not None and sb.owner is not None and not sa.reusable and not sb.reusable
+        sa.owner, sb.owner = sb.owner, sa.owner
+
     def release(self, stream: int) -> None:
         """The stream's sequence ended: its reusable tokens stay for the next prompt that
         starts with them (its cells are trimmed when a sequence takes the stream)."""

@@ -18,8 +18,9 @@ the plan (``decoder.py``) and commits what came out (sampled tokens, states adva
 - **Prompt rows beside the decode rows** (``short_tail``, where the decoder allows it): while
   others decode, a prompt with at most ``short_tail`` tokens left goes in a token a step
   inside the decode rows' own pass instead of in a pass of its own, one such row for every
-  four decode rows (llama.cpp puts one row per KV stream in a micro-batch, so a prompt
-  cannot put more there). A pass of its own costs most of a decode step however few its
+  four decode rows, lowest stream first (llama.cpp puts one row per KV stream in a
+  micro-batch, so a prompt cannot put more there; the decoder gives the oldest prompts not
+  yet begun the lowest streams, so lowest is also oldest). A pass of its own costs most of a decode step however few its
   rows (measured on the CPU: 19 ms for 3 rows beside a 22 ms step of 4 rows; a row beside
   them, 4.4 ms; docs/benchmarks.md): beside the decode rows a short prompt costs less in
   all, and the decoding sequences' next token comes hardly later, so a burst of new jobs no
@@ -105,9 +106,10 @@ def plan_step(live: Iterable[Live], *, chunk_tokens: int, aligned: bool = True, 
     def rides(s: Live) -> bool:  # fed beside the decode rows, never by a pass of its own
         return bool(rows) and s.pending is None and not s.prompt_logits and s.prompt_len - s.fed <= short_tail
 
-    beside = tuple(Chunk(s.id, s.stream, s.fed, s.fed + 1, s.fed + 1 == s.prompt_len) for s in sequences if rides(s))[
-        : max(1, len(rows) // 4)
-    ]
+    # Lowest streams first: the decoding sequences hold the lowest (the decoder moves them down),
+    # and a row in a stream beyond one without a row takes a throwaway row there too.
+    riders = sorted((s for s in sequences if rides(s)), key=lambda s: s.stream)[: max(1, len(rows) // 4)]
+    beside = tuple(Chunk(s.id, s.stream, s.fed, s.fed + 1, s.fed + 1 == s.prompt_len) for s in riders)
     budget = chunk_tokens if rows else N_BATCH
     chunks: list[Chunk] = []
     for s in sequences:

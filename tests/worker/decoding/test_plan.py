@@ -89,3 +89,10 @@ def test_short_prompts_go_in_by_passes_of_their_own_when_nothing_decodes_or_the_
     assert off.beside == () and off.chunks == (Chunk(1, 0, 0, 5, True),)
     echo = Live(3, 2, 3, 5, 0, None, 5, prompt_logits=True)  # every prompt row's logits: its own passes
     assert plan_step([decoding, echo], chunk_tokens=C, aligned=False, short_tail=8).beside == ()
+
+
+def test_the_prompt_nearest_the_decode_rows_goes_beside_them_first():
+    decoding = [live(i, i, pending=3, position=40) for i in range(4)]  # streams 0 to 3
+    older_higher, newer_lower = live(4, 6, prompt_len=3, admitted=4, fed=0), live(5, 4, prompt_len=3, admitted=5, fed=0)
+    plan = plan_step([*decoding, older_higher, newer_lower], chunk_tokens=C, aligned=False, short_tail=8)
+    assert plan.beside == (Chunk(5, 4, 0, 1, False),)  # stream 4 adjoins the rows; 6 would need 5 filled
