@@ -327,10 +327,10 @@ def _print_peer_summary(args: argparse.Namespace, runs: dict[tuple[str, str, int
         f"median of {args.rounds} rounds (reuse off: one round); flash attention on both sides, their "
         f"default (gpuq's also off, as 'gpuq, flash attn off', with --flash-attn-off)"
     )
-    print("  K  workload  side              jobs/s   tok/s")
+    print("  K  workload  side                  jobs/s   tok/s")
     for (name, side, k), side_runs in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0], item[0][1])):
         tok = median(r.tokens_per_s for r in side_runs)
-        print(f"  {k:<2} {name:<9} {side:<16} {jobs_s((name, side, k)):7.2f} {tok:7.1f}")
+        print(f"  {k:<2} {name:<9} {side:<20} {jobs_s((name, side, k)):7.2f} {tok:7.1f}")
     for k in args.slots:
         gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
         print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")

@@ -56,12 +56,13 @@ PREFILL_CHUNK_TOKENS = 64  # a prompt goes in 64 tokens at a time, at fixed boun
 # with it on, prompt passes stay under 64 rows so that every prompt row takes the same kernel.
 FLASH_ATTN_CHUNK_TOKENS = 63
 # While others decode, a prompt with at most this many tokens left goes in beside their rows
-# (plan.py): a pass of its own costs ~8.5 ms + 3.5 ms a row here, a row beside them ~4.4 ms,
-# so beside is cheaper up to about nine rows. Only with flash attention and any common prefix
-# reused: a prompt row beside others is then computed as in a pass of its own (measured
-# exact at 2 to 32 prompt tokens); without flash attention it is not (up to 0.48 in a logit
-# from six tokens on: a stream's one row takes other attention kernels than a pass of its
-# own rows), and whole-chunk reuse needs each chunk in one pass.
+# (plan.py): a pass of its own costs most of a step (19 ms for 3 rows beside a 22 ms step of
+# 4 rows here), a row beside them ~4.4 ms, so beside is cheaper for a short prompt. Only
+# with flash attention and any common prefix reused: a prompt row beside others is then
+# computed as in a pass of its own (measured exact at 2 to 32 prompt tokens); without flash
+# attention it is not (up to 0.48 in a logit from six tokens on: a stream's one row takes
+# other attention kernels than a pass of its own rows), and whole-chunk reuse needs each
+# chunk in one pass.
 SHORT_TAIL_TOKENS = 8
 PENALTY_LAST_N = 64  # Llama's last_n_tokens_size: the window the repeat penalty looks at
 

@@ -20,11 +20,10 @@ the plan (``decoder.py``) and commits what came out (sampled tokens, states adva
   inside the decode rows' own pass instead of in a pass of its own, one such row for every
   four decode rows, lowest stream first (llama.cpp puts one row per KV stream in a
   micro-batch, so a prompt cannot put more there; the decoder gives the oldest prompts not
-  yet begun the lowest streams, so lowest is also oldest). A pass of its own costs most of a decode step however few its
-  rows (measured on the CPU: 19 ms for 3 rows beside a 22 ms step of 4 rows; a row beside
-  them, 4.4 ms; docs/benchmarks.md): beside the decode rows a short prompt costs less in
-  all, and the decoding sequences' next token comes hardly later, so a burst of new jobs no
-  longer doubles their inter-token gap.
+  yet begun the lowest streams, so lowest is also oldest). A pass of its own costs most of
+  a decode step however few its rows (measured on the CPU: 19 ms for 3 rows beside a 22 ms
+  step of 4 rows; a row beside them, 4.4 ms): beside the decode rows a short prompt costs
+  less in all, and delays the decoding sequences' next token by a row, not by a pass.
 """
 
 from __future__ import annotations
