@@ -8,8 +8,11 @@ writer, SQL and model); only RQ's worker is replaced by a host serving the jobs 
 as tests/worker/test_batching.py does. The clock is the engine's: the time between two steps
 is the inter-token gap of every long sequence. Reported: the gap's median before the burst,
 its p99 while burst jobs are in the run, and how much of a step llama_decode took in each
-(the burst's own prompts must be decoded too: 2-token prompts and one token each, so that
-what is measured is the intake, not their compute).
+(the burst's own prompts must be decoded too: one-token prompts and one token each, so that
+what is measured is the intake, not their compute). Then the same burst admitted straight
+into the engine, with nothing beside it: on a host whose cores llama.cpp's threads already
+fill, the intake's own CPU (claims, outcomes, Python) slows llama_decode itself, and this
+tells the engine's part from that.
 
 ``--peer`` runs the same burst on llama.cpp's own server (``-np 8``, the same model and
 threads): four streamed long answers, then 32 short requests at once after the first stream's
@@ -31,7 +34,7 @@ from bench.peer import LlamaServer
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import JobKind
-from gpuq.registry.bundled import BUNDLED_MODEL_NAME
+from gpuq.registry.bundled import BUNDLED_MODEL_NAME, require_bundled_model_path
 from worker.batching import GenerationRun, Started
 from worker.catalog import ModelInfo
 from worker.engine import LoadedModel
@@ -154,7 +157,41 @@ def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flas
     GenerationRun(host, _Queue(), BUNDLED_MODEL_NAME, JobKind.GENERATE.value).run(_Job(ids[0]))  # type: ignore[arg-type]
     writer.stop()
     engine.dispose()
-    # Each step's gap from the step before it, labelled by whether burst jobs were in the run.
+    return _result(steps, burst - len(host.burst))
+
+
+def run_engine_alone(*, threads: int, burst: int = 32, flash_attn: bool = True) -> BurstResult:
+    """The same burst admitted straight into the engine, with no claim, SQL, outcome or thread
+    beside it: what the engine's own steps cost, apart from the intake's CPU on this host."""
+    model = LoadedModel(
+        str(require_bundled_model_path()), n_ctx=1024, embedding=False, threads=threads, gpu_layers=0, slots=8,
+        flash_attn=flash_attn,
+    )  # fmt: skip
+    decoder = model.decoder
+    assert decoder is not None
+    steps: list[tuple[float, float, bool]] = []
+    waiting = [f"short{i}" for i in range(burst)]
+    try:
+        for i in range(4):
+            model.prepare(f"long{i}", LONG, threading.Event(), None).admit()
+        while decoder.active:
+            if len(steps) >= BEFORE_STEPS:
+                while waiting and decoder.free_slots:
+                    model.prepare(waiting.pop(0), SHORT, threading.Event(), None).admit()
+            before = decoder.decode_seconds
+            decoder.step()
+            live = any(key.startswith("short") for key in decoder.live_keys()) or (
+                len(steps) >= BEFORE_STEPS and bool(waiting)
+            )
+            steps.append((time.perf_counter(), decoder.decode_seconds - before, live))
+    finally:
+        model.close()
+    return _result(steps, burst - len(waiting))
+
+
+def _result(steps: list[tuple[float, float, bool]], admitted: int) -> BurstResult:
+    """From each step's (end, llama_decode seconds in it, burst jobs live): each step's gap
+    from the step before it, labelled by whether burst jobs were in the run."""
     gaps = [((b[0] - a[0]) * 1000, b[1] * 1000, b[2]) for a, b in itertools.pairwise(steps)]
     warm = gaps[20:BEFORE_STEPS]  # the long sequences alone, past their prompts
     before = [g for g, _d, live in warm if not live]
@@ -167,7 +204,7 @@ def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flas
         median(during),
         median(decode_before),
         median(decode_during),
-        burst - len(host.burst),
+        admitted,
     )
 
 

@@ -3,19 +3,23 @@
 The engine promises that a seeded or greedy job's text does not depend on what decodes
 beside it nor on whether its prompt's start came from the cache. That holds only where a
 row's logits do not depend on the pass it was computed in, so this measures it, on the
-bundled model, with flash attention off (the engine's default) and on:
+bundled model, with flash attention off and on (the engine's default):
 
 - **decode row, alone or beside another stream**: a sequence's next token decoded as the
   only row of a pass, and again beside another KV stream's row, with a short context (every
   stream under 512 cells) and a long one;
 - **prompt rows, by pass length**: a 128-token prompt fed in passes of 64, 32 and 16 rows,
-  then the same two tokens decoded after it.
+  then the same two tokens decoded after it;
+- **prompt beside decode rows**: a 24-token prompt fed a token a pass beside another
+  stream's decode row, against the same prompt in one pass of its own.
 
 A difference of 0 is exact. The CPU figures explain the engine's rules: reuse only rows
-computed in passes of two rows or more, and flash attention off. ggml's CPU flash
-attention takes other kernels for two shapes: a pass of one row in one stream over 512
-cells or more (the KV split over threads, then reduced) and a stream with 64 rows or more
-in a pass (tiled), each rounding differently from the row-by-row kernel.
+computed in passes of two rows or more; with flash attention, no lone decode row over 512
+cells and no 64-row prompt pass, since ggml's CPU flash attention takes other kernels for
+those two shapes (the KV split over threads, then reduced; tiled), each rounding
+differently from the row-by-row kernel; and short prompts beside the decode rows only with
+flash attention on, since without it a stream's one row takes other attention kernels than
+a pass of its own rows.
 """
 
 from __future__ import annotations
@@ -103,6 +107,22 @@ def _prompt_by_pass_length(model: llama_cpp.llama_model_p, flash_attn: bool, thr
     return out
 
 
+def _prompt_beside_decode_rows(model: llama_cpp.llama_model_p, flash_attn: bool, threads: int) -> float:
+    rng = np.random.default_rng(2)
+    prompt, other = ([int(t) for t in rng.integers(100, 20_000, size=n)] for n in (24, 41))
+    ctx = _Context(model, flash_attn=flash_attn, threads=threads)
+    try:
+        ctx.decode([(t, p, 1, p == len(prompt) - 1) for p, t in enumerate(prompt)])
+        own = ctx.logits(len(prompt) - 1)
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx.ctx), 1, -1, -1)
+        ctx.prefill(0, other[:40])
+        for p, t in enumerate(prompt):
+            ctx.decode([(other[40], 40 + p, 0, True), (t, p, 1, True)])
+        return float(np.abs(own - ctx.logits(1)).max())
+    finally:
+        ctx.close()
+
+
 def run(*, threads: int, gpu_layers: int = 0) -> list[Check]:
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = gpu_layers
@@ -117,6 +137,8 @@ def run(*, threads: int, gpu_layers: int = 0) -> list[Check]:
             for a, b in ((64, 32), (32, 16)):
                 diff = float(np.abs(by_rows[a] - by_rows[b]).max())
                 checks.append(Check(flash_attn, f"prompt rows in passes of {a} vs {b}", diff))
+            diff = _prompt_beside_decode_rows(model, flash_attn, threads)
+            checks.append(Check(flash_attn, "prompt a token a pass beside a decode row vs a pass of its own", diff))
     finally:
         llama_cpp.llama_model_free(model)
     return checks
