@@ -377,19 +377,20 @@ def bench_intake_burst(args: argparse.Namespace) -> None:
         f" (K=8{attention}), {args.rounds} rounds"
     )
     print("  round  gap before (median)  during (median, p99)  llama_decode a step before/during  ratio p99/median")
-    for i, r in enumerate(runs, 1):
-        print(
-            f"  {i:<5}  {r.gap_ms_before:17.1f} ms  {r.gap_ms_during_median:8.1f} {r.gap_ms_during_p99:8.1f} ms"
-            f"  {r.decode_ms_before:15.1f} / {r.decode_ms_during:5.1f} ms  {r.ratio:12.2f}x   ({r.admitted} admitted)"
-        )
+
+    def print_rounds(results: list[intake_burst.BurstResult]) -> None:
+        for i, r in enumerate(results, 1):
+            print(
+                f"  {i:<5}  {r.gap_ms_before:17.1f} ms  {r.gap_ms_during_median:8.1f} {r.gap_ms_during_p99:8.1f} ms"
+                f"  {r.decode_ms_before:15.1f} / {r.decode_ms_during:5.1f} ms  {r.ratio:12.2f}x"
+                f"   ({r.admitted} admitted)"
+            )
+
+    print_rounds(runs)
     print(f"intake-burst: inter-token gap p99 during the burst / median outside {median(r.ratio for r in runs):.2f}x")
     alone = [intake_burst.run_engine_alone(threads=args.threads, flash_attn=not args.flash_attn_off) for _ in runs]
     print("\nthe same burst admitted straight into the engine (no claims, SQL or outcomes beside it)")
-    for i, r in enumerate(alone, 1):
-        print(
-            f"  {i:<5}  {r.gap_ms_before:17.1f} ms  {r.gap_ms_during_median:8.1f} {r.gap_ms_during_p99:8.1f} ms"
-            f"  {r.decode_ms_before:15.1f} / {r.decode_ms_during:5.1f} ms  {r.ratio:12.2f}x   ({r.admitted} admitted)"
-        )
+    print_rounds(alone)
     ratio = median(r.ratio for r in alone)
     print(f"intake-burst: the engine alone, gap p99 during the burst / median outside {ratio:.2f}x")
     if args.peer:
