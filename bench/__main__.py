@@ -507,7 +507,7 @@ def bench_invariance(args: argparse.Namespace) -> None:
     checks = invariance.run(threads=args.threads)
     print("\ninvariance: max |logit difference| of the same row computed in two passes (0: exact)")
     for check in checks:
-        print(f"  flash attention {'on ' if check.flash_attn else 'off'}  {check.what:<58} {check.max_abs_diff:.3g}")
+        print(f"  flash attention {'on ' if check.flash_attn else 'off'}  {check.what:<66} {check.max_abs_diff:.3g}")
     for flash_attn in (False, True):
         own = [c for c in checks if c.flash_attn == flash_attn]
         exact = sum(c.max_abs_diff == 0 for c in own)
