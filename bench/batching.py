@@ -67,6 +67,7 @@ def run_sequential(*, threads: int, max_tokens: int, gpu_layers: int = 0) -> Run
         n_threads=threads,
         n_threads_batch=threads,
         n_gpu_layers=gpu_layers,
+        flash_attn=True,  # as gpuq's workers have it by default
         verbose=False,
     )
     tokens, latencies = 0, []

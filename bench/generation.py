@@ -66,6 +66,7 @@ def run_direct(*, threads: int, max_tokens: int, gpu_layers: int = 0) -> Generat
         n_ctx=BUNDLED_CONTEXT_LENGTH,
         n_threads=threads,
         n_threads_batch=threads,
+        flash_attn=True,  # as gpuq's workers have it by default: the same tokens on both sides
         verbose=False,
     )
     tokens = 0

@@ -21,7 +21,7 @@ import numpy as np
 
 from bench.generation import run_through_gpuq
 from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, require_bundled_model_path
-from worker.decoding import PREFILL_CHUNK_TOKENS
+from worker.decoding import FLASH_ATTN_CHUNK_TOKENS
 
 _SUBJECTS = ["a cat", "the sun", "a river", "bread", "a violin", "winter", "a hammer", "the moon", "a forest", "tea"]
 _FACTS = ["is usually found", "is best described as", "is mostly made of", "is often used for"]
@@ -57,11 +57,12 @@ def run_direct(*, threads: int) -> Scored:
     llm = llama_cpp.Llama(
         model_path=str(require_bundled_model_path()),
         n_ctx=BUNDLED_CONTEXT_LENGTH,
-        n_batch=PREFILL_CHUNK_TOKENS,
-        n_ubatch=PREFILL_CHUNK_TOKENS,
+        n_batch=FLASH_ATTN_CHUNK_TOKENS,  # passes as gpuq's engine makes them, flash attention on
+        n_ubatch=FLASH_ATTN_CHUNK_TOKENS,
         n_threads=threads,
         n_threads_batch=threads,
         logits_all=True,
+        flash_attn=True,
         verbose=False,
     )
     requests = _requests(lambda text: llm.tokenize(text.encode(), add_bos=True, special=True))

@@ -54,6 +54,7 @@ def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
         n_ctx=BUNDLED_CONTEXT_LENGTH,
         n_threads=threads,
         n_threads_batch=threads,
+        flash_attn=True,  # as gpuq's workers have it by default: the same text on both sides
         verbose=False,
     )
     llm.create_chat_completion(messages=_messages("Hi"), max_tokens=1)  # warm up, as gpuq's side does
