@@ -77,7 +77,7 @@ def bench_generation(args: argparse.Namespace) -> None:
 
 def bench_streaming(args: argparse.Namespace) -> None:
     """Interleaved rounds, so a slower patch of the host hits every side."""
-    names = {False: "each prompt evaluated whole (gpuq's default)", True: "prompt reuse on both sides"}
+    names = {False: "each prompt evaluated whole", True: "prompt reuse on both sides (gpuq's default)"}
     runs: dict[str, tuple[list[streaming.Run], list[streaming.Run]]] = {name: ([], []) for name in names.values()}
     for round_ in range(1, args.rounds + 1):
         for reuse, name in names.items():

@@ -9,9 +9,9 @@ the time to first token that gpuq adds, per prompt (gpuq's minus direct's), as a
 Both sides load the model before the clock starts (gpuq with one warm-up request).
 
 Like for like, twice: each prompt evaluated whole on both sides (direct: `Llama.reset()`
-before each request; gpuq: its default), and with prompt reuse on both (direct:
-llama-cpp-python's own prefix reuse; gpuq: GPUQ_WORKER_PROMPT_CACHE=1), since the chat
-template's system prompt is a start every request shares.
+before each request; gpuq: GPUQ_WORKER_PROMPT_CACHE=false), and with prompt reuse on both
+(direct: llama-cpp-python's own prefix reuse; gpuq: its default), since the chat template's
+system prompt is a start every request shares. Flash attention on both sides, gpuq's default.
 """
 
 from __future__ import annotations
