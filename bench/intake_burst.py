@@ -46,6 +46,7 @@ LONG_PROMPT, LONG_TOKENS = "Count from 1 to 5000: 1, 2, 3,", 500
 LONG = {"prompt": LONG_PROMPT, "max_tokens": LONG_TOKENS, "temperature": 0.0, "stop": []}
 SHORT = {"prompt": "Hi", "max_tokens": 1, "temperature": 0.0, "stop": []}
 BEFORE_STEPS = 80  # steps of the long sequences alone before the burst arrives
+N_CTX = 1024  # each sequence's context, in gpuq's run and in the engine alone
 
 
 @dataclass
@@ -115,7 +116,7 @@ def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flas
     with sessions() as s:
         model = store.get_model(s, BUNDLED_MODEL_NAME)
         assert model is not None
-        info = ModelInfo(model.name, model.path, 1024, model.vram_mib)
+        info = ModelInfo(model.name, model.path, N_CTX, model.vram_mib)
         rows = store.insert_jobs(
             s,
             [_new(LONG) for _ in range(4)] + [_new(SHORT) for _ in range(burst)],
@@ -164,7 +165,7 @@ def run_engine_alone(*, threads: int, burst: int = 32, flash_attn: bool = True) 
     """The same burst admitted straight into the engine, with no claim, SQL, outcome or thread
     beside it: what the engine's own steps cost, apart from the intake's CPU on this host."""
     model = LoadedModel(
-        str(require_bundled_model_path()), n_ctx=1024, embedding=False, threads=threads, gpu_layers=0, slots=8,
+        str(require_bundled_model_path()), n_ctx=N_CTX, embedding=False, threads=threads, gpu_layers=0, slots=8,
         flash_attn=flash_attn,
     )  # fmt: skip
     decoder = model.decoder
