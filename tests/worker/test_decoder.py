@@ -316,7 +316,8 @@ def test_with_flash_attention_short_prompts_go_in_beside_the_decode_rows_and_kee
 def test_prompts_taken_while_others_decode_go_in_beside_them_in_the_order_they_came(model_path):
     """One-token answers arriving all the while (a classification batch): each new prompt takes
     the lowest free stream, yet the prompts go in beside the decode rows oldest first, none
-    held back by those that came after it."""
+    held back by those that came after it; and each goes in from the stream next to the decode
+    rows, also when no new prompt comes to fill the streams freed below the last ones."""
     model = _model(model_path, 6, prompt_cache=False, any_prefix=True, flash_attn=True)
     decoder = model.decoder
     try:
@@ -331,7 +332,8 @@ def test_prompts_taken_while_others_decode_go_in_beside_them_in_the_order_they_c
                 admit(model, f"short{admitted}", _request("Hi", GREEDY, 1))
                 admitted += 1
             order += [int(f.key.removeprefix("short")) for f in decoder.step()]
-            assert len(decoder.last_plan.rows) == 2 and len(decoder.last_plan.beside) == 1
+            plan = decoder.last_plan
+            assert len(plan.rows) == 2 and len(plan.beside) == 1 and plan.beside[0].stream == 2
         assert order == list(range(12))
         for cancel in cancels.values():
             cancel.set()

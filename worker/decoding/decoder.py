@@ -707,19 +707,20 @@ class BatchDecoder:
             self._live[move.sequence].stream = move.dst
 
     def _order_waiting(self) -> None:
-        """Prompts not yet begun (nothing in their streams) hold the lowest of their streams
-        oldest first: the prompt that goes in beside the decode rows next (lowest stream
-        first, plan.py) is then also the one that waited longest, never one that came after it
-        into a stream just freed."""
+        """Prompts not yet begun (nothing in their streams) take the lowest streams they can,
+        their own or free ones, oldest first (``KvStreams.order_waiting``). The prompt that goes
+        in beside the decode rows next (lowest stream first, plan.py) is then the one that
+        waited longest, never one that came after it into a stream just freed; and it lies
+        next to the decode rows, where a row in a stream far above them would take a throwaway
+        row in each stream between (``_decode_rows``), and once it decodes, a copy down."""
         waiting = sorted(
             (s for s in self._live.values() if s.state is State.PREFILLING and s.fed == 0),
             key=lambda s: s.request.admitted,
         )
-        for seq, stream in zip(waiting, sorted(s.stream for s in waiting), strict=True):
-            if seq.stream != stream:
-                other = next(s for s in waiting if s.stream == stream)
-                self.kv.swap(seq.stream, stream)
-                other.stream, seq.stream = seq.stream, stream
+        moves, ops = self.kv.order_waiting([s.stream for s in waiting])
+        self._apply(ops)
+        for move in moves:
+            self._live[move.sequence].stream = move.dst
 
     def _apply(self, ops: Iterable[KvOp]) -> None:
         for op in ops:

@@ -135,12 +135,28 @@ class KvStreams:
         """Reusable prompt tokens were decoded into the stream, right after what it holds."""
         self._streams[stream].reusable.extend(tokens)
 
-    def swap(self, a: int, b: int) -> None:
-        """Two sequences whose streams hold nothing of theirs yet (nothing reused, nothing fed)
-        trade streams: no cell moves."""
-        sa, sb = self._streams[a], self._streams[b]
-        assert sa.owner is not None and sb.owner is not None and not sa.reusable and not sb.reusable
-        sa.owner, sb.owner = sb.owner, sa.owner
+    def order_waiting(self, waiting: list[int]) -> tuple[list[Move], tuple[KvOp, ...]]:
+        """``waiting``: the streams of the sequences whose prompts have not begun (nothing
+        reused, nothing fed: their streams are empty), oldest first. They take the lowest of
+        their own streams and the free ones, the oldest the lowest: a free stream taken so is
+        emptied, as ``place`` empties the one it gives (its kept tokens go), and the streams
+        they leave are free and empty. No cell moves."""
+        owners = [self._streams[s].owner for s in waiting]
+        free = [i for i, s in enumerate(self._streams) if s.owner is None]
+        targets = sorted([*waiting, *free])[: len(waiting)]
+        for stream in waiting:
+            assert self._streams[stream].owner is not None and not self._streams[stream].reusable
+            self._streams[stream].owner = None
+        moves: list[Move] = []
+        ops: list[KvOp] = []
+        for sequence, src, dst in zip(owners, waiting, targets, strict=True):
+            assert sequence is not None
+            if dst not in waiting:
+                ops.append(Trim(dst, 0))
+            self._streams[dst].owner, self._streams[dst].reusable = sequence, []
+            if src != dst:
+                moves.append(Move(sequence, src, dst))
+        return moves, tuple(ops)
 
     def release(self, stream: int) -> None:
         """The stream's sequence ended: its reusable tokens stay for the next prompt that

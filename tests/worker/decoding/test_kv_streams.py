@@ -110,3 +110,22 @@ def test_with_any_prefix_all_but_the_last_two_prompt_tokens_can_be_reused():
     assert kv.place(3, [*tokens(7), 99, 98, 97]).reused == 8
     kv.release(0)
     assert kv.place(4, tokens(2)).reused == 0
+
+
+def test_prompts_not_begun_take_the_lowest_streams_free_ones_included_oldest_first():
+    """Nothing is in their streams yet, so they move without a copy; a free stream they take
+    is emptied (its kept tokens go, as when a new prompt takes it) and the ones they leave are free."""
+    kv = KvStreams(6, chunk_tokens=C, any_prefix=True)
+    for seq in range(6):
+        kv.place(seq, tokens(6, start=10 * seq))
+    for stream in (0, 1):  # decoding sequences: their prompts are in
+        kv.computed(stream, tokens(4, start=10 * stream))
+    kv.computed(3, tokens(4, start=30))
+    kv.release(3)  # kept, free, between the decoding streams and the prompts not begun
+    kv.release(2)  # free and empty
+    moves, ops = kv.order_waiting([5, 4])  # stream 5 holds the older of the two
+    assert moves == [Move(5, 5, 2), Move(4, 4, 3)]
+    assert ops == (Trim(2, 0), Trim(3, 0))
+    assert [kv.owner(s) for s in range(6)] == [0, 1, 5, 4, None, None]
+    assert kv.holds(3) == [] and kv.free == 2
+    assert kv.order_waiting([2, 3]) == ([], ())  # already lowest and oldest first: nothing to do
