@@ -376,13 +376,13 @@ def bench_intake_burst(args: argparse.Namespace) -> None:
         f"\nintake burst: 4 long generations, then 32 short jobs taken while they decode"
         f" (K=8{attention}), {args.rounds} rounds"
     )
-    print("  round  gap before (median)  during (median, p99)  llama_decode a step before/during  ratio p99/median")
+    print("  round  gap outside (median)  during (median, p99)  llama_decode a step outside/during  ratio p99/median")
 
     def print_rounds(results: list[intake_burst.BurstResult]) -> None:
         for i, r in enumerate(results, 1):
             print(
-                f"  {i:<5}  {r.gap_ms_before:17.1f} ms  {r.gap_ms_during_median:8.1f} {r.gap_ms_during_p99:8.1f} ms"
-                f"  {r.decode_ms_before:15.1f} / {r.decode_ms_during:5.1f} ms  {r.ratio:12.2f}x"
+                f"  {i:<5}  {r.gap_ms_outside:18.1f} ms  {r.gap_ms_during_median:8.1f} {r.gap_ms_during_p99:8.1f} ms"
+                f"  {r.decode_ms_outside:16.1f} / {r.decode_ms_during:5.1f} ms  {r.ratio:12.2f}x"
                 f"   ({r.admitted} admitted)"
             )
 
@@ -402,8 +402,8 @@ def bench_intake_burst(args: argparse.Namespace) -> None:
         print("\nthe same burst on llama-server -np 8 (gaps between a stream's tokens at the client)")
         for i, p in enumerate(peers, 1):
             print(
-                f"  {i:<5}  {p.gap_ms_before:17.1f} ms  {p.gap_ms_during_median:8.1f} {p.gap_ms_during_p99:8.1f} ms"
-                f"  {'':23}  {p.ratio:12.2f}x   ({p.answered} answered)"
+                f"  {i:<5}  {p.gap_ms_outside:18.1f} ms  {p.gap_ms_during_median:8.1f} {p.gap_ms_during_p99:8.1f} ms"
+                f"  {'':27}  {p.ratio:12.2f}x   ({p.answered} answered)"
             )
         ratio = median(p.ratio for p in peers)
         print(f"intake-burst: llama-server's gap p99 during the burst / median outside {ratio:.2f}x")

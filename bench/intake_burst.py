@@ -6,10 +6,11 @@ tokenised, its request handed to the engine, its outcome written, all on the run
 thread (``worker/batching.py``). The run is gpuq's own (``GenerationRun``, the real runner,
 writer, SQL and model); only RQ's worker is replaced by a host serving the jobs from a list,
 as tests/worker/test_batching.py does. The clock is the engine's: the time between two steps
-is the inter-token gap of every long sequence. Reported: the gap's median before the burst,
-its p99 while burst jobs are in the run, and how much of a step llama_decode took in each
-(the burst's own prompts must be decoded too: one-token prompts and one token each, so that
-what is measured is the intake, not their compute). Then the same burst admitted straight
+is the inter-token gap of every long sequence. Reported: the gap's median outside the burst
+(the WINDOW steps before it and the WINDOW after), its p99 while burst jobs are in the run,
+and how much of a step llama_decode took in each (the burst's own prompts must be decoded
+too: one-token prompts and one token each, so that what is measured is the intake, not their
+compute). Then the same burst admitted straight
 into the engine, with nothing beside it: on a host whose cores llama.cpp's threads already
 fill, the intake's own CPU (claims, outcomes, Python) slows llama_decode itself, and this
 tells the engine's part from that.
@@ -46,6 +47,10 @@ LONG_PROMPT, LONG_TOKENS = "Count from 1 to 5000: 1, 2, 3,", 500
 LONG = {"prompt": LONG_PROMPT, "max_tokens": LONG_TOKENS, "temperature": 0.0, "stop": []}
 SHORT = {"prompt": "Hi", "max_tokens": 1, "temperature": 0.0, "stop": []}
 BEFORE_STEPS = 80  # steps of the long sequences alone before the burst arrives
+# Gaps on each side of the burst whose median is the gap "outside" it: a step costs more as its
+# sequences' positions grow (attention reads every cell: ~23 ms at step 50 here, ~25 at 110),
+# so the steps next to the burst, before and after it, are what its steps would cost without it.
+WINDOW = 20
 N_CTX = 1024  # each sequence's context, in gpuq's run and in the engine alone
 
 
@@ -96,16 +101,16 @@ class _ListHost:
 
 @dataclass(frozen=True)
 class BurstResult:
-    gap_ms_before: float  # median
+    gap_ms_outside: float  # median of the WINDOW gaps before the burst and the WINDOW after
     gap_ms_during_p99: float
     gap_ms_during_median: float
-    decode_ms_before: float  # median time inside llama_decode a step
+    decode_ms_outside: float  # median time inside llama_decode a step
     decode_ms_during: float
     admitted: int
 
     @property
     def ratio(self) -> float:
-        return self.gap_ms_during_p99 / self.gap_ms_before
+        return self.gap_ms_during_p99 / self.gap_ms_outside
 
 
 def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flash_attn: bool = True) -> BurstResult:
@@ -194,17 +199,17 @@ def _result(steps: list[tuple[float, float, bool]], admitted: int) -> BurstResul
     """From each step's (end, llama_decode seconds in it, burst jobs live): each step's gap
     from the step before it, labelled by whether burst jobs were in the run."""
     gaps = [((b[0] - a[0]) * 1000, b[1] * 1000, b[2]) for a, b in itertools.pairwise(steps)]
-    warm = gaps[20:BEFORE_STEPS]  # the long sequences alone, past their prompts
-    before = [g for g, _d, live in warm if not live]
-    during = [g for g, _d, live in gaps if live]
-    decode_before = [d for _g, d, live in warm if not live]
-    decode_during = [d for _g, d, live in gaps if live]
+    live = [i for i, (_g, _d, burst_live) in enumerate(gaps) if burst_live]
+    first, last = live[0], live[-1]
+    outside = gaps[first - WINDOW : first] + gaps[last + 1 : last + 1 + WINDOW]
+    assert len(outside) == 2 * WINDOW and not any(burst_live for _g, _d, burst_live in outside)
+    during = gaps[first : last + 1]
     return BurstResult(
-        median(before),
-        quantiles(during, n=100, method="inclusive")[98],
-        median(during),
-        median(decode_before),
-        median(decode_during),
+        median(g for g, _d, _l in outside),
+        quantiles([g for g, _d, _l in during], n=100, method="inclusive")[98],
+        median(g for g, _d, _l in during),
+        median(d for _g, d, _l in outside),
+        median(d for _g, d, _l in during),
         admitted,
     )
 
@@ -217,14 +222,14 @@ def _new(request: dict[str, Any]) -> store.NewJob:
 
 @dataclass(frozen=True)
 class PeerBurst:
-    gap_ms_before: float  # median
+    gap_ms_outside: float  # median of each stream's WINDOW gaps before the burst and WINDOW after
     gap_ms_during_median: float
     gap_ms_during_p99: float
     answered: int
 
     @property
     def ratio(self) -> float:
-        return self.gap_ms_during_p99 / self.gap_ms_before
+        return self.gap_ms_during_p99 / self.gap_ms_outside
 
 
 def run_on_llama_server(binary: str, workdir: Path, *, threads: int, burst: int = 32) -> PeerBurst:
@@ -258,8 +263,12 @@ def run_on_llama_server(binary: str, workdir: Path, *, threads: int, burst: int 
             t.join()
     finally:
         server.close()
-    # Each token's gap from the one before it in its stream, labelled by when it arrived.
-    gaps = [((b - a) * 1000, b) for times in arrivals for a, b in itertools.pairwise(times[20:])]
-    before = [g for g, at in gaps if at < burst_start]
-    during = [g for g, at in gaps if burst_start <= at <= burst_end]
-    return PeerBurst(median(before), median(during), quantiles(during, n=100, method="inclusive")[98], len(answered))
+    # Each token's gap from the one before it in its stream, by when it arrived.
+    outside: list[float] = []
+    during: list[float] = []
+    for times in arrivals:
+        gaps = [((b - a) * 1000, b) for a, b in itertools.pairwise(times)]
+        outside += [g for g, at in gaps if at < burst_start][-WINDOW:]
+        outside += [g for g, at in gaps if at > burst_end][:WINDOW]
+        during += [g for g, at in gaps if burst_start <= at <= burst_end]
+    return PeerBurst(median(outside), median(during), quantiles(during, n=100, method="inclusive")[98], len(answered))
