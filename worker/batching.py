@@ -7,7 +7,8 @@ stays in a *run* until the model has no live request left. Two threads share a r
   the decoder; between steps it touches nothing but memory, so no Redis round trip, SQL
   claim, tokenisation or stream start ever stalls the live sequences;
 - **the desk** (a thread per run) does all of that beside it: it takes waiting jobs of the
-  model while slots are free (in priority order, without blocking), claims them, tokenises
+  model while slots are free, or sure to free at the step under way (a sequence at its
+  length limit), in priority order, without blocking; it claims them, tokenises
   their prompts and starts their streams, and hands the engine ready requests; it publishes
   what the engine's steps produced and settles the requests that ended (outcome to the
   writer, RQ's bookkeeping).
@@ -162,6 +163,7 @@ class GenerationRun:
                 decoder = ready[0].decoder
             finished: list[Finished] = []
             failed = False
+            freeing = decoder.freed_next_step if decoder is not None else 0
             if decoder is not None and decoder.active:
                 try:
                     finished = decoder.step()
@@ -171,8 +173,12 @@ class GenerationRun:
                     decoder.abandon()
                     failed = True
             pieces = decoder.take_pieces() if decoder is not None else []
-            if admitted or refused or pieces or finished:  # a step with nothing to tell wakes no thread
+            told = bool(admitted or refused or pieces or finished)
+            if told:
                 box.outputs.put(_Output(tuple(admitted), tuple(refused), tuple(pieces), tuple(finished)))
+            # A step with nothing to tell wakes no thread, unless a slot is now sure to free at
+            # the next step: the desk then takes a job for it while that step runs.
+            if told or (decoder is not None and decoder.freed_next_step > freeing):
                 with box.wake:
                     box.wake.notify_all()
             if failed:
@@ -311,9 +317,13 @@ class _Desk:
         return not self._box.closed and self._host.may_take_more()
 
     def _free(self) -> int:
-        if self._decoder is None:
+        """Slots for more jobs: those free now and those the step under way frees (a sequence
+        at its length limit), less those of the requests handed over and not admitted yet. A
+        job taken for a slot still ending is admitted the moment it frees, not a step later."""
+        decoder = self._decoder
+        if decoder is None:
             return 0
-        return self._decoder.free_slots - sum(self._unadmitted.values())
+        return decoder.free_slots + decoder.freed_next_step - sum(self._unadmitted.values())
 
     def _take_more(self) -> None:
         if self._free() <= 0 or time.monotonic() - self._polled_at < INTAKE_POLL_S or not self._may_take():

@@ -7,6 +7,7 @@ thread never calls its host (claims, Redis and settling all happen on the desk).
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -46,6 +47,48 @@ def test_the_engine_thread_never_calls_its_host(runner, session):
     """Intake off the loop: claims, Redis, tokenising and settling are the desk's."""
     host, _rows = _run(runner, session, 4)
     assert host.threads and all(name.startswith("desk-") for name in host.threads)
+
+
+def test_a_job_is_taken_for_a_slot_while_the_step_that_frees_it_runs(runner, session):
+    """A sequence whose next token is its last by length frees its slot at the next step for
+    sure: the desk takes a job for it while that step runs, and the job goes in at the very
+    next step, instead of the slot decoding nothing for a step while the desk claims a job."""
+    job_runner, writer, sessions = runner
+    jobs = store.insert_jobs(session, [make_job(request=GEN) for _ in range(5)])
+    prepared = job_runner.prepare_generation(job_runner.claim(jobs[0].id), threading.Event(), None)
+    decoder = prepared.decoder  # the model's decoder, loaded: watch its steps
+    job_runner.refuse(jobs[0].id, "not this one")
+    ids = [j.id for j in jobs[1:]]  # 4 jobs for 3 slots
+    real_step, real_prepare = decoder.step, job_runner.prepare_generation
+    prepared_ids: list[str] = []
+    steps: list[tuple[set[str], list[str]]] = []  # each step's live requests, and those it finished
+
+    def recorded_prepare(claimed, cancel, deadline):
+        out = real_prepare(claimed, cancel, deadline)
+        prepared_ids.append(claimed.id)
+        return out
+
+    def watched_step():
+        if decoder.freed_next_step and ids[3] not in prepared_ids:  # this step frees a slot
+            deadline = time.monotonic() + 10
+            while ids[3] not in prepared_ids and time.monotonic() < deadline:
+                time.sleep(0.01)
+        live = set(decoder.live_keys())
+        finished = real_step()
+        steps.append((live, [f.key for f in finished]))
+        return finished
+
+    decoder.step, job_runner.prepare_generation = watched_step, recorded_prepare
+    host = ListHost(job_runner, ids[1:])
+    try:
+        run_listed(host, ids[0])
+    finally:
+        decoder.step, job_runner.prepare_generation = real_step, real_prepare
+    assert writer.flush()
+    with sessions() as s:
+        assert [store.get_job(s, i).status for i in ids] == ["succeeded"] * 4
+    first_end = next(i for i, (_live, finished) in enumerate(steps) if finished)
+    assert ids[3] not in steps[first_end][0] and ids[3] in steps[first_end + 1][0]
 
 
 def test_a_worker_told_to_stop_takes_no_more_and_finishes_what_runs(runner, session):

@@ -265,6 +265,10 @@ class BatchDecoder:
         self._admitted = 0
         self._reserved = 0  # streams held for the forks of requests still prefilling
         self.last_plan: StepPlan | None = None  # what the last step decoded
+        # Streams the next step frees for sure: sequences whose next token is their last by
+        # length. Set by the engine's thread after each step, read by the desk's, which takes
+        # jobs for them while that step runs, so that they go in at the step after it.
+        self.freed_next_step = 0
         self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
         self.reused_tokens = 0  # prompt tokens taken from a KV stream instead of decoded
         self.decode_seconds = 0.0  # inside llama_decode: the rest of a step is the engine's own cost
@@ -384,6 +388,11 @@ class BatchDecoder:
             )
             finished += self._run(plan)
             self.last_plan = plan
+        self.freed_next_step = sum(
+            1
+            for seq in self._live.values()
+            if seq.state is State.DECODING and len(seq.completion) + 1 >= seq.request.max_tokens
+        )
         return finished
 
     # ------------------------------------------------------------- plan, decode, commit
