@@ -73,6 +73,7 @@ def test_a_job_is_taken_for_a_slot_while_the_step_that_frees_it_runs(runner, ses
             deadline = time.monotonic() + 10
             while ids[3] not in prepared_ids and time.monotonic() < deadline:
                 time.sleep(0.01)
+            time.sleep(0.05)  # the desk hands a request over right after preparing it
         live = set(decoder.live_keys())
         finished = real_step()
         steps.append((live, [f.key for f in finished]))
