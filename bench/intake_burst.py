@@ -10,10 +10,9 @@ is the inter-token gap of every long sequence. Reported: the gap's median outsid
 (the WINDOW steps before it and the WINDOW after), its p99 while burst jobs are in the run,
 and how much of a step llama_decode took in each (the burst's own prompts must be decoded
 too: one-token prompts and one token each, so that what is measured is the intake, not their
-compute). Then the same burst admitted straight
-into the engine, with nothing beside it: on a host whose cores llama.cpp's threads already
-fill, the intake's own CPU (claims, outcomes, Python) slows llama_decode itself, and this
-tells the engine's part from that.
+compute). Then the same burst admitted straight into the engine, with nothing beside it: on
+a host whose cores llama.cpp's threads already fill, the intake's own CPU (claims, outcomes,
+Python) slows llama_decode itself, and this tells the engine's part from that.
 
 ``--peer`` runs the same burst on llama.cpp's own server (``-np 8``, the same model and
 threads): four streamed long answers, then 32 short requests at once after the first stream's

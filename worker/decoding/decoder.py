@@ -43,7 +43,7 @@ import numpy as np
 
 from gpuq.jobs.request import GenerationParams
 from worker.decoding.constraint import ConstraintBroken, SequenceConstraint
-from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Trim
+from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Move, Trim
 from worker.decoding.logprobs import TokenLogprob, token_logprob
 from worker.decoding.plan import N_BATCH, Chunk, Live, StepPlan, plan_step
 from worker.decoding.text import HELD, CompletionText
@@ -710,10 +710,7 @@ class BatchDecoder:
     def _move_down(self) -> None:
         """Decoding sequences move down into free streams below them (``KvStreams.moves``)."""
         decoding = {seq.stream for seq in self._live.values() if seq.state is State.DECODING}
-        moves, ops = self.kv.moves(decoding)
-        self._apply(ops)
-        for move in moves:
-            self._live[move.sequence].stream = move.dst
+        self._relocate(*self.kv.moves(decoding))
 
     def _order_waiting(self) -> None:
         """Prompts not yet begun (nothing in their streams) take the lowest streams they can,
@@ -726,7 +723,10 @@ class BatchDecoder:
             (s for s in self._live.values() if s.state is State.PREFILLING and s.fed == 0),
             key=lambda s: s.request.admitted,
         )
-        moves, ops = self.kv.order_waiting([s.stream for s in waiting])
+        self._relocate(*self.kv.order_waiting([s.stream for s in waiting]))
+
+    def _relocate(self, moves: list[Move], ops: tuple[KvOp, ...]) -> None:
+        """Sequences into the streams ``KvStreams`` moved them to, after its operations."""
         self._apply(ops)
         for move in moves:
             self._live[move.sequence].stream = move.dst
