@@ -31,7 +31,6 @@ from gpuq.fleet.gpus import SIMULATED_UUID_PREFIX
 
 CPU = "cpu"
 ALL_LAYERS = -1
-EXIT_DEVICE_UNUSABLE = 78  # EX_CONFIG: the supervisor tells this refusal from a crash
 GGML_BACKEND_DEVICE_TYPE_GPU = 1  # ggml-backend.h: CPU = 0, GPU = 1
 
 

@@ -2,7 +2,8 @@
 
 A worker starts only once the database and Redis both answer (it waits for them); a start
 that fails all the same because one of them went away exits with ``EXIT_OUTAGE``, which the
-supervisor restarts without holding it against the GPU (``worker/outages.py``)."""
+supervisor restarts without holding it against the GPU (``worker/outages.py``). One whose
+loop stops on an error of its own exits with ``EXIT_DEFECT``, never 0 (``worker/exits.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import secrets
 import socket
 from pathlib import Path
+from typing import NoReturn
 
 from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,13 +25,14 @@ from gpuq.settings import Settings
 from gpuq.stats import metrics
 from gpuq.streams.publish import StreamPublisher
 from worker.catalog import ModelCatalog
-from worker.device import EXIT_DEVICE_UNUSABLE, Device, DeviceUnusable, detect_device
+from worker.device import Device, DeviceUnusable, detect_device
 from worker.energy import energy_meter_for
 from worker.engine import LoadedModel
+from worker.exits import EXIT_DEFECT, EXIT_DEVICE_UNUSABLE, EXIT_OUTAGE
 from worker.faults import GpuHealth, StepBack, hand_back_to_queue, send_back_to_queue
 from worker.gpu_memory import GpuMemory
 from worker.model_cache import ModelCache, ModelSpec
-from worker.outages import EXIT_OUTAGE, is_outage, wait_for_dependencies
+from worker.outages import is_outage, wait_for_dependencies
 from worker.outcome_writer import OutcomeWriter
 from worker.runner import JobRunner
 from worker.worker import GpuqWorker
@@ -195,3 +198,16 @@ def _run_worker(
     finally:
         writer.stop()
         cache.clear()
+    if not burst and worker.ended_unasked:
+        _exit_on(worker.job_error)
+
+
+def _exit_on(error: Exception | None) -> NoReturn:
+    """RQ's loop ended on an error it logged and swallowed; exiting 0 would tell the
+    supervisor the worker stopped as asked. An outage says so (restarted, not counted); any
+    other error is a defect of the worker (recorded as a crash, restarted)."""
+    if error is not None and is_outage(error):
+        log.error("Redis or the database went away under a job; exiting to be restarted: %s", error)
+        raise SystemExit(EXIT_OUTAGE)
+    log.error("the worker's loop stopped on an error (its traceback is above); exiting to be restarted")
+    raise SystemExit(EXIT_DEFECT)

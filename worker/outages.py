@@ -39,7 +39,6 @@ BACKOFF_MAX_S = 30.0
 # while a worker or supervisor waits to start), it is made at least this often: what a longer
 # wait costs is the time after the outage before jobs flow again.
 RECONNECT_BACKOFF_MAX_S = 2.0
-EXIT_OUTAGE = 75  # EX_TEMPFAIL: the worker could not reach Redis or the database; try again later
 
 
 def backoff_s(failures: int, *, start_s: float = BACKOFF_START_S, max_s: float = BACKOFF_MAX_S) -> float:

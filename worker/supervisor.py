@@ -19,7 +19,9 @@ GPU health, as only the supervisor can see it (``gpuq/fleet/health.py``):
 * a worker that refused to start on its GPUs (``EXIT_DEVICE_UNUSABLE``) has marked them
   itself, with the reason;
 * a worker that could not reach Redis or the database (``EXIT_OUTAGE``) says nothing about
-  its GPU: it is restarted after its backoff and never counted.
+  its GPU: it is restarted after its backoff and never counted;
+* nor does one that stopped on a defect of its own (``EXIT_DEFECT``: something raised
+  where nothing handles it): recorded as crashed, restarted after its backoff, not counted.
 
 Outages of the database or Redis do not stop the supervisor: it waits for both before its
 first start (a host booting during a failover), and a mark it cannot write yet (the
@@ -72,8 +74,8 @@ from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.redis_keys import GPUS_FIELD, LOADED_FIELD
 from gpuq.settings import ENV_PREFIX, Settings
 from gpuq.stats import metrics
-from worker.device import EXIT_DEVICE_UNUSABLE
-from worker.outages import EXIT_OUTAGE, is_outage, wait_for_dependencies
+from worker.exits import EXIT_DEFECT, EXIT_DEVICE_UNUSABLE, EXIT_OUTAGE
+from worker.outages import is_outage, wait_for_dependencies
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +361,9 @@ class Supervisor:
         if returncode == EXIT_OUTAGE:
             log.warning("worker %s could not reach Redis or the database; not counted as a crash", child.slot.name)
             return
+        if returncode == EXIT_DEFECT:
+            log.error("worker %s stopped on a defect (see its log); not held against its GPUs", child.slot.name)
+            return
         if returncode == 0 or not child.slot.gpu_uuids:
             child.abnormal_exits.clear()
             return
@@ -487,6 +492,8 @@ def _exit_event(returncode: int) -> tuple[EventKind, str]:
         return EventKind.STOPPED, f"refused to start on its GPUs and marked them unhealthy ({status})"
     if returncode == EXIT_OUTAGE:
         return EventKind.STOPPED, f"could not reach Redis or the database ({status})"
+    if returncode == EXIT_DEFECT:
+        return EventKind.CRASHED, f"crashed: a defect in the worker, its log has the traceback ({status})"
     return EventKind.CRASHED, f"crashed: {status}"
 
 

@@ -142,6 +142,7 @@ class GpuqWorker(SimpleWorker):
             "Redis", meanwhile="decoding what runs, its bookkeeping kept for later", max_wait_s=RECONNECT_BACKOFF_MAX_S
         )
         self._unsent: list[Callable[[], None]] = []  # RQ bookkeeping that Redis could not take yet
+        self.job_error: Exception | None = None  # what a job's run raised (RQ's loop then quits: see ended_unasked)
         self.monitor = JobMonitor(
             self.connection,
             heartbeat=self._heartbeat_running_job,
@@ -307,16 +308,27 @@ class GpuqWorker(SimpleWorker):
 
     # ------------------------------------------------------------- running a job
 
+    @property
+    def ended_unasked(self) -> bool:
+        """RQ's loop returned although no signal asked it to stop: something raised inside
+        it, which RQ logs ("found an unhandled exception, quitting") and swallows. (Outages
+        never get there: every Redis call of the loop rides them out.)"""
+        return not self._stop_requested
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         with self._cache_lock:
             kind = parse_queue_name(queue.name)[1]
             model = parse_queue_name(queue.name)[0]
-            if kind == JobKind.GENERATE:
-                GenerationRun(self, queue, model, kind).run(job)  # this job, and others of its model beside it
-            elif kind == JobKind.EMBED:
-                EmbeddingRun(self, queue, model, kind).run(job)  # this job, and others of its model waiting
-            else:
-                self._execute_job(job, queue)
+            try:
+                if kind == JobKind.GENERATE:
+                    GenerationRun(self, queue, model, kind).run(job)  # this job, and others of its model beside it
+                elif kind == JobKind.EMBED:
+                    EmbeddingRun(self, queue, model, kind).run(job)  # this job, and others of its model waiting
+                else:
+                    self._execute_job(job, queue)
+            except Exception as exc:
+                self.job_error = exc
+                raise
         if self._requeued_jobs:
             # An admin requeued a job while it ran here, and this worker may take it again
             # next. The stopped run's outcome must be written (and discarded: the row is

@@ -1,6 +1,6 @@
 """Workers under their supervisor: a worker killed outright stops counting as live at once,
-is recorded as crashed (with its signal) and restarted, and a host's cores are shared out
-among its workers."""
+is recorded as crashed (with its signal) and restarted, as is one whose loop stops on a
+defect of its own, and a host's cores are shared out among its workers."""
 
 import os
 import signal
@@ -13,9 +13,24 @@ from rq.worker import Worker
 
 from tests.e2e.conftest import reconcile, wait_until
 from tests.metrics_parsing import samples, value
+from worker.exits import EXIT_DEFECT
 
 MODEL = "smollm2-135m"
 LONG = {"kind": "generate", "model": MODEL, "prompt": "Count from 1 to 1000: 1, 2, 3,", "temperature": 0}
+# Python imports a sitecustomize module found on PYTHONPATH at every start: this one puts a
+# defect on the desk of a worker's generation runs (recording an admission raises), in
+# worker processes only.
+DEFECT_ON_THE_DESK = """
+import sys
+
+if "worker" in sys.argv:
+    import worker.runner
+
+    def admitted(self, key, cached, decoded):
+        raise RuntimeError("a defect on the desk")
+
+    worker.runner.JobRunner.admitted = admitted
+"""
 
 
 def _environment(pid: int) -> dict[str, str]:
@@ -75,3 +90,31 @@ def test_a_sigkilled_worker_is_an_event_crashed_by_sigkill_then_restarted_and_co
         ("restarted", "restart 1 of this slot by its supervisor, after its worker crashed: killed by SIGKILL")
     ]
     assert value(metrics, "gpuq_worker_restarts_total", host=victim["host"], slot="gpu0") == 1
+
+
+def test_a_worker_whose_loop_stops_on_a_defect_is_an_event_crashed_then_restarted(processes, tmp_path):
+    """RQ's loop logs an error it does not expect, swallows it and returns as if asked to stop.
+    The worker must not then exit cleanly: its supervisor would record it as stopped, as if
+    asked. It exits with EXIT_DEFECT, recorded as a crash, restarted, and not held against
+    its GPU (nothing says the GPU failed)."""
+    defect = tmp_path / "defect"
+    defect.mkdir()
+    (defect / "sitecustomize.py").write_text(DEFECT_ON_THE_DESK)
+    processes.settings |= {"GPUQ_SIMULATED_GPUS": "24"}
+    _api, url = processes.start_api()
+    processes.settings |= {"PYTHONPATH": str(defect)}  # the supervisor's and its workers' only
+    processes.start_supervisor(expected_workers=1)
+    with processes.client(url) as client:
+        [victim] = client.workers()["data"]
+        job = client.submit(LONG | {"max_tokens": 8})
+        done = client.wait(job["id"], timeout_s=120)
+        wait_until(lambda: [w["restarts"] for w in client.workers()["data"]] == [1], "no restarted worker", 60)
+        crashed = client.events(kind="crashed")["data"]
+        of_victim = client.events(worker=victim["name"])["data"]
+        [gpu] = client.gpus()
+    assert done["status"] == "failed" and "desk failed: RuntimeError: a defect on the desk" in done["error"]
+    assert [(e["slot"], e["exit_status"], e["detail"]) for e in crashed] == [
+        ("gpu0", EXIT_DEFECT, f"crashed: a defect in the worker, its log has the traceback (exit status {EXIT_DEFECT})")
+    ]
+    assert [e["kind"] for e in of_victim] == ["crashed", "started"]
+    assert gpu["healthy"]

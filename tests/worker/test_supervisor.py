@@ -20,8 +20,7 @@ from gpuq.redis_keys import METRICS_RESTARTS
 from gpuq.settings import Settings
 from tests.conftest import both_databases
 from tests.nvml_standin import StandinMig, gpu_uuid, mig_uuid
-from worker.device import EXIT_DEVICE_UNUSABLE
-from worker.outages import EXIT_OUTAGE
+from worker.exits import EXIT_DEFECT, EXIT_DEVICE_UNUSABLE, EXIT_OUTAGE
 from worker.supervisor import (
     SlotPlan,
     Supervisor,
@@ -244,8 +243,8 @@ def test_a_worker_aborting_three_times_marks_its_gpu_unhealthy(database_url, red
     engine.dispose()
 
 
-@pytest.mark.parametrize("code", [0, EXIT_DEVICE_UNUSABLE, EXIT_OUTAGE])
-def test_clean_exits_refusals_and_outages_are_not_counted_as_crashes(database_url, redis, code):
+@pytest.mark.parametrize("code", [0, EXIT_DEVICE_UNUSABLE, EXIT_OUTAGE, EXIT_DEFECT])
+def test_clean_exits_refusals_outages_and_defects_are_not_held_against_the_gpu(database_url, redis, code):
     supervisor, spawned, engine = make_supervisor(
         database_url, redis, f"import sys; sys.exit({code})", backoff_start_s=0.05
     )
