@@ -11,7 +11,7 @@ stays in a *run* until the model has no live request left. Two threads share a r
   length limit), in priority order, without blocking; it claims them, tokenises
   their prompts and starts their streams, and hands the engine ready requests; it publishes
   what the engine's steps produced and settles the requests that ended (outcome to the
-  writer, RQ's bookkeeping).
+  writer, RQ's bookkeeping), after taking the jobs for the slots they freed.
 
 Every job keeps exactly what a job run alone has: its SQL claim, its own RQ execution and
 registry entry (so ``rq info`` is true), heartbeats, cancellation, a deadline, and its
@@ -244,6 +244,7 @@ class _Desk:
         self._kind = kind
         self._jobs: dict[str, Started] = {}  # every job of the run not yet settled
         self._unadmitted: dict[str, int] = {}  # handed to the engine, not admitted yet: slots each needs
+        self._ended: deque[Finished] = deque()  # ended in the engine, not settled yet
         self._decoder: BatchDecoder | None = None
         self._polled_at = float("-inf")
 
@@ -251,12 +252,15 @@ class _Desk:
         try:
             self._box.closed = self._host.must_run_alone(job)
             self._take(job, queue)
-            while not self._finished():
+            while True:
                 if self._box.engine_error is not None:
                     self._fail_all(self._box.engine_error)
                     return
                 self._drain_outputs()
                 self._take_more()
+                self._settle_ended()
+                if self._finished():
+                    return
                 with self._box.wake:
                     if self._box.outputs.empty():
                         self._box.wake.wait(INTAKE_POLL_S)
@@ -274,6 +278,7 @@ class _Desk:
         """Every job of the run not settled yet fails with the reason (what the engine did
         produce is settled first)."""
         self._drain_outputs()
+        self._settle_ended()
         for key in list(self._jobs):
             self._host.runner.refuse(key, why)
             self._settled(key)
@@ -290,6 +295,7 @@ class _Desk:
         why = f"the worker's desk failed: {type(exc).__name__}: {exc}"
         try:
             self._drain_outputs()
+            self._settle_ended()
         except Exception:
             log.exception("the engine's last outputs could not be settled")
         for key, started in list(self._jobs.items()):
@@ -306,7 +312,6 @@ class _Desk:
 
     def _finished(self) -> bool:
         """Done once nothing is live or in hand and nothing more will be taken."""
-        self._drain_outputs()
         if self._jobs:
             return False
         return not (self._may_take() and self._take_one_now())
@@ -387,9 +392,18 @@ class _Desk:
                 runner.refuse(key, why)
                 self._settled(key)
             runner.publish_pieces(list(output.pieces), ended=bool(output.finished))
-            for done in output.finished:
-                runner.finish_generation(done)
-                self._settled(done.key)
+            self._ended.extend(output.finished)
+
+    def _settle_ended(self) -> None:
+        """Outcomes to the writer and RQ's bookkeeping of the requests that ended. The desk does
+        it after taking the jobs for the slots they freed: the writer's commit would otherwise
+        race the next claim for the database (SQLite's one writer), and the engine would wait
+        for both before its next admission."""
+        runner = self._host.runner
+        while self._ended:
+            done = self._ended.popleft()
+            runner.finish_generation(done)
+            self._settled(done.key)
 
     def _settled(self, key: str) -> None:
         started = self._jobs.pop(key)

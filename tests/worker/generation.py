@@ -133,6 +133,7 @@ class ListHost:
     ended: list[str] = field(default_factory=list)
     put_back_ids: list[str] = field(default_factory=list)
     threads: set[str] = field(default_factory=set)
+    calls: list[tuple[str, str]] = field(default_factory=list)  # ("start" or "end", job id), in order
 
     def _called(self) -> None:
         self.threads.add(threading.current_thread().name)
@@ -159,11 +160,13 @@ class ListHost:
         if claimed is None:
             return None
         self.started.append(job.id)
+        self.calls.append(("start", job.id))
         return Started(job, queue, cast(Any, None), threading.Event(), claimed)
 
     def end(self, job: Any, execution: Any) -> None:
         self._called()
         self.ended.append(job.id)
+        self.calls.append(("end", job.id))
 
     def fail(self, job: Any, queue: Any, execution: Any) -> None:
         self._called()

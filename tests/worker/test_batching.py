@@ -92,6 +92,29 @@ def test_a_job_is_taken_for_a_slot_while_the_step_that_frees_it_runs(runner, ses
     assert ids[3] not in steps[first_end][0] and ids[3] in steps[first_end + 1][0]
 
 
+def test_a_slot_freed_by_a_stop_goes_to_the_next_job_before_the_ended_one_is_settled(database_url, redis_url, session):
+    """A stop string (unlike a length limit) cannot be foreseen: its slot frees at the step that
+    finds it. The desk takes the next job first and settles the ended one after (RQ's
+    bookkeeping, the outcome's commit), so the next admission waits for neither."""
+    with real_runner(database_url, redis_url, slots=1) as parts:
+        jobs = store.insert_jobs(session, [make_job(request=GEN | {"stop": [","], "max_tokens": 50}) for _ in range(3)])
+        ids = [j.id for j in jobs]
+        host = ListHost(parts.runner, ids[1:])
+        run_listed(host, ids[0])
+        assert parts.writer.flush()
+        with parts.sessions() as s:
+            rows = [store.get_job(s, i) for i in ids]
+    assert [(r.status, r.result["finish_reason"]) for r in rows] == [("succeeded", "stop")] * 3
+    assert host.calls == [
+        ("start", ids[0]),
+        ("start", ids[1]),
+        ("end", ids[0]),
+        ("start", ids[2]),
+        ("end", ids[1]),
+        ("end", ids[2]),
+    ]
+
+
 def test_a_worker_told_to_stop_takes_no_more_and_finishes_what_runs(runner, session):
     host, rows = _run(runner, session, 5, stop_after=2)
     assert [r.status for r in rows[:2]] == ["succeeded"] * 2
