@@ -463,8 +463,7 @@ class GpuqWorker(SimpleWorker):
             # RQ's own worker removes it there only when it listens on one queue.
             pipe.lrem(rq_intermediate_key(rq_queue_key(job.origin)), 1, job.id)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            # A run takes the next job before settling the one whose slot it takes: at most all slots.
-            pipe.hset(self.key, SLOTS_BUSY_FIELD, min(len(self._running) + 1, self.slots))
+            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running) + 1)
             pipe.execute()
         self._running[job.id] = (job, execution)
         return execution
