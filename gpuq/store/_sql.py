@@ -13,11 +13,11 @@ from sqlalchemy.sql import Executable
 NO_SYNC = {"synchronize_session": False}
 
 
-def rows_changed(session: Session, statement: Executable) -> int:
+def rows_changed(session: Session, statement: Executable, params: dict[str, Any] | None = None) -> int:
     """Run an UPDATE or DELETE (without committing): the number of rows it matched."""
     # An UPDATE or DELETE gives a CursorResult, which has the row count; SQLAlchemy's
     # Session.execute is typed to return the Result it derives from.
-    return cast(CursorResult[Any], session.execute(statement)).rowcount
+    return cast(CursorResult[Any], session.execute(statement, params)).rowcount
 
 
 def commit_changed(session: Session, statement: Executable) -> bool:

@@ -10,12 +10,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import JobRun, RunOutcome, utcnow
-from gpuq.store._sql import NO_SYNC
+
+# Built once on the table, not the ORM entity: a run starts and ends with every job a worker
+# runs, and an ORM-enabled statement costs several times SQLite's own time (see jobs.py).
+_RUNS = cast(Table, JobRun.__table__)
+_RUN_START = insert(_RUNS).values(
+    job_id=bindparam("r_job_id"),
+    attempt=bindparam("r_attempt"),
+    worker=bindparam("r_worker"),
+    host=bindparam("r_host"),
+    device=bindparam("r_device"),
+    started_at=bindparam("r_started_at"),
+    refunded=False,
+)
+_RUN_END = (
+    update(_RUNS)
+    .where(_RUNS.c.job_id == bindparam("r_job_id"), _RUNS.c.worker == bindparam("r_worker"), _RUNS.c.ended_at.is_(None))
+    .values(
+        ended_at=bindparam("r_ended_at"),
+        outcome=bindparam("r_outcome"),
+        reason=bindparam("r_reason"),
+        refunded=bindparam("r_refunded"),
+    )
+)
 
 
 def record_run_start(
@@ -30,15 +53,15 @@ def record_run_start(
 ) -> None:
     """A run of ``job_id`` on ``worker`` begins; committed with the claim that made it."""
     session.execute(
-        insert(JobRun).values(
-            job_id=job_id,
-            attempt=attempt,
-            worker=worker,
-            host=host,
-            device=device,
-            started_at=started_at,
-            refunded=False,
-        )
+        _RUN_START,
+        {
+            "r_job_id": job_id,
+            "r_attempt": attempt,
+            "r_worker": worker,
+            "r_host": host,
+            "r_device": device,
+            "r_started_at": started_at,
+        },
     )
 
 
@@ -55,10 +78,15 @@ def record_run_end(
     """The open run of ``job_id`` on ``worker`` ends; committed with the change to the job's row
     that ended it (the caller's transaction)."""
     session.execute(
-        update(JobRun)
-        .execution_options(**NO_SYNC)
-        .where(JobRun.job_id == job_id, JobRun.worker == worker, JobRun.ended_at.is_(None))
-        .values(ended_at=ended_at or utcnow(), outcome=outcome.value, reason=reason, refunded=refunded)
+        _RUN_END,
+        {
+            "r_job_id": job_id,
+            "r_worker": worker,
+            "r_ended_at": ended_at or utcnow(),
+            "r_outcome": outcome.value,
+            "r_reason": reason,
+            "r_refunded": refunded,
+        },
     )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, delete, func, insert, select, tuple_, update
+from sqlalchemy import ColumnElement, Integer, Table, Update, bindparam, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import (
@@ -288,6 +288,37 @@ class ClaimedJob:
     prompt_ids: bytes | None = None  # the prompt's tokens as the API built them, if it did
 
 
+# The worker's two statements a job (its claim and its outcome) are built once, on the jobs
+# table, not the ORM entity: an ORM-enabled UPDATE spends several times SQLite's own time in
+# SQLAlchemy (its bulk-persistence and cache-key steps), and the worker runs them beside a
+# decoding engine whose threads want the same cores (docs/benchmarks.md, nineteenth session).
+_JOBS = cast(Table, Job.__table__)
+_CLAIM = (
+    update(_JOBS)
+    .where(_JOBS.c.id == bindparam("c_id"), _JOBS.c.status == JobStatus.QUEUED)
+    .values(
+        status=JobStatus.RUNNING,
+        started_at=bindparam("c_started_at"),
+        worker=bindparam("c_worker"),
+        device=bindparam("c_device"),
+        host=bindparam("c_host"),
+        gpu_uuid=bindparam("c_gpu_uuid"),
+        attempts=_JOBS.c.attempts + 1,
+        error=None,
+    )
+    .returning(
+        _JOBS.c.kind,
+        _JOBS.c.model,
+        _JOBS.c.priority,
+        _JOBS.c.request,
+        _JOBS.c.attempts,
+        _JOBS.c.owner,
+        _JOBS.c.created_at,
+        _JOBS.c.prompt_ids,
+    )
+)
+
+
 def claim_job(
     session: Session,
     job_id: str,
@@ -299,24 +330,15 @@ def claim_job(
 ) -> ClaimedJob | None:
     """Queued to running for this worker. None if someone cancelled or ran it first."""
     now = utcnow()
-    row = session.execute(
-        update(Job)
-        .execution_options(**NO_SYNC)
-        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-        .values(
-            status=JobStatus.RUNNING,
-            started_at=now,
-            worker=worker,
-            device=device,
-            host=host,
-            gpu_uuid=gpu_uuid,
-            attempts=Job.attempts + 1,
-            error=None,
-        )
-        .returning(
-            Job.kind, Job.model, Job.priority, Job.request, Job.attempts, Job.owner, Job.created_at, Job.prompt_ids
-        )
-    ).one_or_none()
+    params = {
+        "c_id": job_id,
+        "c_started_at": now,
+        "c_worker": worker,
+        "c_device": device,
+        "c_host": host,
+        "c_gpu_uuid": gpu_uuid,
+    }
+    row = session.execute(_CLAIM, params).one_or_none()
     if row is not None:
         record_run_start(
             session, job_id=job_id, attempt=row.attempts, worker=worker, host=host, device=device, started_at=now
@@ -390,24 +412,58 @@ class Outcome:
     # the field existed do.
     attempt: int | None = None
 
-    def as_values(self) -> dict[str, Any]:
-        values = {
-            "status": self.status.value,
-            "finished_at": self.finished_at,
-            "result": self.result,
-            "error": self.error,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "load_ms": self.load_ms,
-            "run_ms": self.run_ms,
-            "gpu_seconds": self.gpu_seconds,
-            "energy_j": self.energy_j,
-            "energy_share": self.energy_share,
-            "prompt_ids": None,  # run: the request and the counts stay, the tokens need not
+    def params(self) -> dict[str, Any]:
+        """The bind parameters of ``_record_outcome``."""
+        return {
+            "o_id": self.job_id,
+            "o_worker": self.worker,
+            "o_attempt": self.attempt,
+            "o_status": self.status.value,
+            "o_finished_at": self.finished_at,
+            "o_result": self.result,
+            "o_error": self.error,
+            "o_prompt_tokens": self.prompt_tokens,
+            "o_completion_tokens": self.completion_tokens,
+            "o_cached_tokens": self.cached_tokens,
+            "o_load_ms": self.load_ms,
+            "o_run_ms": self.run_ms,
+            "o_gpu_seconds": self.gpu_seconds,
+            "o_energy_j": self.energy_j,
+            "o_energy_share": self.energy_share,
         }
-        if self.prompt_tokens is not None:
-            values["prompt_tokens"] = self.prompt_tokens
-        return values
+
+
+def _record_outcome(*, fenced: bool) -> Update:
+    held = [
+        _JOBS.c.id == bindparam("o_id"),
+        _JOBS.c.status == JobStatus.RUNNING,
+        _JOBS.c.worker == bindparam("o_worker"),
+    ]
+    if fenced:
+        held.append(_JOBS.c.attempts == bindparam("o_attempt"))
+    return (
+        update(_JOBS)
+        .where(*held)
+        .values(
+            status=bindparam("o_status"),
+            finished_at=bindparam("o_finished_at"),
+            result=bindparam("o_result"),
+            error=bindparam("o_error"),
+            # The count the API made at submission stays where the run did not count its own.
+            prompt_tokens=func.coalesce(bindparam("o_prompt_tokens", type_=Integer), _JOBS.c.prompt_tokens),
+            completion_tokens=bindparam("o_completion_tokens"),
+            cached_tokens=bindparam("o_cached_tokens"),
+            load_ms=bindparam("o_load_ms"),
+            run_ms=bindparam("o_run_ms"),
+            gpu_seconds=bindparam("o_gpu_seconds"),
+            energy_j=bindparam("o_energy_j"),
+            energy_share=bindparam("o_energy_share"),
+            prompt_ids=None,  # run: the request and the counts stay, the tokens need not
+        )
+    )
+
+
+_RECORD_OUTCOME = {True: _record_outcome(fenced=True), False: _record_outcome(fenced=False)}
 
 
 def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
@@ -421,13 +477,7 @@ def record_outcomes_written(session: Session, outcomes: Sequence[Outcome]) -> se
     """``record_outcomes``, returning the ids of the rows it changed (the metrics count only those)."""
     written: set[str] = set()
     for outcome in outcomes:
-        held = [Job.id == outcome.job_id, Job.status == JobStatus.RUNNING, Job.worker == outcome.worker]
-        if outcome.attempt is not None:
-            held.append(Job.attempts == outcome.attempt)
-        changed = rows_changed(
-            session,
-            update(Job).execution_options(**NO_SYNC).where(*held).values(**outcome.as_values()),
-        )
+        changed = rows_changed(session, _RECORD_OUTCOME[outcome.attempt is not None], outcome.params())
         if changed:
             written.add(outcome.job_id)
             record_run_end(
