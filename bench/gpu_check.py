@@ -17,6 +17,11 @@
   kernels for other batch sizes: reported, not judged).
 * peer: gpuq against llama.cpp's own server built for CUDA (scripts/build_llama_server.sh) on
   bench/peer.py's W1 and W2 at K=8, >= 1.0x jobs/s on both.
+* intake burst: bench/intake_burst.py on the GPU (four long generations at K=8, then 32 jobs
+  taken while they decode): the long sequences' inter-token gap p99 during the burst <= 1.3x
+  its median outside it; the engine alone's figure, with no intake beside it, is shown. On
+  the CPU the burst's own prompt rows put the engine alone above 1.3x (a fifth row on four
+  costs ~22 % there); on a GPU a few more rows cost next to nothing.
 
 A step that raises is a miss with its error; the others still run. Exits 0 when every row
 passes, 1 on any miss, 2 when no GPU is visible at all. ``--cpu-dry-run`` runs the same
@@ -46,6 +51,7 @@ BATCHING_RATIO = 0.9
 ENERGY_RANGE = (0.8, 1.25)
 BATCH_SLOTS = 8
 PEER_RATIO = 1.0
+BURST_RATIO = 1.3
 REDIS_URL = os.environ.get("GPUQ_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
@@ -123,6 +129,12 @@ def judge_peer(w1: float, w2: float) -> Row:
     )
 
 
+def judge_burst(ours: float, alone: float) -> Row:
+    """``ours``, ``alone``: gap p99 during the burst / median outside it, gpuq's and the engine alone's."""
+    measured = f"gpuq {ours:.2f}x, the engine alone {alone:.2f}x"
+    return Row("intake burst", f"gap p99 / median <= {BURST_RATIO}x", measured, ours <= BURST_RATIO)
+
+
 def judge_telemetry(gauges: list[str], samples_with_power: int) -> Row:
     measured = f"{len(gauges)} gauge line(s), {samples_with_power} gpu_samples row(s) with power"
     return Row(
@@ -169,10 +181,11 @@ def dry_run_rows(miss: set[str]) -> list[Row]:
         judge_telemetry([] if bad("telemetry") else ["gpuq_gpu_power_watts 300"], 3),
         judge_seeded(not bad("seeded"), {8: True, 16: False}),
         judge_peer(1.1, 0.8 if bad("peer") else 2.5),
+        judge_burst(1.6 if bad("burst") else 1.1, 1.05),
     ]
 
 
-DRY_RUN_CHECKS = ("build", "discovery", "vram", "worker", "batching", "energy", "telemetry", "seeded", "peer")
+DRY_RUN_CHECKS = ("build", "discovery", "vram", "worker", "batching", "energy", "telemetry", "seeded", "peer", "burst")
 
 
 # ---------------------------------------------------------------- measuring, on a GPU
@@ -307,6 +320,21 @@ def check_peer(uuid: str, compute_capability: str | None) -> Row:
     return judge_peer(ratios["W1"], ratios["W2"])
 
 
+def check_burst() -> Row:
+    """Three rounds of each, medians, as ``bench intake-burst`` reports them."""
+    from statistics import median
+
+    from bench import intake_burst
+    from bench.__main__ import fresh_system_state
+
+    ours, alone = [], []
+    for _ in range(3):
+        with fresh_system_state(REDIS_URL, None) as (_redis_url, db, workdir):
+            ours.append(intake_burst.run(db, workdir, threads=4, gpu_layers=-1).ratio)
+        alone.append(intake_burst.run_engine_alone(threads=4, gpu_layers=-1).ratio)
+    return judge_burst(median(ours), median(alone))
+
+
 class PowerWatch:
     """NVML power of one GPU, sampled every 0.1 s by this script (independently of gpuq)."""
 
@@ -408,6 +436,7 @@ def measure() -> list[Row] | None:
     rows.append(
         guarded(f"peer: gpuq vs llama-server K={BATCH_SLOTS}", lambda: check_peer(gpu.uuid, gpu.compute_capability))
     )
+    rows.append(guarded("intake burst", check_burst))
     try:
         rows += check_energy_and_telemetry(gpu.uuid, len(inventory.gpus))
     except Exception as exc:

@@ -112,7 +112,9 @@ class BurstResult:
         return self.gap_ms_during_p99 / self.gap_ms_outside
 
 
-def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flash_attn: bool = True) -> BurstResult:
+def run(
+    database_url: str, workdir: Path, *, threads: int, burst: int = 32, flash_attn: bool = True, gpu_layers: int = 0
+) -> BurstResult:
     engine = sync_engine(database_url)
     sessions = sync_sessions(engine)
     writer = OutcomeWriter(sessions)
@@ -132,7 +134,13 @@ def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flas
 
     def load(spec: Any) -> LoadedModel:
         loaded = LoadedModel(
-            spec.path, n_ctx=spec.n_ctx, embedding=False, threads=threads, gpu_layers=0, slots=8, flash_attn=flash_attn
+            spec.path,
+            n_ctx=spec.n_ctx,
+            embedding=False,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            slots=8,
+            flash_attn=flash_attn,
         )
         decoder = loaded.decoder
         assert decoder is not None
@@ -165,12 +173,12 @@ def run(database_url: str, workdir: Path, *, threads: int, burst: int = 32, flas
     return _result(steps, burst - len(host.burst))
 
 
-def run_engine_alone(*, threads: int, burst: int = 32, flash_attn: bool = True) -> BurstResult:
+def run_engine_alone(*, threads: int, burst: int = 32, flash_attn: bool = True, gpu_layers: int = 0) -> BurstResult:
     """The same burst admitted straight into the engine, with no claim, SQL, outcome or thread
     beside it: what the engine's own steps cost, apart from the intake's CPU on this host."""
     model = LoadedModel(
-        str(require_bundled_model_path()), n_ctx=N_CTX, embedding=False, threads=threads, gpu_layers=0, slots=8,
-        flash_attn=flash_attn,
+        str(require_bundled_model_path()), n_ctx=N_CTX, embedding=False, threads=threads, gpu_layers=gpu_layers,
+        slots=8, flash_attn=flash_attn,
     )  # fmt: skip
     decoder = model.decoder
     assert decoder is not None

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_check
-from bench.gpu_check import DRY_RUN_CHECKS, check_vram, judge_build, judge_energy, judge_vram, judge_worker
+from bench.gpu_check import (
+    DRY_RUN_CHECKS,
+    check_vram,
+    judge_build,
+    judge_burst,
+    judge_energy,
+    judge_vram,
+    judge_worker,
+)
 from tests.nvml_standin import gpu_uuid
 from worker.device import llama_gpu_devices
 
@@ -44,8 +52,8 @@ def test_the_dry_run_prints_one_table_of_every_check_and_exits_0():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("DRY RUN on canned figures: nothing was measured")
     assert done.stdout.count("check ") == 1  # one table
-    assert set(table_rows(done.stdout).values()) == {"ok"} and len(table_rows(done.stdout)) == 9
-    assert "9 of 9 checks pass" in done.stdout
+    assert set(table_rows(done.stdout).values()) == {"ok"} and len(table_rows(done.stdout)) == 10
+    assert "10 of 10 checks pass" in done.stdout
 
 
 @pytest.mark.parametrize("check", DRY_RUN_CHECKS)
@@ -53,7 +61,7 @@ def test_any_miss_is_marked_in_its_row_and_makes_the_exit_non_zero(check):
     done = script("--cpu-dry-run", "--miss", check)
     assert done.returncode == 1
     rows = table_rows(done.stdout)
-    assert list(rows.values()).count("MISS") == 1 and "8 of 9 checks pass; MISS:" in done.stdout
+    assert list(rows.values()).count("MISS") == 1 and "9 of 10 checks pass; MISS:" in done.stdout
 
 
 def test_without_a_gpu_the_real_run_says_so_and_exits_2():
@@ -74,6 +82,8 @@ def test_the_thresholds():
     assert judge_energy([(100, 95), (100, 120)]).ok
     assert not judge_energy([(100, 95), (None, 120)]).ok and not judge_energy([]).ok
     assert not judge_build(0).ok
+    assert judge_burst(1.3, 1.2).ok and not judge_burst(1.31, 1.2).ok
+    assert not judge_burst(1.4, 1.0).ok  # gpuq's own figure is judged, the engine alone's only shown
 
 
 def test_the_real_checks_report_misses_on_a_cpu_build_with_the_nvml_stand_in(nvml):
