@@ -52,6 +52,29 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
+def _output_of_stopped(up: subprocess.Popen[str], timeout_s: float) -> str:
+    """Its output once it has exited and every process writing to its output has closed it.
+    A stop that hangs fails saying which processes still hold that output, and whether
+    ``gpuq up`` itself exited, with the output's end."""
+    try:
+        return up.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired as exc:
+        assert up.stdout is not None
+        pipe = os.readlink(f"/proc/self/fd/{up.stdout.fileno()}")
+        holders = []
+        for fd in Path("/proc").glob("[0-9]*/fd/1"):
+            try:
+                if os.readlink(fd) == pipe:
+                    holders.append(f"{fd.parts[2]} {Path(fd.parents[1], 'cmdline').read_bytes()[:120]!r}")
+            except OSError:
+                continue
+        tail = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else str(exc.output or "")
+        raise AssertionError(
+            f"gpuq up did not stop within {timeout_s:.0f} s (its exit status: {up.poll()}); "
+            f"writing to its output still: {holders}; its output ends:\n{tail[-3000:]}"
+        ) from exc
+
+
 def _env(data_dir: Path, settings: dict[str, str] | None = None) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
@@ -103,7 +126,7 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
         assert jobs.returncode == 0, jobs.stderr
 
         second = _up(data_dir, second_port)  # same data directory: refused, nothing started
-        out, _ = second.communicate(timeout=60)
+        out = _output_of_stopped(second, 60)
         assert second.returncode != 0
         assert f"another gpuq (pid {first.pid}) is running on the data directory" in out
         assert out.strip().splitlines()[-1].startswith("error: ")
@@ -173,7 +196,7 @@ def test_gpuq_up_starts_its_supervisor_again_after_it_is_killed_and_readyz_says_
         assert _statuses(data_dir, ids) == [("succeeded", 1)] * 4
         children |= _descendants(up.pid)
         up.send_signal(signal.SIGTERM)
-        out, _ = up.communicate(timeout=60)
+        out = _output_of_stopped(up, 60)
         assert f"the supervisor (pid {killed}) exited (killed by SIGKILL); starting it again in 1 s" in out
     finally:
         for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
@@ -221,7 +244,7 @@ def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_p
             for caller in callers:
                 caller.join(timeout=60)
         assert not any(caller.is_alive() for caller in callers), "a streaming call was never answered"
-        out, _ = up.communicate(timeout=120)  # the long job is finished first (the drain), then all exits
+        out = _output_of_stopped(up, 120)  # the long job is finished first (the drain), then all exits
         # A supervisor stopped by Ctrl-C is not restarted. (Whether its keeper logs that it saw
         # the exit depends on which comes first, its next look or gpuq up's own stop.)
         assert "; starting it again in" not in out
