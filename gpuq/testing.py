@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +27,24 @@ from gpuq.local.redis_server import free_port
 START_TIMEOUT_S = 60.0
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``, read from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":  # a zombie has exited already
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
 @dataclass
 class Process:
     name: str
@@ -33,13 +52,21 @@ class Process:
     log: Path
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM, and SIGKILL after ``timeout_s`` to it and every process below it. A
+        supervisor killed mid-drain leaves its workers finishing their jobs (they shut down
+        warm when their parent dies), and a live worker registers itself again in a Redis
+        db that was flushed: the next test on that db would find it among its own."""
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                below = descendants(self.popen.pid)
                 self.popen.kill()
                 self.popen.wait()
+                for pid in below:
+                    with suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
 
     def kill(self) -> None:
         self.popen.kill()

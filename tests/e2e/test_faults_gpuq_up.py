@@ -15,29 +15,12 @@ import httpx
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.local.redis_server import free_port
+from gpuq.testing import descendants
 from tests.e2e.conftest import wait_until
 
 NOOP = {"kind": "noop", "model": "smollm2-135m"}
 # At temperature 0 SmolLM2 keeps counting to max_tokens (about 60 tokens/s on two cores).
 COUNTING = {"kind": "generate", "model": "smollm2-135m", "prompt": "Count: 1, 2, 3,", "temperature": 0}
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live process below pid, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":  # a zombie has exited already
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -107,8 +90,8 @@ def _started(up: subprocess.Popen[str], port: int) -> set[int]:
             return False
 
     wait_until(serving, "gpuq up never served", timeout_s=120)
-    wait_until(lambda: len(_descendants(up.pid)) >= 3, "gpuq up never started Redis, the supervisor and a worker")
-    return _descendants(up.pid)
+    wait_until(lambda: len(descendants(up.pid)) >= 3, "gpuq up never started Redis, the supervisor and a worker")
+    return descendants(up.pid)
 
 
 def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_path):
@@ -152,7 +135,7 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
 
 
 def _supervisors(up_pid: int) -> set[int]:
-    return {pid for pid in _alive(_descendants(up_pid)) if b"supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+    return {pid for pid in _alive(descendants(up_pid)) if b"supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes()}
 
 
 def _statuses(data_dir: Path, job_ids: list[str]) -> list[tuple[str, int]]:
@@ -194,12 +177,12 @@ def test_gpuq_up_starts_its_supervisor_again_after_it_is_killed_and_readyz_says_
             ids = [before, *queued]
             wait_until(lambda: all(s == "succeeded" for s, _ in _statuses(data_dir, ids)), "jobs stayed queued", 60)
         assert _statuses(data_dir, ids) == [("succeeded", 1)] * 4
-        children |= _descendants(up.pid)
+        children |= descendants(up.pid)
         up.send_signal(signal.SIGTERM)
         out = _output_of_stopped(up, 60)
         assert f"the supervisor (pid {killed}) exited (killed by SIGKILL); starting it again in 1 s" in out
     finally:
-        for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
+        for pid in _alive({up.pid, *children, *descendants(up.pid)}):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -238,7 +221,7 @@ def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_p
             queued = lambda: http.get("/v1/jobs", params={"status": "queued"}).json()["data"]  # noqa: E731
             wait_until(lambda: len(queued()) == 2, "the two calls never waited in the queue")
             calls = [job["id"] for job in queued()]
-            children |= _descendants(up.pid)
+            children |= descendants(up.pid)
 
             os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in the terminal: every process of the group
             for caller in callers:
@@ -256,5 +239,5 @@ def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_p
         assert all("shutting down" in (e or "") for _, e in _statuses_and_errors(data_dir, calls))
         assert not _alive(children), "Ctrl-C must stop the supervisor, its workers and Redis too"
     finally:
-        for pid in _alive({up.pid, *children, *_descendants(up.pid)}):
+        for pid in _alive({up.pid, *children, *descendants(up.pid)}):
             os.kill(pid, signal.SIGKILL)

@@ -118,3 +118,25 @@ def test_a_worker_whose_loop_stops_on_a_defect_is_an_event_crashed_then_restarte
     ]
     assert [e["kind"] for e in of_victim] == ["crashed", "started"]
     assert gpu["healthy"]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_supervisor_still_draining_when_its_stop_gives_up_is_killed_with_its_workers(processes):
+    """The harness's stop (gpuq.testing) gives a process 30 s, then kills it. A supervisor still
+    draining a long job was killed alone: its worker, told to stop warm when its parent died,
+    went on with the job past the test, and registered itself again in the Redis db the next
+    test on that index flushed and used (found there among that test's own workers)."""
+    processes.settings |= {"GPUQ_SIMULATED_GPUS": "24"}
+    _api, url = processes.start_api()
+    supervisor, [worker] = processes.start_supervisor(expected_workers=1)
+    with processes.client(url) as client:
+        job = client.submit(LONG | {"max_tokens": 2000})
+        wait_until(lambda: client.job(job["id"])["status"] == "running", "the job never started")
+    supervisor.stop(timeout_s=1)  # the drain waits for the job: it gives up at once
+    wait_until(lambda: not _running(worker.pid), "the worker outlived its supervisor's stop", 10)
