@@ -58,6 +58,20 @@ def _output_of_stopped(up: subprocess.Popen[str], timeout_s: float) -> str:
         ) from exc
 
 
+def _described(pids: set[int]) -> list[str]:
+    """The live ones among ``pids``: command line, state and what the kernel has them wait in."""
+    described = []
+    for pid in sorted(_alive(pids)):
+        try:
+            proc = Path(f"/proc/{pid}")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command, waits_in = (proc / "cmdline").read_bytes()[:100], (proc / "wchan").read_text()
+            described.append(f"{pid} {command!r} state {state} in {waits_in}")
+        except OSError:
+            continue
+    return described
+
+
 def _env(data_dir: Path, settings: dict[str, str] | None = None) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
@@ -117,7 +131,10 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
 
         first.kill()  # SIGKILL: no shutdown code runs; its children are told by the kernel
         first.wait()
-        wait_until(lambda: not _alive(first_children), "children outlived their killed gpuq up", timeout_s=60)
+        try:
+            wait_until(lambda: not _alive(first_children), "children outlived their killed gpuq up", timeout_s=60)
+        except TimeoutError:
+            raise AssertionError(f"children outlived their killed gpuq up: {_described(first_children)}") from None
 
         third = _up(data_dir, third_port)  # the directory is free again
         third_children: set[int] = set()
