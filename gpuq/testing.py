@@ -27,15 +27,20 @@ from gpuq.local.redis_server import free_port
 START_TIMEOUT_S = 60.0
 
 
+def _stat(path: Path) -> list[str] | None:
+    """A /proc/<pid>/stat's fields after the command name (state, parent, ...); None once gone."""
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below ``pid``, read from /proc (Linux)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":  # a zombie has exited already
+        fields = _stat(stat)
+        if fields is not None and fields[0] != "Z":  # a zombie has exited already
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     found, todo = set(), [pid]
     while todo:
@@ -43,6 +48,11 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (not exited, nor a zombie waiting to be reaped)."""
+    return {pid for pid in pids if (fields := _stat(Path(f"/proc/{pid}/stat"))) is not None and fields[0] != "Z"}
 
 
 @dataclass

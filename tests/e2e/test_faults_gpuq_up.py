@@ -15,24 +15,12 @@ import httpx
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.local.redis_server import free_port
-from gpuq.testing import descendants
+from gpuq.testing import alive, descendants
 from tests.e2e.conftest import wait_until
 
 NOOP = {"kind": "noop", "model": "smollm2-135m"}
 # At temperature 0 SmolLM2 keeps counting to max_tokens (about 60 tokens/s on two cores).
 COUNTING = {"kind": "generate", "model": "smollm2-135m", "prompt": "Count: 1, 2, 3,", "temperature": 0}
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
 
 
 def _output_of_stopped(up: subprocess.Popen[str], timeout_s: float) -> str:
@@ -61,7 +49,7 @@ def _output_of_stopped(up: subprocess.Popen[str], timeout_s: float) -> str:
 def _described(pids: set[int]) -> list[str]:
     """The live ones among ``pids``: command line, state and what the kernel has them wait in."""
     described = []
-    for pid in sorted(_alive(pids)):
+    for pid in sorted(alive(pids)):
         try:
             proc = Path(f"/proc/{pid}")
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -132,7 +120,7 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
         first.kill()  # SIGKILL: no shutdown code runs; its children are told by the kernel
         first.wait()
         try:
-            wait_until(lambda: not _alive(first_children), "children outlived their killed gpuq up", timeout_s=60)
+            wait_until(lambda: not alive(first_children), "children outlived their killed gpuq up", timeout_s=60)
         except TimeoutError:
             raise AssertionError(f"children outlived their killed gpuq up: {_described(first_children)}") from None
 
@@ -142,17 +130,17 @@ def test_gpuq_up_is_alone_on_its_data_directory_and_leaves_nothing_behind(tmp_pa
             third_children = _started(third, third_port)
             third.send_signal(signal.SIGTERM)  # the way a service manager stops it
             third.wait(timeout=60)
-            assert not _alive(third_children), "SIGTERM must stop the supervisor, its workers and Redis too"
+            assert not alive(third_children), "SIGTERM must stop the supervisor, its workers and Redis too"
         finally:
-            for pid in _alive({third.pid, *third_children}):
+            for pid in alive({third.pid, *third_children}):
                 os.kill(pid, signal.SIGKILL)
     finally:  # on a failure, leave no stray process to the tests that follow
-        for pid in _alive({first.pid, *first_children}):
+        for pid in alive({first.pid, *first_children}):
             os.kill(pid, signal.SIGKILL)
 
 
 def _supervisors(up_pid: int) -> set[int]:
-    return {pid for pid in _alive(descendants(up_pid)) if b"supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+    return {pid for pid in alive(descendants(up_pid)) if b"supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes()}
 
 
 def _statuses(data_dir: Path, job_ids: list[str]) -> list[tuple[str, int]]:
@@ -199,7 +187,7 @@ def test_gpuq_up_starts_its_supervisor_again_after_it_is_killed_and_readyz_says_
         out = _output_of_stopped(up, 60)
         assert f"the supervisor (pid {killed}) exited (killed by SIGKILL); starting it again in 1 s" in out
     finally:
-        for pid in _alive({up.pid, *children, *descendants(up.pid)}):
+        for pid in alive({up.pid, *children, *descendants(up.pid)}):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -254,7 +242,7 @@ def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_p
         assert _statuses_and_errors(data_dir, [long]) == [("succeeded", None)]
         assert {s for s, _ in _statuses_and_errors(data_dir, calls)} == {"cancelled"}
         assert all("shutting down" in (e or "") for _, e in _statuses_and_errors(data_dir, calls))
-        assert not _alive(children), "Ctrl-C must stop the supervisor, its workers and Redis too"
+        assert not alive(children), "Ctrl-C must stop the supervisor, its workers and Redis too"
     finally:
-        for pid in _alive({up.pid, *children, *descendants(up.pid)}):
+        for pid in alive({up.pid, *children, *descendants(up.pid)}):
             os.kill(pid, signal.SIGKILL)

@@ -11,6 +11,7 @@ import httpx
 from redis import Redis
 from rq.worker import Worker
 
+from gpuq.testing import alive
 from tests.e2e.conftest import reconcile, wait_until
 from tests.metrics_parsing import samples, value
 from worker.exits import EXIT_DEFECT
@@ -120,13 +121,6 @@ def test_a_worker_whose_loop_stops_on_a_defect_is_an_event_crashed_then_restarte
     assert gpu["healthy"]
 
 
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_supervisor_still_draining_when_its_stop_gives_up_is_killed_with_its_workers(processes):
     """The harness's stop (gpuq.testing) gives a process 30 s, then kills it. A supervisor still
     draining a long job was killed alone: its worker, told to stop warm when its parent died,
@@ -139,4 +133,4 @@ def test_a_supervisor_still_draining_when_its_stop_gives_up_is_killed_with_its_w
         job = client.submit(LONG | {"max_tokens": 2000})
         wait_until(lambda: client.job(job["id"])["status"] == "running", "the job never started")
     supervisor.stop(timeout_s=1)  # the drain waits for the job: it gives up at once
-    wait_until(lambda: not _running(worker.pid), "the worker outlived its supervisor's stop", 10)
+    wait_until(lambda: not alive({worker.pid}), "the worker outlived its supervisor's stop", 10)
