@@ -28,6 +28,7 @@ from api.routers import (
     jobs,
     keys,
     metrics,
+    model_aliases,
     models,
     ollama,
     openai,
@@ -100,6 +101,7 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
         keys.router,
         dashboard.router,
         metrics.router,
+        model_aliases.router,
     )
     for router in routers:
         app.include_router(router)

@@ -27,7 +27,14 @@ from api.schemas.jobs import (
     NoopJobCreate,
 )
 from api.schemas.keys import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic
-from api.schemas.models import ModelCreate, ModelPublic, ModelsPublic
+from api.schemas.models import (
+    ModelAliasesPublic,
+    ModelAliasPublic,
+    ModelAliasSet,
+    ModelCreate,
+    ModelPublic,
+    ModelsPublic,
+)
 from api.schemas.schedules import (
     FireTimes,
     ScheduleCreate,
@@ -79,6 +86,9 @@ __all__ = [
     "KeyListed",
     "KeyPublic",
     "KeysPublic",
+    "ModelAliasPublic",
+    "ModelAliasSet",
+    "ModelAliasesPublic",
     "ModelCreate",
     "ModelPublic",
     "ModelsPublic",

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.schemas.common import MAX_CONTEXT_TOKENS, MAX_SQL_INT, Strict
-from gpuq.db.tables import Model, ModelKind
+from gpuq.db.tables import Model, ModelAlias, ModelKind
 
 
 class ModelCreate(Strict):
@@ -42,14 +42,18 @@ class ModelPublic(BaseModel):
     vram_estimate_mib: int
     vram_override_mib: int | None
     vram_mib: int = Field(description="what placement uses: the override if set, else the estimate")
+    alias_of: str | None = Field(
+        None, description="for an alias: the registered model its jobs run as (the other fields are that model's)"
+    )
 
     @classmethod
-    def of(cls, model: Model, *, full_path: bool = True) -> ModelPublic:
+    def of(cls, model: Model, *, full_path: bool = True, alias: ModelAlias | None = None) -> ModelPublic:
         """``full_path=False`` for callers who are not admins: where files live on the
         server is the operators' business (and a map for an attacker)."""
         return cls(
-            id=model.name,
-            created=int(model.created_at.timestamp()),
+            id=model.name if alias is None else alias.alias,
+            alias_of=None if alias is None else model.name,
+            created=int((model if alias is None else alias).created_at.timestamp()),
             path=model.path if full_path else PurePath(model.path).name,
             kinds=model.kinds,
             context_length=model.context_length,
@@ -65,3 +69,18 @@ class ModelPublic(BaseModel):
 class ModelsPublic(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelPublic]
+
+
+class ModelAliasSet(Strict):
+    model: str = Field(min_length=1, max_length=128, description="the registered model the alias names")
+
+
+class ModelAliasPublic(BaseModel):
+    alias: str
+    model: str = Field(description="the registered model its jobs run as")
+    created: int
+
+
+class ModelAliasesPublic(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelAliasPublic]

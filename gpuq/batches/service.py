@@ -89,8 +89,9 @@ class _Line:
         return ENDPOINTS[self.endpoint]
 
 
-def _lines(path: str, models: dict[str, Model | None], get_model: Any) -> Iterator[_Line | tuple[int, str]]:
-    """The file's lines one at a time, each as a ``_Line`` or (number, what is wrong with it)."""
+def _lines(path: str, registered_name: Callable[[str], str]) -> Iterator[_Line | tuple[int, str]]:
+    """The file's lines one at a time, each as a ``_Line`` (its model named as registered:
+    an alias's lines become its model's jobs) or (number, what is wrong with it)."""
     for number, raw in read_lines(path):
         endpoint = raw["url"]  # checked at upload
         try:
@@ -98,9 +99,7 @@ def _lines(path: str, models: dict[str, Model | None], get_model: Any) -> Iterat
         except ValueError as exc:
             yield number, str(exc)
             continue
-        if model not in models:
-            models[model] = get_model(model)
-        yield _Line(number, raw["custom_id"], endpoint, model, request | {"endpoint": endpoint})
+        yield _Line(number, raw["custom_id"], endpoint, registered_name(model), request | {"endpoint": endpoint})
 
 
 def _check_line(line: _Line, model: Model | None, fleet: Fleet) -> int | None:
@@ -126,13 +125,14 @@ class BatchPlan:
     api_key_id: str | None
     line_count: int  # the valid lines: at most one job each
     tokens: dict[int, int]  # line number -> its prompt's tokens, where they were counted
+    names: dict[str, str]  # a model name the lines use -> the registered model's (an alias differs)
 
     def jobs(self) -> Iterator[store.NewJob]:
         """The jobs, the file read again line by line: a line's job as soon as it is whole
         (embedding lines of one model gathered, in input order, up to EMBED_GROUP_TEXTS texts)."""
         ids = iter(store.new_job_ids(self.line_count))
         gathering: dict[str, list[_Line]] = {}  # model -> its embedding lines not yet in a job
-        for line in _lines(self.path, {}, lambda _name: None):
+        for line in _lines(self.path, lambda name: self.names.get(name, name)):
             assert isinstance(line, _Line), "a line refused when it was checked"
             if line.kind != JobKind.EMBED:
                 yield self._job(next(ids), line.kind, line.request, line, 1, line.custom_id)
@@ -192,7 +192,16 @@ def plan_batch_jobs(
     valid = 0
     tokens: dict[int, int] = {}
     errors: list[tuple[int, str]] = []
-    for line in _lines(path, models, lambda name: store.get_model(session, name)):
+
+    def registered_name(name: str) -> str:
+        if name not in models:
+            models[name] = found = store.find_model(session, name)
+            if found is not None:
+                models[found.name] = found
+        found = models[name]
+        return name if found is None else found.name
+
+    for line in _lines(path, registered_name):
         if not isinstance(line, _Line):
             errors.append(line)
             continue
@@ -209,7 +218,8 @@ def plan_batch_jobs(
         shown = "; ".join(f"line {number}: {message}" for number, message in errors[:MAX_ERRORS_REPORTED])
         rest = len(errors) - MAX_ERRORS_REPORTED
         raise RequestError(422, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
-    return BatchPlan(path, batch_id, priority, owner, api_key_id, valid, tokens)
+    names = {name: model.name for name, model in models.items() if model is not None}
+    return BatchPlan(path, batch_id, priority, owner, api_key_id, valid, tokens, names)
 
 
 # ---------------------------------------------------------------- creating and cancelling

@@ -65,7 +65,7 @@ class GpuqClient:
             except ValueError:
                 detail = response.text
             raise ApiError(response.status_code, str(detail))
-        return response.json()
+        return None if response.status_code == 204 else response.json()
 
     def submit(self, job: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", json=job)
@@ -143,6 +143,12 @@ class GpuqClient:
     def register_model(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/models", json=body)
 
+    def set_alias(self, alias: str, model: str) -> dict[str, Any]:
+        return self._call("PUT", f"/v1/model-aliases/{alias}", json={"model": model})
+
+    def delete_alias(self, alias: str) -> None:
+        self._call("DELETE", f"/v1/model-aliases/{alias}")
+
     def gpus(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/gpus")["data"]
 
@@ -190,11 +196,6 @@ class GpuqClient:
     def schedules(self, method: str = "GET", path: str = "", **kwargs: Any) -> Any:
         """The /v1/schedules API: ``schedules()`` lists, ``schedules("POST", json=...)`` creates,
         ``schedules("POST", "/3/run")`` runs schedule 3 now, and so on."""
-        if method == "DELETE":
-            response = self._http.delete(f"/v1/schedules{path}")
-            if response.status_code >= 400:
-                raise ApiError(response.status_code, response.json().get("detail", response.text))
-            return None
         return self._call(method, f"/v1/schedules{path}", **kwargs)
 
     def wait(self, job_id: str, *, timeout_s: float = 600.0) -> dict[str, Any]:

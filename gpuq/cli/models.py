@@ -13,7 +13,7 @@ from gpuq.cli.support import connect, table, url_option
 @url_option
 @click.pass_context
 def models(ctx: click.Context, url: str) -> None:
-    """List registered models (or `models register`)."""
+    """List registered models and their aliases (or `models register`, `models alias`)."""
     ctx.obj = url
     if ctx.invoked_subcommand is not None:
         return
@@ -22,7 +22,13 @@ def models(ctx: click.Context, url: str) -> None:
     table(
         ("NAME", "KINDS", "CONTEXT", "SIZE", "PATH"),
         [
-            (m["id"], ",".join(m["kinds"]), str(m["context_length"]), f"{m['size_bytes'] / 2**20:.0f} MiB", m["path"])
+            (
+                m["id"] if m.get("alias_of") is None else f"{m['id']} -> {m['alias_of']}",
+                ",".join(m["kinds"]),
+                str(m["context_length"]),
+                f"{m['size_bytes'] / 2**20:.0f} MiB",
+                m["path"],
+            )
             for m in data
         ],
         empty="no models registered (`gpuq models register NAME PATH` adds one)",
@@ -43,6 +49,28 @@ def models_register(url: str, name: str, path: str, kinds: tuple[str, ...], cont
             {"name": name, "path": _as_the_api_reads_it(path), "kinds": list(kinds), "context_length": context_length}
         )
     click.echo(f"registered {model['id']} ({', '.join(model['kinds'])}, context {model['context_length']})")
+
+
+@models.command("alias")
+@click.argument("alias")
+@click.argument("model")
+@click.pass_obj
+def models_alias(url: str, alias: str, model: str) -> None:
+    """Let clients name MODEL as ALIAS (a name a client insists on, such as
+    `text-embedding-3-small`): jobs sent under ALIAS run as MODEL's own."""
+    with connect(url) as client:
+        made = client.set_alias(alias, model)
+    click.echo(f"{made['alias']} -> {made['model']}")
+
+
+@models.command("unalias")
+@click.argument("alias")
+@click.pass_obj
+def models_unalias(url: str, alias: str) -> None:
+    """Remove the alias ALIAS (the model stays registered)."""
+    with connect(url) as client:
+        client.delete_alias(alias)
+    click.echo(f"removed alias {alias}")
 
 
 def _as_the_api_reads_it(path: str) -> str:

@@ -222,6 +222,17 @@ class Model(Base):
         return self.can_generate if kind == JobKind.GENERATE else self.can_embed
 
 
+class ModelAlias(Base):
+    """Another name for a registered model, for clients that insist on one (the `llm` CLI
+    sends `text-embedding-3-small`, say): jobs submitted under it run as the model's own."""
+
+    __tablename__ = "model_aliases"
+
+    alias: Mapped[str] = mapped_column(String(128), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Gpu(Base):
     """A GPU some supervisor has seen: the fleet inventory. Live telemetry lives in Redis."""
 

@@ -61,7 +61,7 @@ def call_spec(
 
 
 async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
-    model = await db.run_sync(store.get_model, name)
+    model = await db.run_sync(store.find_model, name)  # an alias finds its model
     if model is None:
         raise RequestError(404, not_found, param="model", code="model_not_found")
     return model

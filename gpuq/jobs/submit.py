@@ -216,7 +216,11 @@ async def submit_jobs(
     surely_new = sum(1 for s in specs if s.idempotency_key is None)
     if surely_new:
         await precheck(db, redis, caller, queued_jobs=surely_new, submissions=surely_new)
-    models = {name: await db.run_sync(store.get_model, name) for name in {s.model for s in specs}}
+    models = {name: await db.run_sync(store.find_model, name) for name in {s.model for s in specs}}
+    # A job named by an alias is the model's own job from here on: its queue, placement,
+    # idempotency hash and history all name the registered model.
+    specs = [replace(s, model=found.name) if (found := models[s.model]) is not None else s for s in specs]
+    models |= {m.name: m for m in models.values() if m is not None}
     async with tokenising_turn(caller.owner):
         counts = await to_thread.run_sync(
             lambda: [

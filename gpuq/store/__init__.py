@@ -111,8 +111,13 @@ from gpuq.store.jobs import (
     usage_by_key_since,
 )
 from gpuq.store.model_registry import (
+    delete_alias,
+    find_model,
+    get_alias,
     get_model,
+    list_aliases,
     list_models,
+    save_alias,
     save_model,
 )
 from gpuq.store.schedules import (
@@ -162,6 +167,7 @@ __all__ = [
     "count_queued_jobs_of_key",
     "create_api_key",
     "creation_times",
+    "delete_alias",
     "delete_batch",
     "delete_file",
     "delete_queued_jobs",
@@ -170,7 +176,9 @@ __all__ = [
     "due_schedules",
     "fail_abandoned_job",
     "find_active_key",
+    "find_model",
     "finish_batch",
+    "get_alias",
     "get_api_key",
     "get_batch",
     "get_file",
@@ -186,6 +194,7 @@ __all__ = [
     "job_conditions",
     "jobs_by_idempotency_keys",
     "known_owners",
+    "list_aliases",
     "list_api_keys",
     "list_batches",
     "list_deliveries",
@@ -220,6 +229,7 @@ __all__ = [
     "running_jobs",
     "running_jobs_of_key",
     "runs_of_job",
+    "save_alias",
     "save_file",
     "save_model",
     "save_rule",
