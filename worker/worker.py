@@ -143,6 +143,7 @@ class GpuqWorker(SimpleWorker):
         )
         self._unsent: list[Callable[[], None]] = []  # RQ bookkeeping that Redis could not take yet
         self.job_error: Exception | None = None  # what a job's run raised (RQ's loop then quits: see ended_unasked)
+        self._asked_to_stop = False  # a signal asked the loop to stop (see request_stop)
         self.monitor = JobMonitor(
             self.connection,
             heartbeat=self._heartbeat_running_job,
@@ -308,12 +309,18 @@ class GpuqWorker(SimpleWorker):
 
     # ------------------------------------------------------------- running a job
 
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        # RQ records a stop asked for only while a job runs: an idle worker's loop ends by
+        # StopRequested with nothing recorded, which would read as a crash (ended_unasked).
+        self._asked_to_stop = True
+        super().request_stop(signum, frame)
+
     @property
     def ended_unasked(self) -> bool:
         """RQ's loop returned although no signal asked it to stop: something raised inside
-        it, which RQ logs ("found an unhandled exception, quitting") and swallows. (Outages
-        never get there: every Redis call of the loop rides them out.)"""
-        return not self._stop_requested
+        it, which RQ logs ("found an unhandled exception, quitting", with its traceback) and
+        swallows. (Outages never get there: every Redis call of the loop rides them out.)"""
+        return not (self._asked_to_stop or self._stop_requested)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         with self._cache_lock:

@@ -19,3 +19,4 @@ def test_the_demo_answers_paris_and_prints_no_worker_lines(tmp_path):
     answer = output.split("capital of France?", 1)[1].splitlines()[1]
     assert "Paris" in answer, output
     assert " INFO " not in output and "worker.batching" not in output, output
+    assert " ERROR " not in output, output  # its workers stopped as asked: no crash reported

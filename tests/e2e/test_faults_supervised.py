@@ -119,6 +119,19 @@ def test_a_worker_whose_loop_stops_on_a_defect_is_an_event_crashed_then_restarte
     ]
     assert [e["kind"] for e in of_victim] == ["crashed", "started"]
     assert gpu["healthy"]
+    logs = processes.logs()  # "its log has the traceback": the supervisor's log carries its workers'
+    assert "Traceback (most recent call last)" in logs and "RuntimeError: a defect on the desk" in logs, logs
+
+
+def test_an_idle_worker_told_to_stop_exits_cleanly_saying_no_error(processes):
+    """RQ ends an idle worker's loop on SIGTERM without recording that a stop was asked for;
+    the worker took that for a loop stopped on a defect, exited 70 and logged an error with
+    "its traceback above" where there was none (`make demo` ended on that line)."""
+    processes.start_api()
+    worker, _name = processes.start_worker()
+    worker.stop()
+    assert worker.popen.returncode == 0, worker.tail()
+    assert " ERROR " not in worker.log.read_text(), worker.tail()
 
 
 def test_a_supervisor_still_draining_when_its_stop_gives_up_is_killed_with_its_workers(processes):
