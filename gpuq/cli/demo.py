@@ -13,7 +13,7 @@ from gpuq.cli.client import GpuqClient
 from gpuq.local.embedded import embedded_system
 from gpuq.local.redis_server import free_port
 from gpuq.log_config import only_warnings
-from gpuq.registry.bundled import BUNDLED_MODEL_NAME
+from gpuq.registry.bundled import BUNDLED_MODEL_NAME, SECOND_MODEL_NAME, second_model_installed
 from gpuq.settings import Settings
 
 # Asked greedily (temperature 0, a fixed seed), so a fresh clone sees the same answers. Worded
@@ -55,6 +55,13 @@ def serve_api(settings: Settings) -> Iterator[str]:
 
 def run_demo(settings: Settings, *, workers: int = 1) -> int:
     started = time.monotonic()
+    # With the optional second model installed, it answers the first question too: one worker
+    # then swaps between two real models of two architectures.
+    second = second_model_installed()
+    if second:
+        settings = settings.model_copy(update={"register_second_model": True})
+    asked = [(BUNDLED_MODEL_NAME, priority, question) for priority, question in QUESTIONS]
+    asked += [(SECOND_MODEL_NAME, "high", QUESTIONS[0][1])] if second else []
     with only_warnings(), embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
         client = GpuqClient(url, api_key=system.api_key)
         client.wait_ready()
@@ -63,14 +70,14 @@ def run_demo(settings: Settings, *, workers: int = 1) -> int:
             [
                 {
                     "kind": "generate",
-                    "model": BUNDLED_MODEL_NAME,
+                    "model": model,
                     "priority": priority,
                     "messages": [{"role": "user", "content": question}],
                     "max_tokens": 48,
                     "temperature": 0.0,
                     "seed": 42,
                 }
-                for priority, question in QUESTIONS
+                for model, priority, question in asked
             ]
             + [{"kind": "embed", "model": BUNDLED_MODEL_NAME, "input": TEXTS}]
         )
@@ -78,8 +85,8 @@ def run_demo(settings: Settings, *, workers: int = 1) -> int:
         done = [client.wait(job["id"], timeout_s=300) for job in jobs]
         client.close()
     failures = 0
-    for (priority, question), job in zip(QUESTIONS, done[:3], strict=True):
-        click.echo(f"\n[{priority}] {question}")
+    for (model, priority, question), job in zip(asked, done[:-1], strict=True):
+        click.echo(f"\n[{priority}] {question}" + (f" ({model})" if model != BUNDLED_MODEL_NAME else ""))
         if job["status"] != "succeeded":
             failures += 1
             click.echo(f"  {job['status']}: {job['error']}")
@@ -89,7 +96,7 @@ def run_demo(settings: Settings, *, workers: int = 1) -> int:
             f"  ({job['completion_tokens']} tokens, waited {job['queue_wait_ms']} ms, loaded {job['load_ms']} ms, "
             f"ran {job['run_ms']} ms on {job['device']}, worker {job['worker']})"
         )
-    embed = done[3]
+    embed = done[-1]
     click.echo("\nembeddings (cosine similarity):")
     if embed["status"] != "succeeded":
         failures += 1

@@ -28,7 +28,7 @@ from gpuq.db import migrate
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.local.data_lock import data_dir_lock
 from gpuq.local.redis_server import PrivateRedis
-from gpuq.registry.models import register_bundled_model
+from gpuq.registry.models import register_bundled_model, register_second_model
 from gpuq.scheduler import run_scheduler
 from gpuq.settings import ENV_PREFIX, Settings
 
@@ -52,6 +52,8 @@ def prepare_database(settings: Settings) -> str | None:
     with sync_sessions(engine)() as session:
         if settings.register_bundled_model:
             register_bundled_model(session)
+        if settings.register_second_model:
+            register_second_model(session, settings.data_dir / "models")
         new_key = ensure_admin_key(session, settings.data_dir)
     engine.dispose()
     return new_key

@@ -15,7 +15,14 @@ from gpuq import store
 from gpuq.db.tables import Model, ModelKind
 from gpuq.fleet.vram import ModelShape, VramEstimate, estimate_embedding, estimate_generation
 from gpuq.queue_names import is_valid_model_name
-from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, BUNDLED_MODEL_NAME, bundled_model_path
+from gpuq.registry.bundled import (
+    BUNDLED_CONTEXT_LENGTH,
+    BUNDLED_MODEL_NAME,
+    SECOND_CONTEXT_LENGTH,
+    SECOND_MODEL_NAME,
+    bundled_model_path,
+    second_model_path,
+)
 from gpuq.registry.gguf import NotAGgufFile, read_metadata
 from gpuq.settings import get_settings
 
@@ -118,14 +125,22 @@ def build_model(
 
 def register_bundled_model(session: Session, *, slots: int | None = None) -> Model | None:
     """Register SmolLM2 once; leaves an existing registration of that name alone."""
-    path = bundled_model_path()
-    if path is None or store.get_model(session, BUNDLED_MODEL_NAME) is not None:
+    return _register_shipped(session, BUNDLED_MODEL_NAME, bundled_model_path(), BUNDLED_CONTEXT_LENGTH, slots)
+
+
+def register_second_model(session: Session, directory: Path, *, slots: int | None = None) -> Model | None:
+    """Register Gemma 3 270M once, its file joined into ``directory``, if its package is installed."""
+    if store.get_model(session, SECOND_MODEL_NAME) is not None:
+        return None
+    return _register_shipped(session, SECOND_MODEL_NAME, second_model_path(directory), SECOND_CONTEXT_LENGTH, slots)
+
+
+def _register_shipped(
+    session: Session, name: str, path: Path | None, context_length: int, slots: int | None
+) -> Model | None:
+    if path is None or store.get_model(session, name) is not None:
         return None
     model = build_model(
-        name=BUNDLED_MODEL_NAME,
-        path=path,
-        kinds={ModelKind.GENERATE, ModelKind.EMBED},
-        context_length=BUNDLED_CONTEXT_LENGTH,
-        slots=slots,
+        name=name, path=path, kinds={ModelKind.GENERATE, ModelKind.EMBED}, context_length=context_length, slots=slots
     )
     return store.save_model(session, model)
