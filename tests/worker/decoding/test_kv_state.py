@@ -1,0 +1,114 @@
+"""A KV stream saved to bytes and restored, on the real bundled model: a start computed by the
+engine, evicted from its stream, restored from the prefix cache's RAM tier into another stream,
+or from its disk tier into a fresh context, gives the text and log-probabilities (every raw
+logit the sampler saw, to the bit) that the stream that computed it gives."""
+
+import pytest
+
+from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
+from tests.worker.generation import THREADS, generate
+from worker.decoding import FLASH_ATTN_CHUNK_TOKENS
+from worker.decoding.kv_state import restore_stream, save_stream, stream_length
+from worker.engine import LoadedModel
+from worker.prefix_cache import CacheKey, KvLayout, PrefixCache
+
+SLOTS = 4
+N_CTX = 1024
+# A few-shot start of about 450 tokens, and questions after it.
+FEW_SHOT = "".join(f"Q: what is {a} times {b}? A: {a * b}.\n" for a in range(2, 7) for b in range(3, 11))
+QUESTIONS = ["Q: what is 7 times 8? A:", "Q: what is 9 times 6? A:"]
+GREEDY = {"temperature": 0.0, "seed": 7, "logprobs": 3}  # log-probabilities: the raw logits compared too
+SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 11, "logprobs": 3}
+MAX_TOKENS = 12
+SAMPLING = {"greedy": GREEDY, "seeded": SEEDED}
+
+
+def _model(model_path, slots=SLOTS):
+    # The CPU defaults: flash attention on, any common prefix reused (passes of at most 63 rows).
+    return LoadedModel(model_path, n_ctx=N_CTX, embedding=False, threads=THREADS, gpu_layers=0, slots=slots)
+
+
+def _request(tokens, sampling):
+    return {"prompt_token_ids": tokens, "max_tokens": MAX_TOKENS, "stop": []} | sampling
+
+
+def _ctx(model):
+    return model.decoder._ctx.ctx  # the decoder's llama_context_p (wiring will hand it to the cache)
+
+
+def _key(model_path):
+    layout = KvLayout(
+        type_k=1, type_v=1, kv_unified=False, n_seq_max=SLOTS, n_ctx_seq=N_CTX, flash_attn=True,
+        reuse="any-prefix", chunk_tokens=FLASH_ATTN_CHUNK_TOKENS, gpu_layers=0, llama_version="0.3.36",
+    )  # fmt: skip
+    return CacheKey.of(namespace_salt(model_fingerprint(model_path), cache_scope("acme", shared=False)), layout)
+
+
+@pytest.fixture(scope="module")
+def computed(model_path):
+    """Each request's generation computed cold in stream 0, and the start that stream kept, saved."""
+    model = _model(model_path)
+    start = model.prompt_tokens({"prompt": FEW_SHOT})
+    assert 420 <= len(start) <= 500
+    prompts = [model.prompt_tokens({"prompt": FEW_SHOT + q}) for q in QUESTIONS]
+    cold = {(i, name): generate(model, _request(p, s)) for i, p in enumerate(prompts) for name, s in
+            (("greedy", GREEDY), ("seeded", SEEDED))}  # fmt: skip
+    # The last generation's stream (0: every one ran alone) keeps its prompt's reusable tokens.
+    held = model.decoder.kv.holds(0)
+    assert held == prompts[1][: len(held)] and len(held) >= len(prompts[1]) - 2
+    data = save_stream(_ctx(model), 0, keep=len(held))
+    assert stream_length(_ctx(model), 0) == len(held)  # the unreusable tail (a completion's cells) went
+    model.close()
+    return prompts, cold, held, data
+
+
+def test_a_start_restored_from_ram_into_another_stream_gives_the_text_it_was_computed_with(model_path, computed):
+    prompts, cold, held, data = computed
+    cache = PrefixCache(ram_limit_bytes=1 << 30)
+    cache.save(_key(model_path), held, data)
+    restored = 0
+    for (i, name), expected in cold.items():
+        prompt = prompts[i]
+        model = _model(model_path)  # a context that never computed this start
+        found = cache.lookup(_key(model_path), prompt, limit=len(prompt) - 2)
+        assert found is not None and found.tier == "ram"
+        shared = next(n for n, (a, b) in enumerate(zip(prompt, held, strict=False)) if a != b) if i == 0 else len(held)
+        assert found.tokens == shared  # prompt 0 shares the few-shot start and "Q: what is " only
+        with cache.restoring(found):
+            assert restore_stream(_ctx(model), 2, found.entry.data, keep=found.tokens)
+        cache.restored(found, ok=True)
+        restored += found.tokens
+        model.decoder.kv.computed(2, prompt[: found.tokens])  # what the wiring tells KvStreams
+        got = generate(model, _request(prompt, SAMPLING[name]))  # takes stream 0, copied from stream 2
+        assert got == expected, (i, name)
+        assert got.cached_tokens == found.tokens
+        model.close()
+    stats = cache.stats()
+    assert (stats.hits_ram, stats.tokens_restored_ram) == (len(cold), restored)
+
+
+def test_a_start_restored_from_disk_into_a_fresh_context_gives_the_same_text(model_path, computed, tmp_path):
+    prompts, cold, held, data = computed
+    writer = PrefixCache.open(ram_limit_bytes=1 << 30, disk_dir=tmp_path, disk_limit_bytes=1 << 30)
+    writer.save(_key(model_path), held, data)
+    writer.close()  # the worker stopped; a new one starts with an empty RAM tier
+    reader = PrefixCache.open(ram_limit_bytes=1 << 30, disk_dir=tmp_path, disk_limit_bytes=1 << 30)
+    model = _model(model_path)
+    prompt = prompts[1]
+    found = reader.lookup(_key(model_path), prompt, limit=len(prompt) - 2)
+    assert found is not None and found.tier == "disk" and found.tokens == len(held)
+    assert restore_stream(_ctx(model), 0, found.entry.data, keep=found.tokens)
+    assert save_stream(_ctx(model), 0, keep=found.tokens) == data  # the cells came back bit for bit
+    model.decoder.kv.computed(0, prompt[: found.tokens])
+    for name in ("greedy", "seeded"):
+        got = generate(model, _request(prompt, SAMPLING[name]))
+        assert got == cold[(1, name)] and got.cached_tokens == found.tokens
+    model.close()
+
+
+def test_a_context_of_another_shape_refuses_the_bytes_and_its_stream_stays_empty(model_path, computed):
+    _prompts, _cold, _held, data = computed
+    model = _model(model_path, slots=2)  # llama.cpp's sequence state counts the context's streams
+    assert not restore_stream(_ctx(model), 1, data, keep=100)
+    assert stream_length(_ctx(model), 1) == 0
+    model.close()
