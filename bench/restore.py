@@ -34,7 +34,7 @@ from worker.prefix_cache import CacheKey, KvLayout, PrefixCache
 
 SLOTS = 4
 N_CTX = 1024
-FEW_SHOT = "".join(f"Q: what is {a} times {b}? A: {a * b}.\n" for a in range(2, 7) for b in range(3, 11))
+FEW_SHOT = "".join(f"Q: what is {a} times {b}? A: {a * b}.\n" for a in range(2, 6) for b in range(3, 10))
 PROMPT = FEW_SHOT + "Q: what is 7 times 8? A:"
 SIDES = ("prefilled", "from RAM", "from disk, warm", "from disk, cold")
 
