@@ -46,6 +46,7 @@ class Figures:
     state_bytes: int = 0
     first_token_ms: dict[str, list[float]] = field(default_factory=lambda: {side: [] for side in SIDES})
     restore_ms: dict[str, list[float]] = field(default_factory=lambda: {side: [] for side in SIDES[1:]})
+    lookup_ms: dict[str, list[float]] = field(default_factory=lambda: {side: [] for side in SIDES[1:]})
 
 
 def _model(path: str, threads: int, *, prompt_cache: bool = True) -> LoadedModel:
@@ -72,8 +73,11 @@ def _first_token(model: LoadedModel, tokens: list[int]) -> tuple[float, int]:
             return (time.perf_counter() - started) * 1000, finished.generation.token_ids[0]
 
 
-def _restored_first_token(model: LoadedModel, cache: PrefixCache, key: CacheKey, tokens: list[int]) -> tuple[float, float, int]:
-    """Lookup, restore into stream 1, the rest prefilled: total ms, restore-call ms, token."""
+def _restored_first_token(
+    model: LoadedModel, cache: PrefixCache, key: CacheKey, tokens: list[int]
+) -> tuple[float, float, float, int, int]:
+    """Lookup, restore into stream 1, the rest prefilled: total ms, lookup ms (a disk tier's
+    read and checksum in it), restore-call ms, the first token, and the tokens restored."""
     assert model.decoder is not None
     started = time.perf_counter()
     found = cache.lookup(key, tokens, limit=len(tokens) - 2)
@@ -86,7 +90,8 @@ def _restored_first_token(model: LoadedModel, cache: PrefixCache, key: CacheKey,
     assert ok
     model.decoder.kv.computed(1, tokens[: found.tokens])
     rest_ms, token = _first_token(model, tokens)
-    return (restore_started - started) * 1000 + restore_ms + rest_ms, restore_ms, token
+    lookup_ms = (restore_started - started) * 1000
+    return lookup_ms + restore_ms + rest_ms, lookup_ms, restore_ms, token, found.tokens
 
 
 def _drop_pages(directory: Path) -> None:
@@ -124,7 +129,7 @@ def run(*, rounds: int, threads: int) -> Figures:
     held = source.decoder.kv.holds(0)
     data = save_stream(_ctx(source), 0, keep=len(held))
     source.close()
-    figures.restored_tokens, figures.state_bytes = len(held), len(data)
+    figures.state_bytes = len(data)
     with tempfile.TemporaryDirectory(prefix="gpuq-bench-restore-") as directory:
         disk_dir = Path(directory)
         writer = PrefixCache.open(ram_limit_bytes=1 << 30, disk_dir=disk_dir, disk_limit_bytes=1 << 30)
@@ -142,10 +147,12 @@ def run(*, rounds: int, threads: int) -> Figures:
                     if side.endswith("cold"):
                         _drop_pages(disk_dir)
                 model = _model(path, threads)
-                ms, restore_ms, token = _restored_first_token(model, cache, key, tokens)
+                ms, lookup_ms, restore_ms, token, restored = _restored_first_token(model, cache, key, tokens)
                 model.close()
                 assert token == expected
+                figures.restored_tokens = restored
                 figures.first_token_ms[side].append(ms)
+                figures.lookup_ms[side].append(lookup_ms)
                 figures.restore_ms[side].append(restore_ms)
             print(
                 "  round: " + ", ".join(f"{side} {figures.first_token_ms[side][-1]:.1f} ms" for side in SIDES),
@@ -164,7 +171,12 @@ def report(figures: Figures, *, rounds: int, threads: int) -> str:
     ]
     for side in SIDES:
         runs = figures.first_token_ms[side]
-        restore = f"   restore call {median(figures.restore_ms[side]):6.2f} ms" if side in figures.restore_ms else ""
+        restore = (
+            f"   lookup {median(figures.lookup_ms[side]):6.2f} ms, "
+            f"restore call {median(figures.restore_ms[side]):6.2f} ms"
+            if side in figures.restore_ms
+            else ""
+        )
         lines.append(
             f"  {side:<16} {median(runs):8.1f} ms  {median(runs) / base:6.3f}x   "
             f"runs: {', '.join(f'{r:.1f}' for r in runs)}{restore}"

@@ -109,9 +109,7 @@ class PrefixCache:
         self._writer: threading.Thread | None = None
 
     @classmethod
-    def open(
-        cls, *, ram_limit_bytes: int, disk_dir: Path | None = None, disk_limit_bytes: int = 0
-    ) -> PrefixCache:
+    def open(cls, *, ram_limit_bytes: int, disk_dir: Path | None = None, disk_limit_bytes: int = 0) -> PrefixCache:
         """The cache as the settings describe it; a directory that cannot be made leaves the disk tier off."""
         disk = None
         if disk_dir is not None and disk_limit_bytes > 0:

@@ -25,6 +25,7 @@ the index. A file deleted between a lookup and its read is a miss.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -94,18 +95,20 @@ def read_header(f: BinaryIO, size: int) -> tuple[CacheKey, tuple[int, ...]]:
 
 
 def decode(blob: bytes) -> Entry:
-    """The entry a whole file holds (DamagedFile: truncated, corrupt or of another format)."""
+    """The entry a whole file holds (DamagedFile: truncated, corrupt or of another format).
+    Through a memoryview: the data (megabytes) is copied once, into the entry."""
     if len(blob) < HEADER.size + CHECKSUM_BYTES:
         raise DamagedFile("shorter than its header")
-    body, checksum = blob[:-CHECKSUM_BYTES], blob[-CHECKSUM_BYTES:]
+    view = memoryview(blob)
+    body, checksum = view[:-CHECKSUM_BYTES], view[-CHECKSUM_BYTES:]
     if hashlib.blake2b(body, digest_size=CHECKSUM_BYTES).digest() != checksum:
         raise DamagedFile("checksum mismatch")
     magic, namespace, layout, n_tokens, data_bytes = HEADER.unpack_from(body)
     if magic != MAGIC or len(body) != HEADER.size + 4 * n_tokens + data_bytes:
         raise DamagedFile("not a cache file of this format")
     tokens_end = HEADER.size + 4 * n_tokens
-    tokens = struct.unpack(f"<{n_tokens}i", body[HEADER.size : tokens_end])
-    return Entry.make(CacheKey(namespace, layout), tokens, body[tokens_end:])
+    tokens = struct.unpack_from(f"<{n_tokens}i", body, HEADER.size)
+    return Entry.make(CacheKey(namespace, layout), tokens, bytes(body[tokens_end:]))
 
 
 class DiskTier:
@@ -148,7 +151,9 @@ class DiskTier:
         except OSError as exc:
             if exc.errno in FULL_ERRNOS:
                 self.enabled = False
-                log.warning("prefix cache: %s is full (%s); the disk tier is off until the worker restarts", self.directory, exc)
+                log.warning(
+                    "prefix cache: %s is full (%s); the disk tier is off until the worker restarts", self.directory, exc
+                )
             else:
                 log.warning("prefix cache: could not write %s: %s", self.directory / name, exc)
             return False
@@ -187,10 +192,8 @@ class DiskTier:
         with self._lock:
             if name in self._files:
                 self._touch(name)
-        try:
+        with contextlib.suppress(OSError):
             os.utime(path)  # the LRU order survives a restart
-        except OSError:
-            pass
         return entry
 
     # ------------------------------------------------------------- files

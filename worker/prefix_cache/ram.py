@@ -105,13 +105,15 @@ class RamTier:
 
     def _covered_by(self, entry: Entry) -> list[int]:
         """Kept starts of the same key that are prefixes of ``entry``'s tokens."""
-        covered = []
-        for entry_id, old in self._entries.items():
-            if old.key == entry.key and len(old.tokens) <= len(entry.tokens):
-                if old.chain and old.chain[-1] == entry.chain[len(old.chain) - 1]:
-                    if entry.tokens[: len(old.tokens)] == old.tokens and entry_id not in self._pins:
-                        covered.append(entry_id)
-        return covered
+        return [
+            entry_id
+            for entry_id, old in self._entries.items()
+            if old.key == entry.key
+            and len(old.tokens) <= len(entry.tokens)
+            and old.chain[-1] == entry.chain[len(old.chain) - 1]  # kept entries have a block at least
+            and entry.tokens[: len(old.tokens)] == old.tokens
+            and entry_id not in self._pins
+        ]
 
     def _make_room(self, size: int) -> bool:
         """Evicts the least recently used unpinned entries until ``size`` more bytes fit."""

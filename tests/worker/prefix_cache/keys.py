@@ -24,7 +24,9 @@ LAYOUT = KvLayout(
 MODEL = hashlib.blake2b(b"smollm2", digest_size=16).digest()
 
 
-def key(tenant: str | None = "acme", *, model: bytes = MODEL, layout: KvLayout = LAYOUT, shared: bool = False) -> CacheKey:
+def key(
+    tenant: str | None = "acme", *, model: bytes = MODEL, layout: KvLayout = LAYOUT, shared: bool = False
+) -> CacheKey:
     return CacheKey.of(namespace_salt(model, cache_scope(tenant, shared=shared)), layout)
 
 

@@ -9,7 +9,6 @@ import signal
 import stat
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -31,7 +30,7 @@ def test_a_saved_start_is_found_after_a_restart_in_a_private_directory(tmp_path)
     saved = entry(FAMILY)
     assert tier.put(saved)
     again = DiskTier(directory, BIG)  # the worker restarted: the index is rebuilt from the files
-    name, shared = again.longest(key(), FAMILY + [1, 2, 3], limit=121)
+    name, shared = again.longest(key(), [*FAMILY, 1, 2, 3], limit=121)
     assert shared == 120
     loaded = again.load(name, key())
     assert loaded.tokens == saved.tokens and loaded.data == saved.data
@@ -211,7 +210,7 @@ def test_a_start_written_through_to_disk_is_found_by_the_next_process_and_read_i
     first.save(key(), FAMILY, b"cells" * 1000)
     first.close()
     second = PrefixCache.open(ram_limit_bytes=BIG, disk_dir=tmp_path, disk_limit_bytes=BIG)
-    prompt = FAMILY[:90] + [4, 4, 4]
+    prompt = [*FAMILY[:90], 4, 4, 4]
     found = second.lookup(key(), prompt, limit=len(prompt) - 2)
     assert (found.tier, found.tokens, found.entry.data) == ("disk", 90, b"cells" * 1000)
     with second.restoring(found):

@@ -15,7 +15,7 @@ def test_the_longest_shared_start_wins_down_to_the_token_and_within_the_limit():
     family = start(1, 100)
     ram.put(entry(family))
     ram.put(entry(family[:40] + start(2, 60)))  # shares 40 tokens (two blocks and 8) with the first
-    prompt = family[:57] + [5, 5, 5, 5]
+    prompt = [*family[:57], 5, 5, 5, 5]
     found = ram.longest(key(), prompt, limit=len(prompt) - 2)
     assert found is not None
     saved, shared = found
