@@ -123,11 +123,16 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.ram.limit_bytes > 0 or (self.disk is not None and self.disk.enabled)
 
-    def lookup(self, key: CacheKey, tokens: Sequence[int], *, limit: int) -> Found | None:
-        """The saved start sharing the most of ``tokens`` (at most ``limit``: what the engine
-        may reuse of this prompt), from RAM or disk; None, counted as a miss, when none shares a block."""
+    def lookup(self, key: CacheKey, tokens: Sequence[int], *, limit: int, unit: int = 1) -> Found | None:
+        """The saved start sharing the most of ``tokens``, from RAM or disk, as many of its
+        tokens as the engine may reuse of this prompt: at most ``limit``, a multiple of ``unit``
+        (the prefill chunk where only whole chunks are reused). None, counted as a miss, when
+        none shares a block."""
+        limit = limit // unit * unit
         in_ram = self.ram.longest(key, tokens, limit=limit)
         on_disk = self.disk.longest(key, tokens, limit=limit) if self.disk is not None else None
+        in_ram = None if in_ram is None or in_ram[1] < unit else (in_ram[0], in_ram[1] // unit * unit)
+        on_disk = None if on_disk is None or on_disk[1] < unit else (on_disk[0], on_disk[1] // unit * unit)
         found: Found | None = None
         if on_disk is not None and (in_ram is None or on_disk[1] > in_ram[1]):
             entry = self.disk.load(on_disk[0], key) if self.disk is not None else None

@@ -7,7 +7,7 @@ import pytest
 
 from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
 from tests.worker.generation import THREADS, generate
-from worker.decoding import FLASH_ATTN_CHUNK_TOKENS
+from worker.decoding import FLASH_ATTN_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS
 from worker.decoding.kv_state import restore_stream, save_stream, stream_length
 from worker.engine import LoadedModel
 from worker.prefix_cache import CacheKey, KvLayout, PrefixCache
@@ -23,10 +23,17 @@ MAX_TOKENS = 12
 SAMPLING = {"greedy": GREEDY, "seeded": SEEDED}
 
 
-def _model(model_path, slots=SLOTS, *, prompt_cache=True):
+def _model(model_path, slots=SLOTS, *, prompt_cache=True, any_prefix=True):
     # The CPU defaults: flash attention on, any common prefix reused (passes of at most 63 rows).
     return LoadedModel(
-        model_path, n_ctx=N_CTX, embedding=False, threads=THREADS, gpu_layers=0, slots=slots, prompt_cache=prompt_cache
+        model_path,
+        n_ctx=N_CTX,
+        embedding=False,
+        threads=THREADS,
+        gpu_layers=0,
+        slots=slots,
+        prompt_cache=prompt_cache,
+        any_prefix=any_prefix,
     )
 
 
@@ -38,10 +45,12 @@ def _ctx(model):
     return model.decoder._ctx.ctx  # the decoder's llama_context_p (wiring will hand it to the cache)
 
 
-def _key(model_path):
+def _key(model_path, *, any_prefix=True):
     layout = KvLayout(
         type_k=1, type_v=1, kv_unified=False, n_seq_max=SLOTS, n_ctx_seq=N_CTX, flash_attn=True,
-        reuse="any-prefix", chunk_tokens=FLASH_ATTN_CHUNK_TOKENS, gpu_layers=0, llama_version="0.3.36",
+        reuse="any-prefix" if any_prefix else "whole-chunks",
+        chunk_tokens=FLASH_ATTN_CHUNK_TOKENS if any_prefix else PREFILL_CHUNK_TOKENS,
+        gpu_layers=0, llama_version="0.3.36",
     )  # fmt: skip
     return CacheKey.of(namespace_salt(model_fingerprint(model_path), cache_scope("acme", shared=False)), layout)
 
@@ -110,6 +119,31 @@ def test_a_start_restored_from_disk_into_a_fresh_context_gives_the_same_text(mod
         got = generate(model, _request(prompt, SAMPLING[name]))
         assert got == cold[(1, name)] and got.cached_tokens == found.tokens
     model.close()
+
+
+def test_with_whole_chunk_reuse_a_restored_start_gives_the_text_it_was_computed_with(model_path):
+    """A GPU's default: only whole 64-token chunks are reusable, each computed in a pass of its own."""
+    cold_model = _model(model_path, prompt_cache=False, any_prefix=False)
+    prompt = cold_model.prompt_tokens({"prompt": FEW_SHOT + QUESTIONS[0]})
+    cold = generate(cold_model, _request(prompt, GREEDY))
+    cold_model.close()
+    model = _model(model_path, any_prefix=False)
+    assert generate(model, _request(prompt, GREEDY)) == cold
+    held = model.decoder.kv.holds(0)
+    assert len(held) == len(prompt) // PREFILL_CHUNK_TOKENS * PREFILL_CHUNK_TOKENS  # the last partial chunk is not
+    data = save_stream(_ctx(model), 0, keep=len(held))
+    model.close()
+    cache = PrefixCache(ram_limit_bytes=1 << 30)
+    cache.save(_key(model_path, any_prefix=False), held, data)
+    fresh = _model(model_path, any_prefix=False)
+    found = cache.lookup(_key(model_path, any_prefix=False), prompt, limit=len(prompt) - 1, unit=PREFILL_CHUNK_TOKENS)
+    assert found is not None and found.tokens == len(held)
+    assert restore_stream(_ctx(fresh), 1, found.entry.data, keep=found.tokens)
+    fresh.decoder.kv.computed(1, prompt[: found.tokens])
+    got = generate(fresh, _request(prompt, GREEDY))
+    assert got == cold and got.cached_tokens == len(held)
+    assert cache.lookup(_key(model_path), prompt, limit=len(prompt) - 2) is None  # not under any-prefix's key
+    fresh.close()
 
 
 def test_a_context_of_another_shape_refuses_the_bytes_and_its_stream_stays_empty(model_path, computed):
