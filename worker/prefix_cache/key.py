@@ -23,7 +23,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuq.prefix_blocks import DIGEST_BYTES
+from gpuq.prefix_blocks import DIGEST_BYTES, cache_scope, namespace_salt
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,12 @@ class CacheKey:
     @classmethod
     def of(cls, namespace: bytes, layout: KvLayout) -> CacheKey:
         return cls(namespace, layout.digest())
+
+    @classmethod
+    def for_job(cls, *, model_fingerprint: bytes, owner: str | None, shared: bool, layout: KvLayout) -> CacheKey:
+        """A job's key: its model file, its tenant (``jobs.owner``) unless the cache is shared
+        (``GPUQ_WORKER_PREFIX_CACHE_SHARED_TENANTS``), and the context's layout."""
+        return cls.of(namespace_salt(model_fingerprint, cache_scope(owner, shared=shared)), layout)
 
     @property
     def raw(self) -> bytes:

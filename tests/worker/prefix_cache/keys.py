@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 
-from gpuq.prefix_blocks import cache_scope, namespace_salt
 from worker.prefix_cache.entry import Entry
 from worker.prefix_cache.key import CacheKey, KvLayout
 
@@ -27,7 +26,7 @@ MODEL = hashlib.blake2b(b"smollm2", digest_size=16).digest()
 def key(
     tenant: str | None = "acme", *, model: bytes = MODEL, layout: KvLayout = LAYOUT, shared: bool = False
 ) -> CacheKey:
-    return CacheKey.of(namespace_salt(model, cache_scope(tenant, shared=shared)), layout)
+    return CacheKey.for_job(model_fingerprint=model, owner=tenant, shared=shared, layout=layout)
 
 
 def start(seed: int, length: int) -> list[int]:
