@@ -13,6 +13,19 @@ restore see what they would have seen in the stream that computed them
 (tests/worker/decoding/test_kv_state.py decodes after a restore into another stream and into
 another context and compares the texts and log-probabilities with the stream's own).
 
+**Copies not yet applied.** llama.cpp copies a whole stream (``llama_memory_seq_cp`` across
+streams: ``Copy`` in ``kv_streams.py``) at the next ``llama_decode``: the destination's cells
+are marked at once, their K and V rows are copied later. Saving and restoring read and write
+the rows at once, so, between two decodes (measured, tests/worker/decoding/test_kv_state.py):
+
+- never save a stream that a copy not yet applied goes into (the saved rows are the old ones);
+- never restore into a stream that a copy not yet applied comes from (the copy would carry the
+  restored rows into its destination).
+
+The engine saves a free stream before ``KvStreams.place`` hands it to a new sequence (a free
+stream is never a copy's destination), and restores only into a stream that no copy since the
+last decode came from (else into another free stream, or at the next step).
+
 Only a stream's *reusable* cells are worth keeping (``kv_streams.py``: the prompt tokens
 computed in whole chunks, or in passes of two rows or more with any common prefix); the cells
 after them (a completion's, a prompt's last partial chunk) are removed before saving and again

@@ -3,6 +3,8 @@ engine, evicted from its stream, restored from the prefix cache's RAM tier into 
 or from its disk tier into a fresh context, gives the text and log-probabilities (every raw
 logit the sampler saw, to the bit) that the stream that computed it gives."""
 
+import llama_cpp
+import numpy as np
 import pytest
 
 from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
@@ -152,3 +154,53 @@ def test_a_context_of_another_shape_refuses_the_bytes_and_its_stream_stays_empty
     assert not restore_stream(_ctx(model), 1, data, keep=100)
     assert stream_length(_ctx(model), 1) == 0
     model.close()
+
+
+def test_copies_not_yet_applied_are_what_saves_and_restores_must_wait_for(model_path):
+    """llama.cpp copies a stream's rows at the next decode: a restore into a pending copy's source
+    changes what the copy carries, a save of a pending copy's destination reads the old rows;
+    after a decode both are safe (the rule kv_state.py states for the wiring)."""
+    model = _model(model_path)
+    ctx, memory = _ctx(model), llama_cpp.llama_get_memory(_ctx(model))
+    batch = llama_cpp.llama_batch_init(64, 0, 1)
+    n_vocab = model.decoder._n_vocab
+
+    def decode(rows):
+        batch.n_tokens = len(rows)
+        for i, (token, pos, stream, logits) in enumerate(rows):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, logits
+            batch.seq_id[i][0] = stream
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+
+    def prefill(stream, first):
+        for start in (0, 50):
+            decode([(first + p, p, stream, False) for p in range(start, start + 50)])
+
+    def differ(s1, s2):
+        """The largest logit difference of the same next token in two streams (0: the same cells)."""
+        decode([(7, 100, s1, True), (7, 100, s2, True)])
+        rows = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() for i in (0, 1)]
+        for s in (s1, s2):
+            llama_cpp.llama_memory_seq_rm(memory, s, 100, -1)
+        return float(np.abs(rows[0] - rows[1]).max())
+
+    try:
+        prefill(0, 100)
+        llama_cpp.llama_memory_seq_cp(memory, 0, 1, -1, -1)
+        early = save_stream(ctx, 1, keep=100)  # its copy not applied yet
+        assert restore_stream(ctx, 3, early, keep=100)
+        assert differ(0, 3) > 1  # the saved rows were not stream 0's
+        llama_cpp.llama_memory_seq_rm(memory, 3, -1, -1)
+        prefill(2, 3000)
+        other, first = save_stream(ctx, 2, keep=100), save_stream(ctx, 0, keep=100)
+        llama_cpp.llama_memory_seq_cp(memory, 0, 3, -1, -1)
+        assert restore_stream(ctx, 0, other, keep=100)  # into the source of a copy not applied yet
+        assert differ(3, 2) == 0  # the copy carried the restored rows, not stream 0's
+        llama_cpp.llama_memory_seq_cp(memory, 2, 1, -1, -1)
+        assert restore_stream(ctx, 3, first, keep=100)
+        assert differ(1, 2) == 0  # a decode applied the copy ...
+        assert restore_stream(ctx, 2, first, keep=100)  # ... so a restore into its source is safe now
+        assert differ(1, 0) == 0 and differ(2, 3) == 0
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        model.close()
