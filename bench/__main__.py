@@ -19,6 +19,7 @@ from bench import (
     invariance,
     model_swap,
     peer,
+    restore,
     scoring,
     soak,
     stats_bench,
@@ -514,6 +515,11 @@ def bench_invariance(args: argparse.Namespace) -> None:
         print(f"invariance: flash attention {'on' if flash_attn else 'off'}, {exact} of {len(own)} exact")
 
 
+def bench_restore(args: argparse.Namespace) -> None:
+    figures = restore.run(rounds=args.rounds, threads=args.threads)
+    print(restore.report(figures, rounds=args.rounds, threads=args.threads))
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -535,6 +541,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "structured-replay": bench_structured_replay,
     "scoring": bench_scoring,
     "invariance": bench_invariance,
+    "restore": bench_restore,
 }
 
 

@@ -113,6 +113,24 @@ class Settings(BaseSettings):
         "kept exact on the CPU by two rules (docs/architecture.md); false: llama-cpp-python's Llama's own "
         "computation, which gives Llama's texts token for token",
     )
+    worker_prefix_cache_ram_bytes: int = Field(
+        -1,
+        ge=-1,
+        description="host RAM for prompt starts kept beyond the KV slots (the prefix cache's RAM tier); -1: a "
+        "quarter of the host's available memory at the worker's start, shared among its workers, at most 8 GiB "
+        "each; 0: off (docs/architecture.md, 'Prefix cache tiers')",
+    )
+    worker_prefix_cache_dir: str = Field(
+        "", description="a directory (0700) for the prefix cache's disk tier, kept across restarts; empty: no disk tier"
+    )
+    worker_prefix_cache_disk_bytes: int = Field(
+        20 * 1024**3, ge=0, description="the disk tier's bound; the least recently used files go first"
+    )
+    worker_prefix_cache_shared_tenants: bool = Field(
+        False,
+        description="one prefix cache for all tenants of a model; false (the default): each tenant's cached starts "
+        "are its own, so no tenant learns from timing how another's prompts start",
+    )
     log_level: str = Field(
         "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"
     )
