@@ -56,28 +56,27 @@ def serve_api(settings: Settings) -> Iterator[str]:
 def run_demo(settings: Settings, *, workers: int = 1) -> int:
     started = time.monotonic()
     # With the optional second model installed, it answers the first question too: one worker
-    # then swaps between two real models of two architectures.
+    # then swaps between two real models of two architectures. It is a base model with no chat
+    # template, so it is asked a plain prompt.
     second = second_model_installed()
     if second:
         settings = settings.model_copy(update={"register_second_model": True})
-    asked = [(BUNDLED_MODEL_NAME, priority, question) for priority, question in QUESTIONS]
-    asked += [(SECOND_MODEL_NAME, "high", QUESTIONS[0][1])] if second else []
+    chat = {"max_tokens": 48, "temperature": 0.0, "seed": 42}
+    asked = [
+        (BUNDLED_MODEL_NAME, priority, question, chat | {"messages": [{"role": "user", "content": question}]})
+        for priority, question in QUESTIONS
+    ]
+    if second:
+        plain = {"prompt": f"Q: {QUESTIONS[0][1]}\nA:", "stop": ["\n"], "max_tokens": 24, "temperature": 0.0}
+        asked.append((SECOND_MODEL_NAME, "high", QUESTIONS[0][1], plain))
     with only_warnings(), embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
         client = GpuqClient(url, api_key=system.api_key)
         client.wait_ready()
         click.echo(f"gpuq is up at {url} (database {system.settings.database_url}, Redis {system.settings.redis_url})")
         jobs = client.submit_many(
             [
-                {
-                    "kind": "generate",
-                    "model": model,
-                    "priority": priority,
-                    "messages": [{"role": "user", "content": question}],
-                    "max_tokens": 48,
-                    "temperature": 0.0,
-                    "seed": 42,
-                }
-                for model, priority, question in asked
+                {"kind": "generate", "model": model, "priority": priority} | request
+                for model, priority, _question, request in asked
             ]
             + [{"kind": "embed", "model": BUNDLED_MODEL_NAME, "input": TEXTS}]
         )
@@ -85,7 +84,7 @@ def run_demo(settings: Settings, *, workers: int = 1) -> int:
         done = [client.wait(job["id"], timeout_s=300) for job in jobs]
         client.close()
     failures = 0
-    for (model, priority, question), job in zip(asked, done[:-1], strict=True):
+    for (model, priority, question, _request), job in zip(asked, done[:-1], strict=True):
         click.echo(f"\n[{priority}] {question}" + (f" ({model})" if model != BUNDLED_MODEL_NAME else ""))
         if job["status"] != "succeeded":
             failures += 1
