@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,29 @@ def test_the_estimate_matches_what_llama_cpp_allocates_for_smollm2():
         estimate = estimated[kind]
         assert estimate.kv_cache_mib == kv_mib, json.dumps(measured)
         assert 0.97 <= estimate.compute_mib / compute_mib <= 1.03, json.dumps(measured)
+
+
+def test_the_estimate_matches_what_llama_cpp_allocates_for_gemma3(second_model_path):
+    """The second architecture: Gemma 3 270M interleaves sliding-window layers, for which
+    llama.cpp keeps a second KV cache (at full size: ``swa_full``, llama-cpp-python's default),
+    and has a 262,144-token vocabulary, so its compute buffers are the larger part. Measured
+    here at 2,048 tokens, K=4: KV 24 + 120 MiB (estimate 144.0, exact), compute 514.50 MiB
+    (estimate 517.25, 1.005); embeddings: KV 6 + 30 MiB (36.0), compute 2,095.05 MiB (2,069.0,
+    0.988)."""
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, second_model_path, "4", "2048"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    shape = read_metadata(Path(second_model_path)).shape
+    generation_log, embedding_log = done.stderr.split("@@ embed")
+    for log, estimate in (
+        (generation_log, estimate_generation(shape, n_ctx=2048, slots=4)),
+        (embedding_log, estimate_embedding(shape, n_ctx=2048)),
+    ):
+        kv_buffers = [float(mib) for mib in re.findall(r"KV buffer size =\s*([\d.]+) MiB", log)]
+        _kv, compute_mib = _allocated_mib(log)
+        assert len(kv_buffers) == 2 and estimate.kv_cache_mib == sum(kv_buffers), log[-2000:]
+        assert 0.97 <= estimate.compute_mib / compute_mib <= 1.03, (estimate, compute_mib)
