@@ -9,6 +9,7 @@ is a gpuq batch (gpuq/batches/message_batches.py).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from anyio import to_thread
@@ -191,13 +192,21 @@ async def create_message_batch(
                     api_key_id=caller.key_id,
                     admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=count, submissions=1),
                 ).id
-            except BaseException:
+            except BaseException as exc:
                 session.rollback()
                 delete_stored_file(session, file)  # a refused batch leaves nothing behind
+                if isinstance(exc, RequestError):  # its lines are the requests, counted from 0
+                    raise RequestError(exc.status, _requests_named(exc.message), param=exc.param) from None
                 raise
 
     batch_id = await to_thread.run_sync(start)
     return await _object(request, db, await _message_batch(db, caller, batch_id))
+
+
+def _requests_named(message: str) -> str:
+    """The batch engine's "line N" as the request it is, ``requests[N - 1]``."""
+    named = re.sub(r"\bline (\d+)", lambda found: f"requests[{int(found.group(1)) - 1}]", message)
+    return named.replace(" invalid lines: ", " invalid requests: ")
 
 
 @router.get("/messages/batches/{batch_id}", response_model=MessageBatch, responses=_errors(404))

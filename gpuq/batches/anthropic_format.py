@@ -143,10 +143,13 @@ def _system(system: str | list[TextBlock] | None) -> list[dict[str, Any]]:
 
 def _messages(messages: list[InputMessage]) -> list[dict[str, Any]]:
     if messages[-1].role == "assistant":
-        raise unsupported(
-            f"messages[{len(messages) - 1}]",
-            "a last message from the assistant (a prefill: the chat template starts a new turn); end with a "
-            "user message, and",
+        where = f"messages[{len(messages) - 1}]"
+        raise RequestError(
+            400,
+            f"{where}: a last message from the assistant (a prefill) is not supported by gpuq: the chat template "
+            "starts a new turn instead of continuing it; end with a user message",
+            param=where,
+            code="unsupported_parameter",
         )
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
