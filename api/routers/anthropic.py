@@ -23,8 +23,8 @@ from api.deps import CallerDep, SessionDep, StateDep, visible_batch
 from api.schemas.anthropic import (
     AnthropicErrorBody,
     CountTokensCreate,
+    AnthropicMessage,
     InputTokens,
-    Message,
     MessageBatch,
     MessageBatchCreate,
     MessageBatchDeleted,
@@ -84,7 +84,7 @@ def not_found(model: str) -> str:
 
 @router.post(
     "/messages",
-    response_model=Message,
+    response_model=AnthropicMessage,
     responses={
         200: {
             "description": "the message (header X-Gpuq-Job-Id: its job)",

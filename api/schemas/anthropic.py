@@ -17,9 +17,9 @@ from gpuq.batches.message_batches import MAX_REQUESTS
 __all__ = [
     "AnthropicError",
     "AnthropicErrorBody",
+    "AnthropicMessage",
     "CountTokensCreate",
     "InputTokens",
-    "Message",
     "MessageBatch",
     "MessageBatchCreate",
     "MessageBatchDeleted",
@@ -49,14 +49,14 @@ class AnthropicErrorBody(BaseModel):
     error: AnthropicError
 
 
-class Usage(BaseModel):
+class MessageUsage(BaseModel):
     input_tokens: int = Field(description="prompt tokens evaluated (those read from the cache are apart)")
     output_tokens: int
     cache_read_input_tokens: int = Field(description="prompt tokens the worker reused from its cache")
     cache_creation_input_tokens: int = Field(description="always 0: gpuq caches prompt starts unasked")
 
 
-class ContentBlock(BaseModel):
+class MessageContentBlock(BaseModel):
     """A ``text`` block (``text``) or a ``tool_use`` block (``id``, ``name``, ``input``)."""
 
     type: Literal["text", "tool_use"]
@@ -66,22 +66,22 @@ class ContentBlock(BaseModel):
     input: dict[str, Any] | None = None
 
 
-class Message(BaseModel):
+class AnthropicMessage(BaseModel):
     id: str = Field(description="msg_<job id>: the gpuq job that answered (GET /v1/jobs/{id})")
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[ContentBlock]
+    content: list[MessageContentBlock]
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
     stop_sequence: str | None
-    usage: Usage
+    usage: MessageUsage
 
 
 class InputTokens(BaseModel):
     input_tokens: int
 
 
-class BatchRequest(BaseModel):
+class MessageBatchRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # checked with the params, naming the request
     custom_id: str = Field(description="1 to 64 letters, digits, _ or -; unique in the batch")
     params: dict[str, Any] = Field(description="a Messages request (POST /v1/messages's body), not streamed")
@@ -89,14 +89,14 @@ class BatchRequest(BaseModel):
 
 class MessageBatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    requests: list[BatchRequest] = Field(min_length=1, max_length=MAX_REQUESTS)
+    requests: list[MessageBatchRequest] = Field(min_length=1, max_length=MAX_REQUESTS)
     priority: PriorityName = Field(
         "low", validate_default=True, description="gpuq extension: batches default below interactive jobs"
     )
     webhook_url: HttpUrl | None = Field(None, description="gpuq extension: POSTed a signed event when it ends")
 
 
-class RequestCounts(BaseModel):
+class MessageBatchRequestCounts(BaseModel):
     processing: int
     succeeded: int
     errored: int
@@ -108,7 +108,7 @@ class MessageBatch(BaseModel):
     id: str
     type: Literal["message_batch"] = "message_batch"
     processing_status: Literal["in_progress", "canceling", "ended"]
-    request_counts: RequestCounts
+    request_counts: MessageBatchRequestCounts
     created_at: str
     expires_at: str
     ended_at: str | None

@@ -101,8 +101,7 @@ class MessageCreate(BaseModel):
         messages = [*_system(self.system), *_messages(self.messages)]
         given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
         return generation(
-            **DEFAULTS,
-            **{k: v for k, v in given.items() if v is not None},
+            **(DEFAULTS | {k: v for k, v in given.items() if v is not None}),
             max_tokens=self.max_tokens,
             stop=stops,
             messages=messages,

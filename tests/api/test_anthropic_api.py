@@ -116,11 +116,11 @@ def test_count_tokens_counts_the_system_the_messages_and_the_tools(client, job_r
         return int(response.json()["input_tokens"])
 
     messages = ASK["messages"]
-    plain = count(messages=messages)
-    with_system = count(messages=messages, system=[{"type": "text", "text": "You answer in French, always."}])
-    with_tools = count(messages=messages, tools=[TOOL])
-    assert 0 < plain < with_system and plain < with_tools
-    assert count(messages=messages, system="You answer in French, always.") == with_system  # a string or blocks
+    brief = count(messages=messages, system=[{"type": "text", "text": "You answer in French."}])
+    longer = count(messages=messages, system="You answer in French. " * 10)
+    with_tools = count(messages=messages, system="You answer in French.", tools=[TOOL])
+    assert 0 < brief < longer and brief < with_tools
+    assert count(messages=messages, system="You answer in French.") == brief  # a string or blocks, the same
     assert job_rows() == []  # nothing ran
     refused = client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": messages, "max_tokens": 5})
     assert "max_tokens: Extra inputs are not permitted" in anthropic_error(refused, 400)
@@ -232,7 +232,7 @@ def test_message_batches_page_as_anthropic_pages_them(client):
 def test_the_openapi_document_declares_anthropics_routes_and_error_shape(client):
     doc = client.get("/openapi.json").json()
     create = doc["paths"]["/v1/messages"]["post"]
-    assert create["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/Message")
+    assert create["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/AnthropicMessage")
     assert "text/event-stream" in create["responses"]["200"]["content"]
     assert "422" not in create["responses"]
     for status in ("400", "401", "404", "413", "500"):
