@@ -72,7 +72,10 @@ _bearer = HTTPBearer(scheme_name="apiKey", description="a gpuq API key (`gpuq ke
 # too), it is the same key either way, and one rule is simpler to document and to audit.
 # Listed as a second scheme, so the OpenAPI document offers either.
 _x_api_key = APIKeyHeader(
-    name="x-api-key", scheme_name="xApiKey", description="a gpuq API key, as the anthropic SDK sends it", auto_error=False
+    name="x-api-key",
+    scheme_name="xApiKey",
+    description="a gpuq API key, as the anthropic SDK sends it",
+    auto_error=False,
 )
 
 

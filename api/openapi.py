@@ -66,7 +66,11 @@ def _declare_errors(path: str, operation: dict[str, Any]) -> None:
         if status < 400:
             continue
         schema = response.get("content", {}).get("application/json", {}).get("schema")
-        if schema is None or schema.get("$ref", "").rsplit("/", 1)[-1] in (*_FASTAPI_ERROR_SCHEMAS, "ErrorBody", "AnthropicErrorBody"):
+        if schema is None or schema.get("$ref", "").rsplit("/", 1)[-1] in (
+            *_FASTAPI_ERROR_SCHEMAS,
+            "ErrorBody",
+            "AnthropicErrorBody",
+        ):
             response["content"] = {"application/json": {"schema": body}}
             if status in ERROR_DESCRIPTIONS and response.get("description", "Validation Error") == "Validation Error":
                 response["description"] = ERROR_DESCRIPTIONS[status]

@@ -226,7 +226,9 @@ def bench_message_batch_start(args: argparse.Namespace) -> None:
     for count in args.start_lines:
         with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
             costs.append(batch_start.measure_messages(db, redis_url, workdir, count))
-    print(f"\nmessage batch start: inline requests of ~{batch_start.LINE_BYTES} bytes, the API's resident memory in MiB")
+    print(
+        f"\nmessage batch start: inline requests of ~{batch_start.LINE_BYTES} bytes, the API's resident memory in MiB"
+    )
     for c in costs:
         print(
             f"  {c.lines:>6} requests  {c.seconds:7.1f} s ({c.seconds_per_10k:5.1f} s per 10k)  memory before "

@@ -86,7 +86,14 @@ def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
 
 
 def run_gpuq(
-    database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, reuse: bool, messages: bool = False
+    database_url: str,
+    redis_url: str,
+    workdir: Path,
+    *,
+    threads: int,
+    max_tokens: int,
+    reuse: bool,
+    messages: bool = False,
 ) -> Run:
     """gpuq's chat completions stream; ``messages``: its Anthropic Messages stream instead."""
     # One slot, as the direct side decodes one sequence: this measures the path around it.
@@ -140,7 +147,10 @@ def _stream_all_messages(client: anthropic.Anthropic, max_tokens: int) -> Run:
         asked = time.perf_counter()
         pieces: list[str] = []
         with client.messages.stream(
-            model=BUNDLED_MODEL_NAME, messages=_messages(prompt), max_tokens=max_tokens, temperature=0.0
+            model=BUNDLED_MODEL_NAME,
+            messages=_messages(prompt),
+            max_tokens=max_tokens,
+            extra_body={"temperature": 0.0},  # greedy, as the other sides (the SDK no longer types it)
         ) as stream:
             for text in stream.text_stream:
                 if text:

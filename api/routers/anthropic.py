@@ -22,8 +22,8 @@ from api.calls import DropinCallDep
 from api.deps import CallerDep, SessionDep, StateDep, visible_batch
 from api.schemas.anthropic import (
     AnthropicErrorBody,
-    CountTokensCreate,
     AnthropicMessage,
+    CountTokensCreate,
     InputTokens,
     MessageBatch,
     MessageBatchCreate,

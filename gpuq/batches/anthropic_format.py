@@ -13,6 +13,9 @@ engine never learns a third vocabulary:
   ``tool_choice`` ``auto``/``any``/``tool``/``none`` OpenAI's ``auto``/``required``/a named
   function/``none``: ``any`` and ``tool`` are enforced while sampling (gpuq/jobs/tool_calls.py).
 
+``output_config.format`` (a JSON schema, what the SDK's ``messages.parse`` sends) is enforced
+while sampling, as OpenAI's ``response_format`` is.
+
 What gpuq cannot honour is a 400 naming it, never dropped: image and document blocks,
 server tools, extended thinking, an assistant prefill (the template starts a new turn, it
 does not continue one). ``cache_control`` is accepted and changes nothing: gpuq's workers
@@ -31,6 +34,7 @@ from gpuq.batches.openai_format import tool_fields
 from gpuq.db.tables import Job
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
+from gpuq.jobs.constraint import enforceable
 from gpuq.jobs.request import MAX_STOP_SEQUENCES, OPENAI_DEFAULTS, GenerationParams, generation, refusal
 
 MESSAGES = "/v1/messages"
@@ -86,6 +90,10 @@ class MessageCreate(BaseModel):
     stream: bool = False
     thinking: dict[str, Any] | None = Field(None, description='only {"type": "disabled"}: no reasoning models')
     service_tier: Literal["auto", "standard_only"] | None = Field(None, description="accepted; changes nothing")
+    cache_control: dict[str, Any] | None = Field(None, description="accepted; gpuq reuses cached prompt starts unasked")
+    output_config: dict[str, Any] | None = Field(
+        None, description='structured output: {"format": {"type": "json_schema", "schema": {...}}}, enforced'
+    )
 
     def to_request(self) -> GenerationParams:
         """gpuq's generation request; a 400 naming the first thing gpuq cannot honour."""
@@ -99,12 +107,16 @@ class MessageCreate(BaseModel):
         if any(not s for s in stops):
             raise RequestError(400, "stop_sequences: each must be a non-empty string", param="stop_sequences")
         messages = [*_system(self.system), *_messages(self.messages)]
+        schema = _output_schema(self.output_config)
+        if schema is not None and self.tools:
+            raise unsupported("output_config.format", "a JSON format beside tools")
         given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
         return generation(
             **(DEFAULTS | {k: v for k, v in given.items() if v is not None}),
             max_tokens=self.max_tokens,
             stop=stops,
             messages=messages,
+            json_schema=schema,
             **_tools(self.tools, self.tool_choice),
         )
 
@@ -119,6 +131,8 @@ class CountTokensCreate(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
 
     def to_request(self) -> GenerationParams:
         return MessageCreate(
@@ -129,10 +143,32 @@ class CountTokensCreate(BaseModel):
             tools=self.tools,
             tool_choice=self.tool_choice,
             thinking=self.thinking,
+            output_config=self.output_config,
         ).to_request()
 
 
 # ---------------------------------------------------------------- request in
+
+
+def _output_schema(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``output_config.format`` as the JSON schema the answer must match, enforced while
+    sampling (the SDK's ``messages.parse`` sends it); ``effort`` is for reasoning models."""
+    if not config:
+        return None
+    unknown = sorted(set(config) - {"format", "effort"})
+    if unknown:
+        where = f"output_config.{unknown[0]}"
+        raise RequestError(400, f"{where}: Extra inputs are not permitted", param=where)
+    if config.get("effort") is not None:
+        raise unsupported("output_config.effort", "an effort level (no reasoning models)")
+    spec = config.get("format")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or spec.get("type") != "json_schema" or not isinstance(spec.get("schema"), dict):
+        raise RequestError(
+            400, 'output_config.format: {"type": "json_schema", "schema": {...}}', param="output_config.format"
+        )
+    return enforceable(spec["schema"], "output_config.format.schema")
 
 
 def _system(system: str | list[TextBlock] | None) -> list[dict[str, Any]]:
@@ -168,9 +204,7 @@ def _block_type(block: Any, where: str, allowed: tuple[str, ...]) -> str:
         return str(kind)
     if kind in ("image", "document", "search_result", "container_upload"):
         raise unsupported(where, f"a content block of type {kind!r} (gpuq's models read text only)")
-    raise RequestError(
-        400, f"{where}: a block of type {kind!r} is not one of {', '.join(allowed)} here", param=where
-    )
+    raise RequestError(400, f"{where}: a block of type {kind!r} is not one of {', '.join(allowed)} here", param=where)
 
 
 def _text(block: dict[str, Any], where: str) -> str:
@@ -201,7 +235,9 @@ def _user(blocks: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
 def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
-        raise RequestError(400, f"{where}.tool_use_id: name the tool_use block it answers", param=f"{where}.tool_use_id")
+        raise RequestError(
+            400, f"{where}.tool_use_id: name the tool_use block it answers", param=f"{where}.tool_use_id"
+        )
     unknown = sorted(set(block) - {"type", "tool_use_id", "content", "is_error", "cache_control"})
     if unknown:
         raise RequestError(400, f"{where}.{unknown[0]}: Extra inputs are not permitted", param=f"{where}.{unknown[0]}")
@@ -329,22 +365,24 @@ def content(job: Job, text: str, finish: str | None, stop: str | None) -> tuple[
     if tools:
         rest, calls = tool_calls.parse(text, tools)
         if calls:
-            blocks = [{"type": "text", "text": rest}] if rest else []
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": rest}] if rest else []
             blocks += [
                 {"type": "tool_use", "id": f"toolu_{job.id}_{i}", "name": call.name, "input": call.arguments}
                 for i, call in enumerate(calls)
             ]
             return blocks, "tool_use", None
-    blocks = [{"type": "text", "text": text}] if text else []
+    plain: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     if stop is not None:
-        return blocks, "stop_sequence", stop
-    return blocks, STOP_REASONS.get(finish or "stop", "end_turn"), None
+        return plain, "stop_sequence", stop
+    return plain, STOP_REASONS.get(finish or "stop", "end_turn"), None
 
 
 def message(job: Job) -> dict[str, Any]:
     """The message object of a finished job."""
     result = job.result or {}
-    blocks, reason, stop = content(job, str(result.get("text", "")), result.get("finish_reason"), result.get("stop_sequence"))
+    blocks, reason, stop = content(
+        job, str(result.get("text", "")), result.get("finish_reason"), result.get("stop_sequence")
+    )
     return {
         "id": message_id(job.id),
         "type": "message",

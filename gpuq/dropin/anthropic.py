@@ -62,13 +62,15 @@ class _Blocks:
         partial = json.dumps(block["input"], separators=(",", ":"), ensure_ascii=False)
         return [
             sse("content_block_start", {"index": index, "content_block": start}),
-            sse("content_block_delta", {"index": index, "delta": {"type": "input_json_delta", "partial_json": partial}}),
+            sse(
+                "content_block_delta", {"index": index, "delta": {"type": "input_json_delta", "partial_json": partial}}
+            ),
             sse("content_block_stop", {"index": index}),
         ]
 
 
 def _start(job: Job) -> list[bytes]:
-    empty = {
+    empty: dict[str, Any] = {
         "id": message_id(job.id),
         "type": "message",
         "role": "assistant",

@@ -14,8 +14,9 @@ from tests.api.conftest import redis_job_keys
 from tests.conftest import both_databases
 
 MODEL = "smollm2-135m"
-ASK = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-COUNT = {"model": MODEL, "messages": ASK["messages"]}
+HI = [{"role": "user", "content": "hi"}]
+ASK = {"model": MODEL, "max_tokens": 8, "messages": HI}
+COUNT = {"model": MODEL, "messages": HI}
 TOOL = {"name": "weather", "description": "the weather in a city", "input_schema": {"type": "object"}}
 UNIQUE = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
 
@@ -47,7 +48,7 @@ def anthropic_error(response, status: int, kind: str = "invalid_request_error") 
             "messages[0].content[0]: a content block of type 'image' (gpuq's models read text only) is not supported",
         ),
         (
-            ASK | {"messages": [*ASK["messages"], {"role": "assistant", "content": "Sure,"}]},
+            ASK | {"messages": [*HI, {"role": "assistant", "content": "Sure,"}]},
             "a last message from the assistant (a prefill",
         ),
         (
@@ -65,6 +66,11 @@ def anthropic_error(response, status: int, kind: str = "invalid_request_error") 
             'the keyword(s) ["uniqueItems"] cannot be enforced',
         ),
         (ASK | {"max_tokens": 9999}, "has a context of 2048 tokens"),
+        (
+            ASK | {"output_config": {"format": {"type": "json_schema", "schema": UNIQUE}}},
+            'output_config.format.schema: the keyword(s) ["uniqueItems"] cannot be enforced',
+        ),
+        (ASK | {"output_config": {"effort": "high"}}, "output_config.effort: an effort level"),
     ],
 )
 def test_a_message_gpuq_cannot_honour_is_a_400_in_anthropics_shape_and_queues_nothing(
@@ -89,9 +95,7 @@ def test_anthropics_other_refusals_keep_its_shape(client, settings, job_rows):
     assert job_rows() == []
 
 
-def test_the_key_goes_as_x_api_key_or_a_bearer_token_and_a_missing_one_is_an_authentication_error(
-    settings, admin_key
-):
+def test_the_key_goes_as_x_api_key_or_a_bearer_token_and_a_missing_one_is_an_authentication_error(settings, admin_key):
     with TestClient(create_app(settings)) as bare:
         nothing = bare.post("/v1/messages/count_tokens", json=COUNT)
         assert "x-api-key" in anthropic_error(nothing, 401, "authentication_error")
@@ -115,7 +119,7 @@ def test_count_tokens_counts_the_system_the_messages_and_the_tools(client, job_r
         assert set(response.json()) == {"input_tokens"}
         return int(response.json()["input_tokens"])
 
-    messages = ASK["messages"]
+    messages = HI
     brief = count(messages=messages, system=[{"type": "text", "text": "You answer in French."}])
     longer = count(messages=messages, system="You answer in French. " * 10)
     with_tools = count(messages=messages, system="You answer in French.", tools=[TOOL])
@@ -243,7 +247,9 @@ def test_the_openapi_document_declares_anthropics_routes_and_error_shape(client)
     paths = doc["paths"]
     assert set(paths["/v1/messages/batches"]) == {"get", "post"}
     assert set(paths["/v1/messages/batches/{batch_id}"]) == {"get", "delete"}
-    assert "application/x-jsonl" in paths["/v1/messages/batches/{batch_id}/results"]["get"]["responses"]["200"]["content"]
+    assert (
+        "application/x-jsonl" in paths["/v1/messages/batches/{batch_id}/results"]["get"]["responses"]["200"]["content"]
+    )
     assert paths["/v1/messages/count_tokens"]["post"]["responses"]["200"]["content"]["application/json"]["schema"][
         "$ref"
     ].endswith("/InputTokens")

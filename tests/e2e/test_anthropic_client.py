@@ -2,6 +2,7 @@
 real processes): messages, their stream, count_tokens, a tool-use round trip and a Message
 Batch, each request an ordinary job in gpuq's history."""
 
+import json
 import time
 
 import anthropic
@@ -13,7 +14,7 @@ pytestmark = system_on("sqlite")  # SQLite: the database `gpuq up` gives a user;
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "Name three primary colours."}]
-SEEDED = {"temperature": 0.0}
+GREEDY = {"extra_body": {"temperature": 0.0}}  # the SDK no longer types sampling fields; gpuq takes them
 WEATHER = {
     "name": "get_weather",
     "description": "The current weather in a city",
@@ -33,14 +34,14 @@ def _job(system, message_id: str) -> dict:
 
 
 def test_a_message_and_its_stream_give_the_same_text_and_are_gpuq_jobs(system, client):
-    whole = client.messages.create(model=MODEL, max_tokens=20, messages=QUESTION, **SEEDED)
+    whole = client.messages.create(model=MODEL, max_tokens=20, messages=QUESTION, **GREEDY)
     assert whole.type == "message" and whole.role == "assistant" and whole.content[0].type == "text"
     assert whole.stop_reason in ("end_turn", "max_tokens") and whole.usage.output_tokens > 0
     job = _job(system, whole.id)
     assert job["status"] == "succeeded" and job["priority"] == "high" and job["result"]["text"] == whole.content[0].text
     assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == job["prompt_tokens"]
 
-    with client.messages.stream(model=MODEL, max_tokens=20, messages=QUESTION, **SEEDED) as stream:
+    with client.messages.stream(model=MODEL, max_tokens=20, messages=QUESTION, **GREEDY) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
     assert len(pieces) >= 2 and "".join(pieces) == final.content[0].text == whole.content[0].text
@@ -53,11 +54,28 @@ def test_a_message_and_its_stream_give_the_same_text_and_are_gpuq_jobs(system, c
 def test_stop_sequences_say_which_one_stopped_it_and_max_tokens_is_a_stop_reason(client):
     counting = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
     # "e": English text meets one soon; the answer ends where it begins.
-    stopped = client.messages.create(model=MODEL, max_tokens=60, messages=counting, stop_sequences=["e"], **SEEDED)
+    stopped = client.messages.create(model=MODEL, max_tokens=60, messages=counting, stop_sequences=["e"], **GREEDY)
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "e"
     assert "e" not in "".join(block.text for block in stopped.content)
-    cut = client.messages.create(model=MODEL, max_tokens=3, messages=counting, **SEEDED)
+    cut = client.messages.create(model=MODEL, max_tokens=3, messages=counting, **GREEDY)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
+
+
+def test_an_output_format_gives_json_valid_against_its_schema(client):
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string"}, "hex": {"type": "string"}},
+        "required": ["colour", "hex"],
+        "additionalProperties": False,
+    }
+    answer = client.messages.create(
+        model=MODEL,
+        max_tokens=60,
+        messages=[{"role": "user", "content": "Give a colour and its hex code as JSON."}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    assert answer.stop_reason == "end_turn"
+    assert set(json.loads(answer.content[0].text)) == {"colour", "hex"}
 
 
 def test_count_tokens_is_the_prompt_a_message_takes(client):
@@ -80,7 +98,7 @@ def test_a_tool_use_round_trip_with_the_tool_forced(system, client):
         max_tokens=30,
         messages=[*ask, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}],
         tools=[WEATHER],
-        **SEEDED,
+        **GREEDY,
     )
     assert second.stop_reason in ("end_turn", "max_tokens", "tool_use") and second.content
     rendered = _job(system, second.id)["request"]["messages"]
@@ -92,7 +110,10 @@ def test_a_message_batch_is_created_polled_until_ended_and_read_by_custom_id(cli
     asks = {f"q{i}": f"Say the number {i}." for i in range(3)}
     batch = client.messages.batches.create(
         requests=[
-            {"custom_id": cid, "params": {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": t}]}}
+            {
+                "custom_id": cid,
+                "params": {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": t}]},
+            }
             for cid, t in asks.items()
         ]
     )

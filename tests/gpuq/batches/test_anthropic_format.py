@@ -56,7 +56,10 @@ def test_a_conversation_with_a_tool_round_trip_becomes_the_chat_the_template_ren
         {"role": "user", "content": "And so?"},
     ]
     assert stored["tools"] == [
-        {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}, "description": "the weather"}}
+        {
+            "type": "function",
+            "function": {"name": "weather", "parameters": {"type": "object"}, "description": "the weather"},
+        }
     ]
     assert "tool_choice" not in stored  # auto is the default
     # Anthropic's defaults: temperature 1, top_p off; the rest as given.
@@ -79,6 +82,15 @@ def test_a_required_tool_choice_is_enforced_while_sampling(choice, stored):
     assert params.tool_choice == stored and params.output_schema is not None
 
 
+def test_an_output_format_is_the_schema_the_answer_must_match():
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+    params = MessageCreate.model_validate(
+        {"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}
+        | {"output_config": {"format": {"type": "json_schema", "schema": schema}}}
+    ).to_request()
+    assert params.json_schema == schema and params.output_schema == schema
+
+
 def test_tool_choice_none_offers_no_tools():
     params = MessageCreate.model_validate(
         {"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}], "tools": [TOOL]}
@@ -95,7 +107,9 @@ def test_a_batch_request_params_parse_to_the_same_request_or_say_what_is_wrong()
 
 
 def job(text: str, *, finish: str = "stop", stop: str | None = None, tools: bool = False) -> Job:
-    request = {"messages": [{"role": "user", "content": "x"}]} | ({"tools": [{"function": {"name": "weather"}}]} if tools else {})
+    request = {"messages": [{"role": "user", "content": "x"}]} | (
+        {"tools": [{"function": {"name": "weather"}}]} if tools else {}
+    )
     result = {"text": text, "finish_reason": finish} | ({"stop_sequence": stop} if stop else {})
     return Job(
         id="job_1",
@@ -171,7 +185,13 @@ async def test_a_streamed_tool_call_is_one_tool_use_block_with_its_input_whole()
     text = '{"name": "weather", "arguments": {"city": "Paris"}}'
     out = await streamed(job(text, tools=True), Start(attempt=1), Delta(text[:10], 3), Delta(text[10:], 9), END)
     kinds = [kind for kind, _ in out]
-    assert kinds[2:] == ["content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+    assert kinds[2:] == [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert out[2][1]["content_block"] == {"type": "tool_use", "id": "toolu_job_1_0", "name": "weather", "input": {}}
     assert json.loads(out[3][1]["delta"]["partial_json"]) == {"city": "Paris"}
     assert out[-2][1]["delta"]["stop_reason"] == "tool_use"
