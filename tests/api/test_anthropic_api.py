@@ -167,7 +167,10 @@ def test_a_message_batch_with_a_bad_request_is_refused_whole_naming_it(client, r
 
 @both_databases
 def test_a_message_batch_runs_as_gpuq_jobs_is_canceled_ended_read_and_deleted(client, session, redis, settings):
-    created = client.post("/v1/messages/batches", json={"requests": requests(3), "priority": "normal"})
+    hook = "http://hooks.example/hook"
+    created = client.post(
+        "/v1/messages/batches", json={"requests": requests(3), "priority": "normal", "webhook_url": hook}
+    )
     assert created.status_code == 200, created.text
     batch = created.json()
     assert batch["id"].startswith("msgbatch_") and batch["type"] == "message_batch"
@@ -189,6 +192,8 @@ def test_a_message_batch_runs_as_gpuq_jobs_is_canceled_ended_read_and_deleted(cl
     ended = client.get(f"/v1/messages/batches/{batch['id']}").json()
     assert ended["processing_status"] == "ended" and ended["ended_at"]
     assert ended["results_url"].endswith(f"/v1/messages/batches/{batch['id']}/results")
+    [delivery] = client.get("/v1/webhooks/deliveries", params={"batch_id": batch["id"]}).json()["data"]
+    assert delivery["event"] == "batch.cancelled"  # its webhook, as an OpenAI batch's
     results = client.get(f"/v1/messages/batches/{batch['id']}/results")
     lines = [json.loads(line) for line in results.text.splitlines()]
     assert sorted((r["custom_id"], r["result"]["type"]) for r in lines) == [(f"r{i}", "canceled") for i in range(3)]

@@ -79,10 +79,13 @@ def test_an_output_format_gives_json_valid_against_its_schema(client):
     assert set(json.loads(answer.content[0].text)) == {"colour", "hex"}
 
 
-def test_count_tokens_is_the_prompt_a_message_takes(client):
+def test_count_tokens_is_the_prompt_a_message_takes_and_the_priority_header_works(system, client):
     counted = client.messages.count_tokens(model=MODEL, messages=QUESTION, system="Be brief.")
-    answered = client.messages.create(model=MODEL, max_tokens=1, messages=QUESTION, system="Be brief.")
+    answered = client.messages.create(
+        model=MODEL, max_tokens=1, messages=QUESTION, system="Be brief.", extra_headers={"X-Gpuq-Priority": "low"}
+    )
     assert counted.input_tokens == answered.usage.input_tokens + answered.usage.cache_read_input_tokens
+    assert _job(system, answered.id)["priority"] == "low"
 
 
 def test_a_tool_use_round_trip_with_the_tool_forced(system, client):
