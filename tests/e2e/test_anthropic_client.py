@@ -18,7 +18,12 @@ GREEDY = {"extra_body": {"temperature": 0.0}}  # the SDK no longer types samplin
 WEATHER = {
     "name": "get_weather",
     "description": "The current weather in a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    # maxLength: enforced too, so the forced call ends within max_tokens whatever the model writes
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}},
+        "required": ["city"],
+    },
 }
 
 
@@ -91,7 +96,12 @@ def test_count_tokens_is_the_prompt_a_message_takes_and_the_priority_header_work
 def test_a_tool_use_round_trip_with_the_tool_forced(system, client):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.messages.create(
-        model=MODEL, max_tokens=60, messages=ask, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}
+        model=MODEL,
+        max_tokens=100,
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        **GREEDY,
     )
     assert first.stop_reason == "tool_use"
     [call] = [block for block in first.content if block.type == "tool_use"]
