@@ -35,7 +35,8 @@ from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.batches import message_batches
 from gpuq.batches import service as batches
-from gpuq.batches.anthropic_format import MESSAGES, message
+from gpuq.batches.anthropic_format import MESSAGES
+from gpuq.batches.anthropic_messages import message
 from gpuq.batches.files import delete_stored_file, files_dir, save_upload
 from gpuq.db.tables import Batch, JobKind, JobStatus
 from gpuq.dropin import anthropic

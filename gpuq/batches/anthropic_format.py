@@ -1,4 +1,5 @@
-"""Anthropic's Messages API as gpuq takes it: a request body in, a message object out.
+"""Anthropic's Messages API as gpuq takes it: a request body in (the message object out is
+gpuq/batches/anthropic_messages.py's).
 
 One parser for both of its producers: ``POST /v1/messages`` (api/routers/anthropic.py) and
 the ``params`` of each request of a Message Batch (gpuq/batches/message_batches.py). A
@@ -31,9 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuq.batches.openai_format import tool_fields
-from gpuq.db.tables import Job
 from gpuq.errors import RequestError
-from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
 from gpuq.jobs.request import MAX_STOP_SEQUENCES, OPENAI_DEFAULTS, GenerationParams, generation, refusal
 
@@ -42,7 +41,6 @@ MESSAGES = "/v1/messages"
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # Anthropic documents what OpenAI does: temperature 1, and top_p and top_k off unless given.
 DEFAULTS = OPENAI_DEFAULTS
-STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
 
 Number = Annotated[float, Field(strict=True)]
 Integer = Annotated[int, Field(strict=True)]
@@ -335,77 +333,3 @@ def parse_params(body: Any) -> tuple[str, dict[str, Any]]:
     except RequestError as exc:
         raise ValueError(f"params.{exc.message}") from None
     return parsed.model, request.stored() | {"endpoint": MESSAGES}
-
-
-# ---------------------------------------------------------------- message out
-
-
-def message_id(job_id: str) -> str:
-    """A message's id names its job (``msg_<job id>``): GET /v1/jobs/{id} and the dashboard show it."""
-    return f"msg_{job_id}"
-
-
-def usage(prompt: int | None, completion: int | None, cached: int | None) -> dict[str, Any]:
-    """Anthropic's usage: ``input_tokens`` are the prompt's tokens evaluated, beside those read
-    from the worker's cache (``cache_read_input_tokens``); gpuq writes no billed cache entries."""
-    cached = cached or 0
-    return {
-        "input_tokens": max(0, (prompt or 0) - cached),
-        "output_tokens": completion or 0,
-        "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
-    }
-
-
-def content(job: Job, text: str, finish: str | None, stop: str | None) -> tuple[list[dict[str, Any]], str, str | None]:
-    """A finished answer's content blocks, stop reason and stop sequence: with tools offered,
-    the calls read from its text as ``tool_use`` blocks (ids from the job's, stable across
-    readings) and stop reason ``tool_use``."""
-    tools = (job.request or {}).get("tools")
-    if tools:
-        rest, calls = tool_calls.parse(text, tools)
-        if calls:
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": rest}] if rest else []
-            blocks += [
-                {"type": "tool_use", "id": f"toolu_{job.id}_{i}", "name": call.name, "input": call.arguments}
-                for i, call in enumerate(calls)
-            ]
-            return blocks, "tool_use", None
-    plain: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-    if stop is not None:
-        return plain, "stop_sequence", stop
-    return plain, STOP_REASONS.get(finish or "stop", "end_turn"), None
-
-
-def message(job: Job) -> dict[str, Any]:
-    """The message object of a finished job."""
-    result = job.result or {}
-    blocks, reason, stop = content(
-        job, str(result.get("text", "")), result.get("finish_reason"), result.get("stop_sequence")
-    )
-    return {
-        "id": message_id(job.id),
-        "type": "message",
-        "role": "assistant",
-        "model": job.model,
-        "content": blocks,
-        "stop_reason": reason,
-        "stop_sequence": stop,
-        "usage": usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens),
-    }
-
-
-def error(kind: str, message: str) -> dict[str, Any]:
-    """Anthropic's error object (the body of every refusal on its routes)."""
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def batch_result(job: Job, custom_id: str, *, expired: bool) -> tuple[bool, dict[str, Any]]:
-    """(succeeded, a Message Batch's result line) for one finished request."""
-    if job.status == "succeeded":
-        result: dict[str, Any] = {"type": "succeeded", "message": message(job)}
-    elif job.status == "cancelled":
-        result = {"type": "expired" if expired else "canceled"}
-    else:
-        result = {"type": "errored", "error": error("api_error", job.error or "the job failed")}
-    return job.status == "succeeded", {"custom_id": custom_id, "result": result}

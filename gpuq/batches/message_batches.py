@@ -29,7 +29,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from gpuq import store
-from gpuq.batches.anthropic_format import MESSAGES, NAME, batch_result, parse_params
+from gpuq.batches.anthropic_format import MESSAGES, NAME, parse_params
+from gpuq.batches.anthropic_messages import batch_result
 from gpuq.batches.files import PURPOSE_BATCH, jsonl_line, new_file_id
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, JobStatus, utcnow
 from gpuq.errors import RequestError

@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gpuq.batches.anthropic_format import content, error, message_id, usage
+from gpuq.batches.anthropic_messages import content, error, message_id, usage
 from gpuq.db.tables import Job
 from gpuq.streams.events import Delta, End, Event, Start, ended_badly, restarted_mid_answer
 

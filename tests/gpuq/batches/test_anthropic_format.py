@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpuq.batches.anthropic_format import MessageCreate, message, parse_params
+from gpuq.batches.anthropic_format import MessageCreate, parse_params
+from gpuq.batches.anthropic_messages import message
 from gpuq.db.tables import Job
 from gpuq.dropin import anthropic
 from gpuq.streams.events import Delta, End, Event, Start
