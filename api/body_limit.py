@@ -28,9 +28,12 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimitMiddleware:
-    """``max_bytes`` for every path, but ``upload_max_bytes`` for those under ``upload_prefix``."""
+    """``max_bytes`` for every path, but ``upload_max_bytes`` for those under ``upload_prefix``
+    (one prefix or several: file uploads, and Message Batches, whose requests come inline)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, upload_max_bytes: int, upload_prefix: str) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, upload_max_bytes: int, upload_prefix: str | tuple[str, ...]
+    ) -> None:
         self.app = app
         self.default_max_bytes = max_bytes
         self.upload_max_bytes = upload_max_bytes

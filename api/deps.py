@@ -9,7 +9,7 @@ from typing import Annotated, Protocol, TypeVar
 
 from anyio import to_thread
 from fastapi import Depends, Path, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -67,17 +67,31 @@ SessionDep = Annotated[AsyncSession, Depends(get_db)]
 # a key with the bearer security scheme in the OpenAPI document. Its own refusal (a bare
 # 403) is off: get_caller answers 401 in gpuq's shape.
 _bearer = HTTPBearer(scheme_name="apiKey", description="a gpuq API key (`gpuq keys create`)", auto_error=False)
+# ... or ``x-api-key: <key>``, the header the anthropic SDK (and Claude Code) sends. Taken on
+# every route, not only Anthropic's: the SDK sends it to whatever it calls (GET /v1/models
+# too), it is the same key either way, and one rule is simpler to document and to audit.
+# Listed as a second scheme, so the OpenAPI document offers either.
+_x_api_key = APIKeyHeader(
+    name="x-api-key",
+    scheme_name="xApiKey",
+    description="a gpuq API key, as the anthropic SDK sends it",
+    auto_error=False,
+)
 
 
 async def get_caller(
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)], db: SessionDep
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    x_api_key: Annotated[str | None, Depends(_x_api_key)],
+    db: SessionDep,
 ) -> Caller:
-    """The caller's API key, from ``Authorization: Bearer <key>`` (what the OpenAI client sends)."""
+    """The caller's API key, from ``Authorization: Bearer <key>`` (what the OpenAI client
+    sends) or ``x-api-key: <key>`` (the anthropic SDK); the bearer token when both are sent."""
     secret = credentials.credentials.strip() if credentials is not None else ""
+    secret = secret or (x_api_key or "").strip()
     if not secret:
         raise RequestError(
             401,
-            "this endpoint needs an API key: send the header `Authorization: Bearer <key>` "
+            "this endpoint needs an API key: send the header `Authorization: Bearer <key>` or `x-api-key: <key>` "
             "(an admin creates keys with `gpuq keys create` or POST /v1/keys)",
             headers={"WWW-Authenticate": "Bearer"},
         )

@@ -7,7 +7,9 @@ gpuq's routes and the OpenAI-compatible ones answer
 ``detail`` is what gpuq's CLI, dashboard and FastAPI habits read; ``error`` is OpenAI's
 error object, which the ``openai`` SDK puts in its exceptions, so the same sentence reaches
 users of either. Ollama's routes (``/api/...``) answer ``{"error": "<what to fix>"}``, the
-shape Ollama's clients read.
+shape Ollama's clients read. Anthropic's routes (``/v1/messages...``) answer Anthropic's
+``{"type": "error", "error": {"type": "invalid_request_error", "message": ...}}``, which the
+``anthropic`` SDK reads, and never a 422: Anthropic answers every invalid request with a 400.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ from gpuq.errors import RequestError, unavailable
 log = logging.getLogger(__name__)
 
 OLLAMA_PREFIX = "/api/"
+ANTHROPIC_PATH = "/v1/messages"  # and every path under it
+# Anthropic's error types by status; any other 4xx is an invalid request, any other 5xx an api_error.
+ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 # Pydantic puts the union tag in an error's location (body.generate.prompt); users never wrote it.
 _HIDDEN_LOCATION_PARTS = {"body", "query", "path", "header", *(kind.value for kind in JobKind)}
@@ -75,10 +87,20 @@ def error_type(status: int) -> str:
     return "invalid_request_error"
 
 
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def anthropic_type(status: int) -> str:
+    return ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
 def error_content(path: str, status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
     """The body of an error response for a request to path."""
     if path.startswith(OLLAMA_PREFIX):
         return {"error": message}
+    if is_anthropic(path):
+        return {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
     return {
         "detail": message,
         "error": {"message": message, "type": error_type(status), "param": param, "code": code},
@@ -94,7 +116,10 @@ def error_response(
     code: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    content = error_content(request.url.path, status, message, param=param, code=code)
+    path = request.url.path
+    if status == 422 and is_anthropic(path):
+        status = 400  # Anthropic's status for every invalid request
+    content = error_content(path, status, message, param=param, code=code)
     return JSONResponse(content, status_code=status, headers=headers)
 
 

@@ -16,7 +16,7 @@ over its limits) keeps its key's turn ``REFUSED_COOLDOWN`` times as long again a
 a key that keeps sending what gpuq refuses gets a small share of the loop, not all of it,
 while its accepted work is not slowed.
 
-Keys are told apart by a hash of their ``Authorization`` header, in this process only: the
+Keys are told apart by a hash of their ``Authorization`` and ``x-api-key`` headers, in this process only: the
 turn needs no database, and runs before the key is checked.
 """
 
@@ -111,5 +111,6 @@ class LargeBodyTurnsMiddleware:
 
     @staticmethod
     def _holder(scope: Scope) -> str:
-        authorization = dict(scope.get("headers", ())).get(b"authorization", b"")
-        return hashlib.sha256(authorization).hexdigest()
+        headers = dict(scope.get("headers", ()))
+        key = headers.get(b"authorization", b"") + b"\n" + headers.get(b"x-api-key", b"")  # either carries the key
+        return hashlib.sha256(key).hexdigest()

@@ -18,6 +18,7 @@ from api.large_bodies import LargeBodyTurnsMiddleware
 from api.openapi import install_openapi
 from api.routers import (
     affinity,
+    anthropic,
     batches,
     dashboard,
     events,
@@ -77,7 +78,7 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
         BodyLimitMiddleware,
         max_bytes=settings.max_body_bytes,
         upload_max_bytes=settings.max_upload_bytes,
-        upload_prefix="/v1/files",
+        upload_prefix=("/v1/files", "/v1/messages/batches"),
     )
     app.add_middleware(JsonBodiesMiddleware, upload_prefix="/v1/files")
     install_error_handlers(app)
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, *, resolve: Resolve = system_re
         health.router,
         jobs.router,
         openai.router,
+        anthropic.router,
         ollama.router,
         tokenizer.router,
         stats.router,

@@ -7,7 +7,8 @@ and adds the refusals every route of a kind can answer: 401 where a key is neede
 routes FastAPI marks with the bearer security scheme), 400 and 413 where there is a
 body, 422 where anything is read from the request, and 500 everywhere. What only some
 routes answer (404, 409, 429, 503, and 403 for admins' routes) they declare themselves,
-with ``responses=errors(...)``.
+with ``responses=errors(...)``. Anthropic's routes (``/v1/messages...``) answer
+``AnthropicErrorBody``, and a 400 where others answer 422.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api.errors import ERROR_DESCRIPTIONS, OLLAMA_PREFIX
+from api.errors import ERROR_DESCRIPTIONS, OLLAMA_PREFIX, is_anthropic
+from api.schemas.anthropic import AnthropicErrorBody
 from api.schemas.common import ErrorBody, OllamaErrorBody
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
@@ -44,17 +46,31 @@ def _common_errors(operation: dict[str, Any]) -> list[int]:
     return statuses
 
 
+def _error_schema(path: str) -> str:
+    if path.startswith(OLLAMA_PREFIX):
+        return "OllamaErrorBody"
+    return "AnthropicErrorBody" if is_anthropic(path) else "ErrorBody"
+
+
 def _declare_errors(path: str, operation: dict[str, Any]) -> None:
     responses: dict[str, Any] = operation.setdefault("responses", {})
-    for status in _common_errors(operation):
+    statuses = _common_errors(operation)
+    if is_anthropic(path):  # Anthropic answers every invalid request with a 400 (api/errors.py)
+        responses.pop("422", None)
+        statuses = [400 if status == 422 else status for status in statuses]
+    for status in statuses:
         responses.setdefault(str(status), {})
-    body = _schema_ref("OllamaErrorBody" if path.startswith(OLLAMA_PREFIX) else "ErrorBody")
+    body = _schema_ref(_error_schema(path))
     for code, response in responses.items():
         status = int(code) if code.isdigit() else 0
         if status < 400:
             continue
         schema = response.get("content", {}).get("application/json", {}).get("schema")
-        if schema is None or schema.get("$ref", "").rsplit("/", 1)[-1] in (*_FASTAPI_ERROR_SCHEMAS, "ErrorBody"):
+        if schema is None or schema.get("$ref", "").rsplit("/", 1)[-1] in (
+            *_FASTAPI_ERROR_SCHEMAS,
+            "ErrorBody",
+            "AnthropicErrorBody",
+        ):
             response["content"] = {"application/json": {"schema": body}}
             if status in ERROR_DESCRIPTIONS and response.get("description", "Validation Error") == "Validation Error":
                 response["description"] = ERROR_DESCRIPTIONS[status]
@@ -72,7 +88,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in _FASTAPI_ERROR_SCHEMAS:
         schemas.pop(name, None)
-    for model in (ErrorBody, OllamaErrorBody):
+    for model in (ErrorBody, OllamaErrorBody, AnthropicErrorBody):
         definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(definition.pop("$defs", {}))
         schemas[model.__name__] = definition

@@ -80,6 +80,7 @@ def bench_streaming(args: argparse.Namespace) -> None:
     """Interleaved rounds, so a slower patch of the host hits every side."""
     names = {False: "each prompt evaluated whole", True: "prompt reuse on both sides (gpuq's default)"}
     runs: dict[str, tuple[list[streaming.Run], list[streaming.Run]]] = {name: ([], []) for name in names.values()}
+    messages: list[streaming.Run] = []  # gpuq's Anthropic Messages stream, with prompt reuse
     for round_ in range(1, args.rounds + 1):
         for reuse, name in names.items():
             direct, ours = runs[name]
@@ -93,7 +94,14 @@ def bench_streaming(args: argparse.Namespace) -> None:
             print(
                 f"round {round_}, {name}: direct {direct[-1].seconds:.1f} s, gpuq {ours[-1].seconds:.1f} s", flush=True
             )
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            messages.append(
+                streaming.run_gpuq(
+                    db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=True, messages=True
+                )
+            )
     print(streaming.report(runs, threads=args.threads, max_tokens=args.max_tokens))
+    print(streaming.messages_report(runs[names[True]][1], messages))
 
 
 def bench_batching(args: argparse.Namespace) -> None:
@@ -211,6 +219,23 @@ def bench_batch_start(args: argparse.Namespace) -> None:
         growth = costs[-1].seconds_per_10k / costs[0].seconds_per_10k
         largest, smallest = costs[-1].lines, costs[0].lines
         print(f"batch-start: time per line at {largest} / at {smallest} lines {growth:.2f}x (linear: ~1x)")
+
+
+def bench_message_batch_start(args: argparse.Namespace) -> None:
+    """The API's memory and time accepting a Message Batch of ~4 KB requests, at each of --start-lines."""
+    costs = []
+    for count in args.start_lines:
+        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+            costs.append(batch_start.measure_messages(db, redis_url, workdir, count))
+    print(
+        f"\nmessage batch start: inline requests of ~{batch_start.LINE_BYTES} bytes, the API's resident memory in MiB"
+    )
+    for c in costs:
+        print(
+            f"  {c.lines:>6} requests  {c.seconds:7.1f} s ({c.seconds_per_10k:5.1f} s per 10k)  memory before "
+            f"{c.rss_before_mib:6.0f}, peak {c.rss_peak_mib:6.0f}, after {c.rss_after_mib:6.0f} "
+            f"({c.after_over_before:.2f}x; target <= 1.2x)"
+        )
 
 
 def bench_embeddings(args: argparse.Namespace) -> None:
@@ -528,6 +553,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "model-swap": bench_model_swap,
     "batch-accept": bench_batch_accept,
     "batch-start": bench_batch_start,
+    "message-batch-start": bench_message_batch_start,
     "embeddings": bench_embeddings,
     "stats": bench_stats,
     "db-growth": bench_db_growth,

@@ -10,6 +10,9 @@ stayed there).
 
 The baseline is the same API process warmed up by a one-line batch, so that what it loads
 once (the tokenizer, SQLAlchemy's compiled statements) is in both figures.
+
+``measure_messages`` does the same for an Anthropic Message Batch of N such requests, which
+come inline in the body of ``POST /v1/messages/batches`` rather than in an uploaded file.
 """
 
 from __future__ import annotations
@@ -60,6 +63,45 @@ def _memory_mib(pid: int) -> tuple[float, float]:
     """The process's resident memory now and at its peak (VmRSS, VmHWM), in MiB."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def message_requests(count: int) -> list[dict]:
+    """``count`` Messages requests of about LINE_BYTES bytes each, every one different."""
+    filler = "Tell me about the history of bread, its grains, its ovens and its markets. " * 60
+    return [
+        {
+            "custom_id": f"r{i}",
+            "params": {
+                "model": BUNDLED_MODEL_NAME,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": f"{i}: {filler}"[: LINE_BYTES - 200]}],
+            },
+        }
+        for i in range(count)
+    ]
+
+
+def measure_messages(database_url: str, redis_url: str, workdir: Path, count: int) -> StartCost:
+    processes = GpuqProcesses(database_url, redis_url, workdir)
+    try:
+        api, url = processes.start_api()
+        auth = {"x-api-key": processes.admin_key}
+        with httpx.Client(base_url=url, timeout=1800, headers=auth) as http:
+            warm = http.post("/v1/messages/batches", json={"requests": message_requests(1)})
+            assert warm.status_code == 200, warm.text
+            time.sleep(SETTLE_S)
+            before, _ = _memory_mib(api.popen.pid)
+            body = json.dumps({"requests": message_requests(count)}).encode()
+            started = time.perf_counter()
+            batch = http.post("/v1/messages/batches", content=body, headers={"Content-Type": "application/json"})
+            seconds = time.perf_counter() - started
+            del body
+            assert batch.status_code == 200 and batch.json()["request_counts"]["processing"] == count, batch.text
+            time.sleep(SETTLE_S)
+            after, peak = _memory_mib(api.popen.pid)
+    finally:
+        processes.stop_all()
+    return StartCost(count, seconds, before, peak, after)
 
 
 def _start(http: httpx.Client, path: Path) -> dict:

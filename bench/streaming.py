@@ -12,6 +12,10 @@ Like for like, twice: each prompt evaluated whole on both sides (direct: `Llama.
 before each request; gpuq: GPUQ_WORKER_PROMPT_CACHE=false), and with prompt reuse on both
 (direct: llama-cpp-python's own prefix reuse; gpuq: its default), since the chat template's
 system prompt is a start every request shares. Flash attention on both sides, gpuq's default.
+
+Beside them, the same prompts streamed through gpuq's Anthropic Messages API (the official
+`anthropic` client) on the same kind of system, with prompt reuse: its tokens/s over the
+chat completions stream's, and both first-token p50s (target: >= 0.95x, within 10 ms).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import anthropic
 import llama_cpp
 import openai
 
@@ -80,7 +85,17 @@ def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
     return run
 
 
-def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, reuse: bool) -> Run:
+def run_gpuq(
+    database_url: str,
+    redis_url: str,
+    workdir: Path,
+    *,
+    threads: int,
+    max_tokens: int,
+    reuse: bool,
+    messages: bool = False,
+) -> Run:
+    """gpuq's chat completions stream; ``messages``: its Anthropic Messages stream instead."""
     # One slot, as the direct side decodes one sequence: this measures the path around it.
     settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": "1"}
     settings["GPUQ_WORKER_PROMPT_CACHE"] = "true" if reuse else "false"
@@ -90,6 +105,9 @@ def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, 
         processes.start_worker()
         with openai.OpenAI(base_url=f"{url}/v1", api_key=processes.admin_key, max_retries=0) as client:
             client.chat.completions.create(model=BUNDLED_MODEL_NAME, messages=_messages("Hi"), max_tokens=1)  # loads it
+            if messages:
+                with anthropic.Anthropic(base_url=url, api_key=processes.admin_key, max_retries=0) as claude:
+                    return _stream_all_messages(claude, max_tokens)
             return _stream_all(client, max_tokens)
     finally:
         processes.stop_all()
@@ -120,6 +138,46 @@ def _stream_all(client: openai.OpenAI, max_tokens: int) -> Run:
         run.texts.append("".join(pieces))
     run.seconds = time.perf_counter() - started
     return run
+
+
+def _stream_all_messages(client: anthropic.Anthropic, max_tokens: int) -> Run:
+    run = Run()
+    started = time.perf_counter()
+    for prompt in PROMPTS:
+        asked = time.perf_counter()
+        pieces: list[str] = []
+        with client.messages.stream(
+            model=BUNDLED_MODEL_NAME,
+            messages=_messages(prompt),
+            max_tokens=max_tokens,
+            extra_body={"temperature": 0.0},  # greedy, as the other sides (the SDK no longer types it)
+        ) as stream:
+            for text in stream.text_stream:
+                if text:
+                    if not pieces:
+                        run.first_token_s.append(time.perf_counter() - asked)
+                    pieces.append(text)
+            run.tokens += stream.get_final_message().usage.output_tokens
+        run.texts.append("".join(pieces))
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def messages_report(chat: list[Run], messages: list[Run]) -> str:
+    """The Messages stream beside the chat completions stream, both through gpuq with prompt reuse."""
+    for c, m in zip(chat, messages, strict=True):
+        assert c.texts == m.texts, "both APIs must stream the same greedy text"
+    ratio = median(m.tokens_per_s for m in messages) / median(c.tokens_per_s for c in chat)
+    chat_ttft = median(s * 1000 for c in chat for s in c.first_token_s)
+    messages_ttft = median(s * 1000 for m in messages for s in m.first_token_s)
+    return "\n".join(
+        [
+            f"  gpuq /v1/messages, anthropic client, SSE              {median(m.tokens_per_s for m in messages):6.1f} "
+            f"tok/s   first token p50 {messages_ttft:6.1f} ms   runs: {_runs(messages)}",
+            f"streaming: Messages / chat completions {ratio:.3f}x tokens/s (target >= 0.95x), first token p50 "
+            f"{messages_ttft - chat_ttft:+.1f} ms (target within 10 ms)",
+        ]
+    )
 
 
 def _pair(direct: list[Run], ours: list[Run]) -> tuple[float, list[float], float, float]:

@@ -53,7 +53,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(1_048_576, description="Larger request bodies get 413")
-    max_upload_bytes: int = Field(210 * 1_048_576, description="Larger batch file uploads get 413")
+    max_upload_bytes: int = Field(
+        210 * 1_048_576, description="Larger batch file uploads (and Message Batch bodies) get 413"
+    )
     max_jobs_per_request: int = Field(1000, description="Bulk submission limit")
 
     simulated_gpus: str = Field(

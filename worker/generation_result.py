@@ -38,6 +38,8 @@ def _sample(g: Generation, token_bytes: TokenBytes) -> dict[str, Any]:
         "finish_reason": g.finish_reason,
         "completion_tokens": g.completion_tokens,
     }
+    if g.stop_sequence is not None:  # only when one did: rows without it read as before
+        sample["stop_sequence"] = g.stop_sequence
     if g.logprobs is not None:
         sample["logprobs"] = [as_json(e, token_bytes) for e in g.logprobs]
     return sample

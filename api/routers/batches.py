@@ -13,6 +13,7 @@ from api.errors import errors
 from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
 from gpuq import store
 from gpuq.batches import service as batches
+from gpuq.batches.anthropic_format import MESSAGES
 from gpuq.db.tables import Batch
 from gpuq.errors import RequestError
 from gpuq.jobs.limits import admit_sync, precheck
@@ -68,10 +69,11 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
 ) -> BatchesPublic:
-    """Newest first; submitters see their own tenant's batches."""
+    """Newest first; submitters see their own tenant's batches. Message Batches are listed
+    at /v1/messages/batches, in Anthropic's shape."""
     try:
         rows, has_more = await db.run_sync(
-            lambda s: store.list_batches(s, limit=limit, after=after, owner=caller.tenant_filter)
+            lambda s: store.list_batches(s, limit=limit, after=after, owner=caller.tenant_filter, other_than=MESSAGES)
         )
     except LookupError:
         raise RequestError(422, f"`after` names batch {after!r}, which does not exist", param="after") from None

@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
 from gpuq import store
+from gpuq.batches import anthropic_format, message_batches
 from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, read_lines
 from gpuq.batches.gc_pause import gc_paused
 from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
@@ -55,6 +56,9 @@ EMBED_GROUP_TEXTS = 64
 MAX_ERRORS_REPORTED = 20
 _WINDOW = re.compile(r"^(\d+)h$")
 ACTIVE = (BatchStatus.IN_PROGRESS.value, BatchStatus.CANCELLING.value)
+EXPIRED_ERROR = "the batch expired before this request ran"
+# What each line's endpoint runs: OpenAI's, and Anthropic's Messages (a Message Batch's lines).
+KINDS = {**ENDPOINTS, anthropic_format.MESSAGES: JobKind.GENERATE}
 
 
 def new_batch_id() -> str:
@@ -86,7 +90,14 @@ class _Line:
 
     @property
     def kind(self) -> JobKind:
-        return ENDPOINTS[self.endpoint]
+        return KINDS[self.endpoint]
+
+
+def _parse(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
+    """(model, request as stored) of a line's body, read as its endpoint's format."""
+    if endpoint == anthropic_format.MESSAGES:
+        return anthropic_format.parse_params(body)
+    return parse_body(endpoint, body)
 
 
 def _lines(path: str, registered_name: Callable[[str], str]) -> Iterator[_Line | tuple[int, str]]:
@@ -95,7 +106,7 @@ def _lines(path: str, registered_name: Callable[[str], str]) -> Iterator[_Line |
     for number, raw in read_lines(path):
         endpoint = raw["url"]  # checked at upload
         try:
-            model, request = parse_body(endpoint, raw["body"])
+            model, request = _parse(endpoint, raw["body"])
         except ValueError as exc:
             yield number, str(exc)
             continue
@@ -245,7 +256,7 @@ def start_batch(
     queued-jobs limit they count against; ``admit`` applies that key's limits in ``session``,
     once every line has passed its checks (a refused batch spends nothing). Synchronous: the
     API runs it in a worker thread, the scheduler in its own loop."""
-    if endpoint not in ENDPOINTS:
+    if endpoint not in KINDS:
         raise RequestError(
             422, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
         )
@@ -255,7 +266,7 @@ def start_batch(
         raise RequestError(404, f"file {input_file_id!r} does not exist")
     check_input_file(file)
     with gc_paused():
-        batch_id = new_batch_id()
+        batch_id = message_batches.new_id() if endpoint == anthropic_format.MESSAGES else new_batch_id()
         plan = plan_batch_jobs(
             session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
         )
@@ -343,7 +354,11 @@ def request_counts(session: Session, batch: Batch) -> dict[str, int]:
 
 
 def result_lines(session: Session, batch: Batch) -> Iterator[tuple[bool, dict[str, Any]]]:
-    """(succeeded, OpenAI output line) per input line answered so far, in input order."""
+    """(succeeded, output line) per input line answered so far, in input order: OpenAI's
+    lines, or a Message Batch's results."""
+    if message_batches.is_message_batch(batch):
+        yield from message_batches.result_lines(session, batch)
+        return
     for job in store.batch_jobs(session, batch.id):
         if job.status not in FINAL_STATUSES:
             continue
@@ -374,7 +389,7 @@ def _split_vectors(job: Job) -> list[list[list[float]] | None]:
 
 def _error_of(job: Job) -> dict[str, str]:
     if job.status == JobStatus.CANCELLED:
-        expired = (job.error or "").startswith("the batch expired")
+        expired = (job.error or "").startswith(EXPIRED_ERROR)
         return {"code": "batch_expired" if expired else "batch_cancelled", "message": job.error or "cancelled"}
     return {"code": "server_error", "message": job.error or "the job failed"}
 
@@ -457,7 +472,7 @@ def _advance(session: Session, redis: Redis, batch: Batch, data_dir: Path) -> bo
         # Claimed by a pass that stopped short (its files could not be written, or it died).
         return _finish(session, batch, data_dir, claimed_at=batch.finalizing_at or utcnow())
     if batch.status == BatchStatus.IN_PROGRESS and utcnow() >= batch.expires_at:
-        _stop_jobs(session, redis, batch.id, error="the batch expired before this request ran")
+        _stop_jobs(session, redis, batch.id, error=EXPIRED_ERROR)
     return _pending_lines(session, batch.id) == 0 and _finalize(session, batch, data_dir)
 
 

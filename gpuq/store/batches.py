@@ -20,6 +20,7 @@ from gpuq.db.tables import (
 from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
 from gpuq.store.jobs import QUEUE_ENTRY_COLUMNS, NewJob, _job_rows, _same_tenant, queue_entry
+from gpuq.store.retention import delete_batch_jobs
 
 # ---------------------------------------------------------------- files and batches
 
@@ -89,25 +90,62 @@ def delete_batch(session: Session, batch_id: str) -> None:
     session.commit()
 
 
+def delete_ended_batch(session: Session, batch_id: str, *, chunk_jobs: int) -> list[str]:
+    """A batch's jobs with their runs (a chunk a transaction), then its row and the rows of
+    its input and output files in one; returns those files' paths, for the caller to remove
+    once the rows are gone. The caller has checked the batch ended: no job of it runs."""
+    batch = session.get(Batch, batch_id)
+    if batch is None:
+        return []
+    file_ids = [f for f in (batch.input_file_id, batch.output_file_id, batch.error_file_id) if f]
+    while delete_batch_jobs(session, batch_id, limit=chunk_jobs):
+        pass
+    paths = list(session.scalars(select(File.path).where(File.id.in_(file_ids))))
+    session.execute(delete(Batch).where(Batch.id == batch_id).execution_options(**NO_SYNC))
+    session.execute(delete(File).where(File.id.in_(file_ids)).execution_options(**NO_SYNC))
+    session.commit()
+    return paths
+
+
 def get_batch(session: Session, batch_id: str) -> Batch | None:
     return session.get(Batch, batch_id)
 
 
 def list_batches(
-    session: Session, *, limit: int, after: str | None = None, owner: str | None = None
+    session: Session,
+    *,
+    limit: int,
+    after: str | None = None,
+    before: str | None = None,
+    owner: str | None = None,
+    endpoint: str | None = None,
+    other_than: str | None = None,
 ) -> tuple[list[Batch], bool]:
-    """Newest first, keyset-paginated; ``owner`` narrows to one tenant's. A cursor naming
+    """Newest first, keyset-paginated: ``after`` a batch, the older ones; ``before`` it, the
+    newer ones nearest it (still newest first; ``has_more``: more newer ones). ``owner``
+    narrows to one tenant's, ``endpoint`` to the batches of that endpoint, ``other_than`` to
+    those of any other (Message Batches are listed apart from OpenAI's). A cursor naming
     another tenant's batch raises LookupError, as a missing one does."""
     query = select(Batch)
     if owner is not None:
         query = query.where(Batch.owner == owner)
-    if after is not None:
-        anchor = session.get(Batch, after)
-        if anchor is None or not _same_tenant(anchor.owner, owner):
-            raise LookupError(after)
-        query = query.where(tuple_(Batch.created_at, Batch.id) < tuple_(anchor.created_at, anchor.id))
-    rows = list(session.scalars(query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
+    if endpoint is not None:
+        query = query.where(Batch.endpoint == endpoint)
+    if other_than is not None:
+        query = query.where(Batch.endpoint != other_than)
+    key = tuple_(Batch.created_at, Batch.id)
+    newest_first = before is None
+    for cursor in (after, before):
+        if cursor is not None:
+            anchor = session.get(Batch, cursor)
+            if anchor is None or not _same_tenant(anchor.owner, owner):
+                raise LookupError(cursor)
+            bound = tuple_(anchor.created_at, anchor.id)
+            query = query.where(key < bound if cursor == after else key > bound)
+    order = (Batch.created_at.desc(), Batch.id.desc()) if newest_first else (Batch.created_at, Batch.id)
+    rows = list(session.scalars(query.order_by(*order).limit(limit + 1)))
+    page = rows[:limit]
+    return (page if newest_first else page[::-1]), len(rows) > limit
 
 
 def batch_line_counts(session: Session, batch_id: str) -> dict[str, int]:

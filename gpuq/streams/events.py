@@ -66,6 +66,7 @@ class End:
     status: str  # succeeded, failed or cancelled
     finish_reason: str | None = None  # stop, length or cancelled (generations)
     finish_reasons: list[str] | None = None  # each sample's, in index order (a request of n > 1)
+    stop_sequence: str | None = None  # the stop string that ended the (first) sample, if one did
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -97,6 +98,7 @@ def end_of_job(
         status=status,
         finish_reason=result.get("finish_reason"),
         finish_reasons=[choice["finish_reason"] for choice in result.get("choices", [])] or None,
+        stop_sequence=result.get("stop_sequence"),
         error=error,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,

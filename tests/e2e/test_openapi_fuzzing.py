@@ -5,11 +5,11 @@ PostgreSQL (where NUL characters and integers past INTEGER used to be 500s).
 
 Bounded and repeatable: a fixed seed, deterministic generation (no example database), a
 fixed number of cases per operation (plus Schemathesis's coverage cases: boundaries,
-wrong types, missing fields). The routes that run a model (OpenAI's and Ollama's) answer
+wrong types, missing fields). The routes that run a model (OpenAI's, Anthropic's and Ollama's) answer
 once a worker has run the call's job, and this run starts no worker, so a valid random
 request to them would wait for one: they get the coverage cases (their refusals), not the
-random ones, and are run with real clients and a worker in tests/e2e/test_openai_client.py
-and test_ollama_client.py. The API is a real uvicorn server on loopback, started in this
+random ones, and are run with real clients and a worker in tests/e2e/test_openai_client.py,
+test_anthropic_client.py and test_ollama_client.py. The API is a real uvicorn server on loopback, started in this
 process so that webhook host names go through a stub resolver: fuzzed webhook URLs must not
 make the API send DNS queries off the machine (the socket guard would fail the test).
 """
@@ -45,7 +45,7 @@ CHECKS = [
 EXAMPLES_PER_OPERATION = int(os.environ.get("GPUQ_TEST_FUZZ_EXAMPLES", "20"))
 RUN_TIMEOUT_S = 600
 MODEL = "smollm2-135m"
-RUNS_A_MODEL = r"^/(v1/(chat/completions|completions|embeddings)|api/(generate|chat|embed|embeddings))$"
+RUNS_A_MODEL = r"^/(v1/(chat/completions|completions|embeddings|messages)|api/(generate|chat|embed|embeddings))$"
 PASSES = (("examples,coverage", ()), ("fuzzing", ("--exclude-path-regex", RUNS_A_MODEL)))
 
 

@@ -50,9 +50,10 @@ def test_chat_messages_use_the_models_template(generator):
 
 def test_a_stop_sequence_ends_the_text_before_it(generator):
     free = generate(generator, {"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY)
-    assert " 5" in free.text
+    assert " 5" in free.text and free.stop_sequence is None
     stopped = generate(generator, {"prompt": "Count: 1, 2, 3,", "max_tokens": 20} | GREEDY | {"stop": [" 5"]})
     assert stopped.finish_reason == "stop" and " 5" not in stopped.text
+    assert stopped.stop_sequence == " 5"  # which one ended it: Anthropic's answer names it
     assert free.text.startswith(stopped.text)
 
 

@@ -83,6 +83,7 @@ class Generation:
     logprobs: tuple[TokenLogprob, ...] | None = None
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     # How it was computed, not what it is: the same text is the same generation.
+    stop_sequence: str | None = None  # the stop string that ended it (finish reason stop), if one did
     cached_tokens: int = field(default=0, compare=False)  # prompt tokens taken from a KV stream
     prompt_ms: int | None = field(default=None, compare=False)  # admission to the first token
     eval_ms: int | None = field(default=None, compare=False)  # first token to the end
@@ -674,6 +675,7 @@ class BatchDecoder:
             index=seq.index,
             logprobs=logprobs,
             prompt_logprobs=tuple(request.prompt_logprobs) if request.echo else None,
+            stop_sequence=seq.text.matched if seq.cut is not None else None,
             cached_tokens=request.cached,
             prompt_ms=int((first - request.admitted_at) * 1000) if first is not None else None,
             eval_ms=int((now - first) * 1000) if first is not None else None,

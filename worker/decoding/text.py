@@ -27,6 +27,7 @@ class CompletionText:
     # Streaming: bytes already handed out, decoded incrementally so pieces join to the text.
     sent: int = 0
     _utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("ignore"))
+    matched: str | None = None  # the stop string that cut the text (Anthropic's answer names it)
 
     @classmethod
     def with_stops(cls, stops: Iterable[str]) -> CompletionText:
@@ -51,6 +52,7 @@ class CompletionText:
         for stop in self.stops:
             at = self.data.find(stop, max(0, self._checked - len(stop) + 1))
             if at >= 0:
+                self.matched = stop.decode("utf-8", errors="replace")
                 return at
         return None
 

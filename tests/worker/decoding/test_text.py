@@ -10,12 +10,15 @@ def feed(text: CompletionText, pieces: list[bytes]) -> list[int | None]:
 def test_a_stop_string_cuts_the_text_where_it_begins_even_across_tokens():
     text = CompletionText.with_stops(["END", "\n\n"])
     assert feed(text, [b"one ", b"two E", b"N"]) == [None, None, None]
+    assert text.matched is None
     assert text.append(b"D three") == len(b"one two ")
+    assert text.matched == "END"  # which one cut it: Anthropic's answer names it
 
 
 def test_the_first_stop_string_of_the_list_wins():
     text = CompletionText.with_stops(["b", "a"])
     assert text.append(b"xab") == 2  # "b" is first in the list, though "a" comes first in the text
+    assert text.matched == "b"
 
 
 def test_checks_wait_while_the_text_ends_inside_a_utf8_character():
