@@ -26,7 +26,7 @@ from api.schemas.jobs import (
     JobSummary,
     NoopJobCreate,
 )
-from api.schemas.keys import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic
+from api.schemas.keys import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic, KeyUpdate
 from api.schemas.models import ModelCreate, ModelPublic, ModelsPublic
 from api.schemas.schedules import (
     FireTimes,
@@ -79,6 +79,7 @@ __all__ = [
     "KeyListed",
     "KeyPublic",
     "KeysPublic",
+    "KeyUpdate",
     "ModelCreate",
     "ModelPublic",
     "ModelsPublic",

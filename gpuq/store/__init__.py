@@ -21,6 +21,8 @@ from gpuq.store.api_keys import (
     list_api_keys,
     revoke_api_key,
     revoke_key_keeping_an_admin,
+    set_key_weight,
+    tenant_weights,
 )
 from gpuq.store.batches import (
     batch_endpoints,
@@ -187,6 +189,8 @@ __all__ = [
     "jobs_by_idempotency_keys",
     "known_owners",
     "list_api_keys",
+    "set_key_weight",
+    "tenant_weights",
     "list_batches",
     "list_deliveries",
     "list_events",
