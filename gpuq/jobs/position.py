@@ -132,18 +132,23 @@ async def job_position_async(db: AsyncSession, redis: Redis, job: Job, *, now: d
 
 def _find(redis: Redis, job_id: str, model: str, kind: str, owner: str | None) -> tuple[str, int, int] | None:
     """(queue, jobs of its band taken before it, jobs in higher priorities), or None when it
-    is in no queue."""
-    names = [queue_name(model, kind, p, owner) for p in Priority]  # its tenant's, high first
+    is in no queue. Looked for in its tenant's queues, and in the bands' own (where it waits
+    if it was queued before tenants had queues of their own)."""
+    places = [
+        (p, name, tenant)
+        for p in Priority  # high first
+        for name, tenant in ((queue_name(model, kind, p, owner), tenant_segment(owner)), (band_name(model, kind, p), ""))
+    ]
     with redis.pipeline(transaction=False) as pipe:
-        for name in names:
+        for _p, name, _t in places:
             pipe.lpos(rq_queue_key(name), job_id)
         raw: list[Any] = pipe.execute()
-    found = next((i for i in range(len(names)) if raw[i] is not None), None)
+    found = next((i for i in range(len(places)) if raw[i] is not None), None)
     if found is None:
         return None
-    bands = [fair.band_state(redis, band_name(model, kind, p)) for p in list(Priority)[: found + 1]]
-    ahead_in_band = bands[found].jobs_ahead(tenant_segment(owner), int(raw[found]))
-    return names[found], ahead_in_band, sum(b.depth for b in bands[:found])
+    priority, name, tenant = places[found]
+    bands = [fair.band_state(redis, band_name(model, kind, p)) for p in Priority if p <= priority]
+    return name, bands[-1].jobs_ahead(tenant, int(raw[found])), sum(b.depth for b in bands[:-1])
 
 
 def _per_min(session: Session, model: str, kind: str, now: datetime) -> float:

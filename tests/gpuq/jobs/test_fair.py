@@ -173,3 +173,29 @@ def test_jobs_of_no_tenant_wait_in_the_bands_own_queue_and_share_like_a_tenant(r
     assert redis.llen(rq_queue_key(NORMAL)) == 3
     order = take_all(redis, [NORMAL])
     assert [j.split("-")[0] for j in order] == ["none", "alice"] * 3
+
+
+def test_a_jobs_position_counts_the_turns_other_tenants_get_before_it(session, redis):
+    from gpuq.db.tables import Job
+    from gpuq.jobs.position import job_position
+
+    def row(job_id: str, owner: str, priority: Priority) -> Job:
+        return Job(
+            id=job_id, kind="generate", model=MODEL, priority=priority, status="queued", request_hash="h",
+            request={}, owner=owner,
+        )  # fmt: skip
+
+    entries = jobs("alice", 10) + jobs("bob", 3) + jobs("carol", 2, Priority.HIGH)
+    session.add_all([row(e.job_id, e.owner or "", Priority(e.priority)) for e in entries])
+    session.commit()
+    enqueue_jobs(redis, entries, timeout_s=60)
+
+    bobs_last = job_position(session, redis, session.get_one(Job, "bob-m-normal-2"))
+    alices_fifth = job_position(session, redis, session.get_one(Job, "alice-m-normal-4"))
+
+    # Before bob's third: carol's 2 (higher priority), bob's own 2, and alice's first 3 (turns tie; alice sorts first).
+    assert (bobs_last.ahead_in_higher_priorities, bobs_last.ahead_in_queue, bobs_last.position) == (2, 5, 7)
+    assert bobs_last.queue == f"{NORMAL}:bob"
+    assert (alices_fifth.ahead_in_queue, alices_fifth.position) == (4 + 3, 9)  # bob has only 3
+    order = take_all(redis, [HIGH, NORMAL])
+    assert order.index("bob-m-normal-2") == 7 and order.index("alice-m-normal-4") == 9
