@@ -535,7 +535,8 @@ def bench_fairness(args: argparse.Namespace) -> None:
     fair_rate = median(s.jobs_per_s for s in sides[True])
     print(
         f"\nfairness: A {fairness.A_JOBS} jobs, B {fairness.B_JOBS} jobs {fairness.B_DELAY_S:.0f} s later, "
-        f"max_tokens {args.fairness_max_tokens}, {args.fairness_slots} slots, one worker, median of {args.rounds} rounds"
+        f"max_tokens {args.fairness_max_tokens}, {args.fairness_slots} slots, one worker, "
+        f"median of {args.rounds} rounds"
     )
     for fair, name in ((False, "FIFO (one queue)"), (True, "fair shares")):
         runs = sides[fair]

@@ -76,7 +76,15 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
             band = parsed.band
             keys = [rq_queue_key(name), RQ_QUEUES, RQ_JOB_PREFIX, fair_flows_key(band), fair_bell_key(band)]
             for start in range(0, len(ids), SCRIPT_CHUNK):
-                args: list[str | int | bytes] = [name, now, timeout_s, FAILURE_TTL_S, call, parsed.tenant, FAIR_BELL_MAX]
+                args: list[str | int | bytes] = [
+                    name,
+                    now,
+                    timeout_s,
+                    FAILURE_TTL_S,
+                    call,
+                    parsed.tenant,
+                    FAIR_BELL_MAX,
+                ]
                 args.extend(ids[start : start + SCRIPT_CHUNK])
                 script(keys=keys, args=args, client=pipe)
         pipe.execute()

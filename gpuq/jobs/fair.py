@@ -31,13 +31,13 @@ from typing import cast
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.typing import EncodableT, FieldT
 from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.queue_names import parse_queue, tenant_segment
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
-    FAIR_VTIME_FIELD,
     FAIR_WEIGHTS_KEY,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
@@ -149,7 +149,7 @@ class Picker:
     def _call(self, mode: str, accept: str) -> tuple[str, str] | None:
         if not self.bands:
             return None
-        args = [mode, accept, QUANTUM, RQ_QUEUE_PREFIX, *self.bands]
+        args: list[str | int] = [mode, accept, QUANTUM, RQ_QUEUE_PREFIX, *self.bands]
         found = cast(list[bytes] | None, self._script(keys=self._keys, args=args))
         if not found:
             return None
@@ -248,7 +248,8 @@ def set_weights(redis: Redis, weights: dict[str, int]) -> None:
     with redis.pipeline(transaction=True) as pipe:
         pipe.delete(FAIR_WEIGHTS_KEY)
         if weights:
-            pipe.hset(FAIR_WEIGHTS_KEY, mapping=dict(weights))
+            mapping: dict[FieldT, EncodableT] = dict(weights.items())
+            pipe.hset(FAIR_WEIGHTS_KEY, mapping=mapping)
         pipe.execute()
 
 
@@ -276,7 +277,9 @@ def register_flows(redis: Redis) -> int:
             pipe.llen(rq_queue_key(name))
             pipe.sismember(fair_flows_key(parsed.band), parsed.tenant)
         raw = pipe.execute()
-    missing = [name for (name, _p), length, member in zip(names, raw[::2], raw[1::2], strict=True) if length and not member]
+    missing = [
+        name for (name, _p), length, member in zip(names, raw[::2], raw[1::2], strict=True) if length and not member
+    ]
     if missing:
         with redis.pipeline(transaction=True) as pipe:
             for name in missing:

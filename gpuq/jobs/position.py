@@ -137,7 +137,10 @@ def _find(redis: Redis, job_id: str, model: str, kind: str, owner: str | None) -
     places = [
         (p, name, tenant)
         for p in Priority  # high first
-        for name, tenant in ((queue_name(model, kind, p, owner), tenant_segment(owner)), (band_name(model, kind, p), ""))
+        for name, tenant in (
+            (queue_name(model, kind, p, owner), tenant_segment(owner)),
+            (band_name(model, kind, p), ""),
+        )
     ]
     with redis.pipeline(transaction=False) as pipe:
         for _p, name, _t in places:

@@ -47,7 +47,6 @@ from redis.client import Pipeline
 from gpuq.db.tables import Gpu, utcnow
 from gpuq.fleet import telemetry
 from gpuq.fleet.workers import live_workers
-from gpuq.stats.backlog import Backlog
 from gpuq.queue_names import Priority, band_name
 from gpuq.redis_keys import (
     METRICS_JOBS,
@@ -60,6 +59,7 @@ from gpuq.redis_keys import (
     fair_flows_key,
     rq_queue_key,
 )
+from gpuq.stats.backlog import Backlog
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,9 @@ def tenant_shares(session: Session, *, since: datetime, until: datetime) -> list
         .where(Job.finished_at >= since, Job.finished_at < until, Job.run_ms.is_not(None))
         .group_by(Job.owner)
     )
-    finished: dict[str, tuple[int, float]] = {owner or NO_TENANT: (int(n), int(ms) / 1000) for owner, n, ms in done}
+    finished: dict[str, tuple[int, float]] = {
+        owner or NO_TENANT: (int(n), int(ms or 0) / 1000) for owner, n, ms in done
+    }
     all_running = sum(running.values())
     all_run_s = sum(s for _n, s in finished.values())
     shares = [

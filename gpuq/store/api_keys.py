@@ -176,9 +176,7 @@ def set_key_weight(session: Session, key_id: str, weight: int) -> ApiKey | None:
     statement = update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(weight=weight)
     if not commit_changed(session, statement):
         return None
-    return session.scalars(
-        select(ApiKey).where(ApiKey.id == key_id).execution_options(populate_existing=True)
-    ).one()
+    return session.scalars(select(ApiKey).where(ApiKey.id == key_id).execution_options(populate_existing=True)).one()
 
 
 def tenant_weights(session: Session) -> dict[str, int]:

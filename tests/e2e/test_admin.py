@@ -45,7 +45,9 @@ def _stays_queued(client, ids, seconds=2.5):
 def _queued_ids(processes, model=MODEL, kind="noop"):
     redis = Redis.from_url(processes.redis_url)
     try:
-        return [x.decode() for x in redis.lrange(f"rq:queue:{queue_name(model, kind, Priority.NORMAL, "admin")}", 0, -1)]
+        return [
+            x.decode() for x in redis.lrange(f"rq:queue:{queue_name(model, kind, Priority.NORMAL, 'admin')}", 0, -1)
+        ]
     finally:
         redis.close()
 

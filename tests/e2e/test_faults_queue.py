@@ -2,7 +2,6 @@
 
 import os
 import signal
-import time
 
 from redis import Redis
 

@@ -21,7 +21,10 @@ HIGH = band_name(MODEL, "generate", Priority.HIGH)
 
 
 def jobs(owner: str | None, n: int, priority: Priority = Priority.NORMAL, model: str = MODEL) -> list[QueueEntry]:
-    return [QueueEntry(f"{owner or 'none'}-{model}-{priority.label}-{i}", model, "generate", priority, owner) for i in range(n)]
+    return [
+        QueueEntry(f"{owner or 'none'}-{model}-{priority.label}-{i}", model, "generate", priority, owner)
+        for i in range(n)
+    ]
 
 
 def take_all(redis: Redis, bands: list[str]) -> list[str]:
