@@ -217,9 +217,9 @@ class GpuqWorker(SimpleWorker):
                 picker.wait(timeout or 1)
                 waited = True
                 continue
-            return_value = self._fetch(*taken)
-            if return_value is not None:
-                return return_value
+            found = self._fetch(*taken)
+            if found is not None:
+                return found
 
     def _fetch(self, queue_name: str, job_id: str) -> tuple[Job, Queue] | None:
         """RQ's job for an id taken from a queue; None when its hash is gone (cancelled), as
