@@ -14,6 +14,7 @@ from bench import (
     db_growth,
     decoder_steps,
     dispatch,
+    fairness,
     generation,
     intake_burst,
     invariance,
@@ -545,6 +546,38 @@ def bench_restore(args: argparse.Namespace) -> None:
     print(restore.report(figures, rounds=args.rounds, threads=args.threads))
 
 
+def bench_fairness(args: argparse.Namespace) -> None:
+    """Tenant A's 96 jobs, then tenant B's 4 a second later (bench/fairness.py): fair shares
+    against one FIFO queue, interleaved rounds on fresh state."""
+    sides: dict[bool, list[fairness.Side]] = {True: [], False: []}
+    for round_ in range(1, args.rounds + 1):
+        for fair in (False, True):
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                side = fairness.run(
+                    db, redis_url, workdir, fair=fair, max_tokens=args.fairness_max_tokens, slots=args.fairness_slots
+                )
+            sides[fair].append(side)
+            print(
+                f"round {round_} {'fair' if fair else 'FIFO'}: B's last finished after {side.a_before_b_done} of A's; "
+                f"{side.jobs_per_s:.2f} jobs/s ({side.seconds:.1f} s)",
+                flush=True,
+            )
+    fifo = median(s.jobs_per_s for s in sides[False])
+    fair_rate = median(s.jobs_per_s for s in sides[True])
+    print(
+        f"\nfairness: A {fairness.A_JOBS} jobs, B {fairness.B_JOBS} jobs {fairness.B_DELAY_S:.0f} s later, "
+        f"max_tokens {args.fairness_max_tokens}, {args.fairness_slots} slots, one worker, "
+        f"median of {args.rounds} rounds"
+    )
+    for fair, name in ((False, "FIFO (one queue)"), (True, "fair shares")):
+        runs = sides[fair]
+        print(
+            f"  {name:<18} B's last after {median(s.a_before_b_done for s in runs):5.0f} of A's jobs   "
+            f"{median(s.jobs_per_s for s in runs):6.2f} jobs/s"
+        )
+    print(f"  fair / FIFO throughput {fair_rate / fifo:.3f}x   (targets: B's last after <= 16 of A's; >= 0.95x)")
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -568,6 +601,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "scoring": bench_scoring,
     "invariance": bench_invariance,
     "restore": bench_restore,
+    "fairness": bench_fairness,
 }
 
 
@@ -618,6 +652,8 @@ def main() -> None:
     parser.add_argument("--structured-jobs", type=int, default=200, help="structured: chat jobs, each with a schema")
     parser.add_argument("--structured-slots", type=int, default=8, help="structured: K, the slots of the decoder")
     parser.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
+    parser.add_argument("--fairness-max-tokens", type=int, default=8, help="fairness: each job's max_tokens")
+    parser.add_argument("--fairness-slots", type=int, default=4, help="fairness: K, the worker's slots")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):

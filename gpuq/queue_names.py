@@ -1,9 +1,12 @@
-"""Queue names and what they are made of: priorities, model names, kinds, and a job's place.
+"""Queue names and what they are made of: priorities, model names, kinds, tenants, and a job's place.
 
-Work waits in RQ queues named ``gpuq:<model>:<kind>:<priority>``. These names sit low in the
-layers because everything above names queues: the store returns a job's ``QueueEntry`` for the
-rows it changes, the stats name queues, the registry refuses model names no queue could carry.
-The order a worker listens in is ``gpuq.jobs.queues``'s.
+Work waits in RQ queues, one per tenant within each *band* (a model, kind and priority):
+``gpuq:<model>:<kind>:<priority>:<tenant>``, and ``gpuq:<model>:<kind>:<priority>`` (the band's
+own name) for jobs that belong to no tenant. Workers take from a band's queues by fair shares
+(``gpuq.jobs.fair``). These names sit low in the layers because everything above names queues:
+the store returns a job's ``QueueEntry`` for the rows it changes, the stats name queues, the
+registry refuses model names no queue could carry. The order a worker listens in is
+``gpuq.jobs.queues``'s.
 """
 
 from __future__ import annotations
@@ -46,7 +49,22 @@ def is_valid_model_name(name: str) -> bool:
 KINDS = frozenset(kind.value for kind in JobKind)
 
 
-def queue_name(model: str, kind: str, priority: Priority) -> str:
+_TENANT_SAFE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def tenant_segment(owner: str | None) -> str:
+    """A tenant as its queues name it: the owner as it is where it is in the keys API's alphabet
+    (so ``rq info`` reads it), else ``~`` and its UTF-8 in hex; "" for jobs of no tenant."""
+    if not owner:
+        return ""
+    if _TENANT_SAFE.match(owner):
+        return owner
+    return "~" + owner.encode().hex()
+
+
+def band_name(model: str, kind: str, priority: Priority) -> str:
+    """A band's name (a model, kind and priority): the queue of its jobs of no tenant, and the
+    stem of its tenants' queues."""
     if not is_valid_model_name(model):
         raise ValueError(f"invalid model name {model!r}")
     if kind not in KINDS:
@@ -54,12 +72,42 @@ def queue_name(model: str, kind: str, priority: Priority) -> str:
     return redis_keys.queue_name(model, kind, priority.label)
 
 
-def parse_queue_name(name: str) -> tuple[str, str, Priority]:
+def queue_name(model: str, kind: str, priority: Priority, owner: str | None = None) -> str:
+    """The queue a job of ``owner`` (its tenant) waits in."""
+    band = band_name(model, kind, priority)
+    tenant = tenant_segment(owner)
+    return f"{band}:{tenant}" if tenant else band
+
+
+class QueueName(NamedTuple):
+    model: str
+    kind: str
+    priority: Priority
+    tenant: str  # its tenant_segment: "" for the band's queue of jobs of no tenant
+
+    @property
+    def band(self) -> str:
+        return band_name(self.model, self.kind, self.priority)
+
+
+def parse_queue(name: str) -> QueueName:
     """Inverse of :func:`queue_name`; refuses names gpuq did not make."""
     parts = name.split(":")
-    if len(parts) != 4 or parts[0] != redis_keys.PREFIX or not is_valid_model_name(parts[1]) or parts[2] not in KINDS:
+    if (
+        len(parts) not in (4, 5)
+        or parts[0] != redis_keys.PREFIX
+        or not is_valid_model_name(parts[1])
+        or parts[2] not in KINDS
+        or (len(parts) == 5 and not (_TENANT_SAFE.match(parts[4]) or re.match(r"^~[0-9a-f]{2,}$", parts[4])))
+    ):
         raise ValueError(f"{name!r} is not a gpuq queue name")
-    return parts[1], parts[2], Priority.parse(parts[3])
+    return QueueName(parts[1], parts[2], Priority.parse(parts[3]), parts[4] if len(parts) == 5 else "")
+
+
+def parse_queue_name(name: str) -> tuple[str, str, Priority]:
+    """(model, kind, priority) of a queue's name; refuses names gpuq did not make."""
+    parsed = parse_queue(name)
+    return parsed.model, parsed.kind, parsed.priority
 
 
 class Queueable(Protocol):
@@ -73,21 +121,28 @@ class Queueable(Protocol):
     def kind(self) -> str: ...
     @property
     def priority(self) -> int: ...
+    @property
+    def owner(self) -> str | None: ...
 
 
 class QueueEntry(NamedTuple):
-    """A job's place in Redis: its id in the queue of its model, kind and priority. The store
-    returns these for the rows it changes, so callers pass them on as they are."""
+    """A job's place in Redis: its id in its tenant's queue of its model, kind and priority.
+    The store returns these for the rows it changes, so callers pass them on as they are."""
 
     job_id: str
     model: str
     kind: str
     priority: int
+    owner: str | None = None  # the tenant: whose fair share it is
 
     @classmethod
     def of(cls, job: Queueable) -> QueueEntry:
-        return cls(job.id, job.model, job.kind, job.priority)
+        return cls(job.id, job.model, job.kind, job.priority, job.owner)
 
     @property
     def queue(self) -> str:
-        return queue_name(self.model, self.kind, Priority(self.priority))
+        return queue_name(self.model, self.kind, Priority(self.priority), self.owner)
+
+    @property
+    def band(self) -> str:
+        return band_name(self.model, self.kind, Priority(self.priority))

@@ -4,8 +4,8 @@ Two families share one Redis database:
 
 * **RQ's keys**, named through RQ's own class attributes, so RQ's workers and tools
   (``rq info``) read what gpuq writes as their own. gpuq chooses only the queue names,
-  ``gpuq:<model>:<kind>:<priority>`` (checked and parsed in ``gpuq.jobs.queues``), and
-  adds its fields to RQ's worker hashes.
+  ``gpuq:<model>:<kind>:<priority>[:<tenant>]`` (checked and parsed in ``gpuq.queue_names``),
+  and adds its fields to RQ's worker hashes.
 * **gpuq's own keys**, all under ``gpuq:``. Each says what it holds and how long it lives.
 
 Other modules import these names and builders; none spells a key itself.
@@ -33,6 +33,33 @@ RQ_WORKER_PREFIX = Worker.redis_worker_namespace_prefix  # + worker name: RQ's w
 def queue_name(model: str, kind: str, priority: str) -> str:
     """An RQ queue's name from parts ``gpuq.jobs.queues.queue_name`` has checked."""
     return f"{PREFIX}:{model}:{kind}:{priority}"
+
+
+def fair_flows_key(band: str) -> str:
+    """The tenants with jobs waiting in a band (a set of tenant segments, "" for no tenant):
+    the queues its fair pick looks at. Whatever pushes to a tenant's queue adds it; the pick
+    removes a tenant whose queue it finds empty (``gpuq.jobs.fair``)."""
+    return f"{PREFIX}:fair:flows:{band}"
+
+
+def fair_passes_key(band: str) -> str:
+    """A band's virtual times (a hash): each tenant's pass (the virtual time of its next job)
+    and, under ``FAIR_VTIME_FIELD``, the band's (that of the last job taken)."""
+    return f"{PREFIX}:fair:passes:{band}"
+
+
+FAIR_VTIME_FIELD = "@"  # outside every tenant segment's alphabet
+
+
+def fair_bell_key(band: str) -> str:
+    """A list an idle worker blocks on (``BLPOP``) instead of its band's many queues: a push
+    to any of the band's queues adds a token (at most ``FAIR_BELL_MAX`` wait), a worker that
+    finds all its bands empty deletes their tokens, stale by then."""
+    return f"{PREFIX}:fair:bell:{band}"
+
+
+FAIR_BELL_MAX = 256  # tokens kept: idle workers one enqueue wakes at once
+FAIR_WEIGHTS_KEY = f"{PREFIX}:fair:weights"  # tenant segment -> weight (1 when absent); rebuilt from SQL
 
 
 def rq_queue_key(name: str) -> str:

@@ -17,10 +17,11 @@ Every job keeps exactly what a job run alone has: its SQL claim, its own RQ exec
 registry entry (so ``rq info`` is true), heartbeats, cancellation, a deadline, and its
 outcome through the writer.
 
-Priorities stay intact because the desk reads the worker's own ordered queue list (every
-``high`` queue, then ``normal``, then ``low``; loaded models first within each): it admits
-from the first non-empty queue only if it is this model's, and stops admitting as soon as a
-queue ahead of it, another model's, has a job waiting. The live sequences then finish, RQ's
+Priorities stay intact because the desk takes through the worker's own ordered band list
+(every ``high`` band, then ``normal``, then ``low``; loaded models first within each), with
+the fair pick between tenants within a band (``gpuq.jobs.fair``): it admits from the first
+band with a job only if it is this model's, and stops admitting as soon as a band ahead of
+it, another model's, has a job waiting. The live sequences then finish, RQ's
 loop takes that job next, and no ``high`` job waits behind the admission of a ``low`` one.
 A drained worker, or one told to stop (SIGTERM, RQ's warm shutdown), admits nothing more
 and lets the live sequences finish.

@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 from rq import Queue, SimpleWorker
 from rq.command import parse_payload
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
-from rq.exceptions import DequeueTimeout
+from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.worker import Worker, WorkerStatus
@@ -45,6 +45,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
+from gpuq.jobs import fair
 from gpuq.jobs.queues import worker_queue_names
 from gpuq.jobs.reconciler import redis_age_s
 from gpuq.queue_names import parse_queue_name
@@ -114,6 +115,7 @@ class GpuqWorker(SimpleWorker):
         self._servable = list_servable()
         self._loaded_elsewhere: frozenset[str] = frozenset()
         self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
+        self._fair: fair.Picker | None = None
         self._queue_refresh_interval_s = queue_refresh_interval_s
         self.job_timeout_s = job_timeout_s
         self.slots = slots
@@ -178,14 +180,7 @@ class GpuqWorker(SimpleWorker):
                 self._control_changed.wait(pause_s)  # an undrain or other control message ends it early
                 continue
             try:
-                result = self.queue_class.dequeue_any(
-                    self._ordered_queues,
-                    timeout,
-                    connection=self.connection,
-                    job_class=self.job_class,
-                    serializer=self.serializer,
-                    death_penalty_class=self.death_penalty_class,
-                )
+                result = self._take_next(timeout)
             except DequeueTimeout:
                 self.redis_health.succeeded()
                 continue
@@ -198,6 +193,44 @@ class GpuqWorker(SimpleWorker):
                     continue
                 job_lines.info("%s: %s", result[1].name, result[0].id)
             return result
+
+    def _picker(self) -> fair.Picker:
+        """The fair pick over this worker's ordered bands, rebuilt when the order changes."""
+        names = [q.name for q in self._ordered_queues]
+        if self._fair is None or self._fair.bands != names:
+            self._fair = fair.Picker(self.connection, names)
+        return self._fair
+
+    def _take_next(self, timeout: int | None) -> tuple[Job, Queue] | None:
+        """The next job by priority, then fair shares between tenants (``gpuq.jobs.fair``):
+        RQ's ``dequeue_any`` with the pick in place of its ``BLPOP``. With nothing waiting it
+        blocks on the bands' bells up to ``timeout`` (None: it does not block), then looks
+        once more; DequeueTimeout when still nothing came."""
+        picker = self._picker()
+        waited = timeout is None
+        while True:
+            taken = picker.take()
+            if taken is None:
+                if waited:
+                    if timeout is None:
+                        return None
+                    raise DequeueTimeout(timeout, picker.bells)
+                picker.wait(timeout or 1)
+                waited = True
+                continue
+            found = self._fetch(*taken)
+            if found is not None:
+                return found
+
+    def _fetch(self, queue_name: str, job_id: str) -> tuple[Job, Queue] | None:
+        """RQ's job for an id taken from a queue; None when its hash is gone (cancelled), as
+        RQ's own dequeue skips such ids."""
+        queue = Queue(queue_name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
+        try:
+            job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
+        except NoSuchJobError:
+            return None
+        return job, queue
 
     def _pause_s(self, timeout: int | None) -> float | None:
         """How long to wait before looking at the queues, when no job should be taken now."""
@@ -232,7 +265,7 @@ class GpuqWorker(SimpleWorker):
         self._read_control()
         if not self._control.drained:
             return False
-        queue.push_job_id(job.id, at_front=True)
+        fair.push_front(self.connection, queue.name, job.id)
         log.info("drained: %s goes back to the front of %s", job.id, queue.name)
         return True
 
@@ -374,35 +407,27 @@ class GpuqWorker(SimpleWorker):
         return self.runner.sql.wait_s <= 0 and self.redis_health.wait_s <= 0
 
     def next_waiting(self, model: str, kind: str) -> tuple[Job, Queue] | None:
-        """The job at the front of the first non-empty queue of the worker's ordered list, if
-        that queue is ``model``'s for ``kind``; None when nothing waits, something more urgent
-        does, or Redis does not answer (the live sequences go on; intake resumes with it)."""
-        queues = self._ordered_queues
+        """The job the fair pick gives next from the first band of the worker's ordered list
+        that has one, if that band is ``model``'s for ``kind``; None when nothing waits,
+        something more urgent does, or Redis does not answer (the live sequences go on;
+        intake resumes with it)."""
+        picker = self._picker()
+        ours = [band for band in picker.bands if parse_queue_name(band)[:2] == (model, kind)]
         try:
-            with self.connection.pipeline(transaction=False) as pipe:
-                for queue in queues:
-                    pipe.llen(queue.key)
-                lengths = pipe.execute()
-            for queue, length in zip(queues, lengths, strict=True):
-                if not length:
-                    continue
-                queue_model, queue_kind, _priority = parse_queue_name(queue.name)
-                if queue_model != model or queue_kind != kind:
-                    return None  # a job ahead of ours in the worker's order: let this run end
-                return Queue.dequeue_any(
-                    [queue],
-                    None,  # no timeout: a plain LPOP, never blocking
-                    connection=self.connection,
-                    job_class=self.job_class,
-                    serializer=self.serializer,
-                )
+            while True:
+                taken = picker.take(only=ours)
+                if taken is None:
+                    return None
+                found = self._fetch(*taken)
+                if found is not None:
+                    return found
         except RedisError as exc:
             self.redis_health.failed("taking more jobs", exc)
         return None
 
     def put_back(self, job: Job, queue: Queue) -> None:
         try:
-            queue.push_job_id(job.id, at_front=True)
+            fair.push_front(self.connection, queue.name, job.id)
         except RedisError as exc:  # popped, unclaimed: the reconciler enqueues it again (see start)
             self.redis_health.failed(f"putting {job.id} back", exc)
 
@@ -519,7 +544,8 @@ class GpuqWorker(SimpleWorker):
         with self.connection.pipeline(transaction=False) as pipe:
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
             job.set_status(JobStatus.QUEUED, pipeline=pipe)
-            queue.push_job_id(job.id, pipeline=pipe, at_front=True)
+            pipe.lpush(queue.key, job.id)
+            fair.note_push(pipe, queue.name)
             if not self._running:
                 self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))

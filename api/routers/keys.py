@@ -1,25 +1,32 @@
-"""/v1/keys: API keys. Admins create, list and revoke them; any key may ask who it is."""
+"""/v1/keys: API keys. Admins create, list, reweigh and revoke them; any key may ask who it is."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import APIRouter, Query, Response, status
+from redis.exceptions import RedisError
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.deps import AdminDep, CallerDep, SessionDep, StateDep
+from api.deps import AdminDep, AppState, CallerDep, SessionDep, StateDep
 from api.errors import errors
-from api.schemas import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic
+from api.schemas import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic, KeyUpdate
 from gpuq import store
 from gpuq.db.tables import utcnow
 from gpuq.errors import RequestError
+from gpuq.jobs import fair
 from gpuq.jobs.actions import cancel_jobs_of_key
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated, responses=errors(403, 409))
-async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCreated:
+async def create_key(body: KeyCreate, db: SessionDep, state: StateDep, _admin: AdminDep) -> KeyCreated:
     """The response holds the secret; gpuq keeps only its hash and cannot show it again. A
     name the owner's active keys already use is a 409: names are how keys are told apart."""
     same = await db.run_sync(lambda s: store.active_key_named(s, owner=body.owner, name=body.name))
@@ -39,9 +46,32 @@ async def create_key(body: KeyCreate, db: SessionDep, _admin: AdminDep) -> KeyCr
             max_queued_jobs=body.max_queued_jobs,
             max_submissions_per_minute=body.max_submissions_per_minute,
             default_priority=body.default_priority,
+            weight=body.weight,
         )
     )
+    await _sync_weights(db, state)
     return KeyCreated(**KeyPublic.of(key).model_dump(), key=secret)
+
+
+async def _sync_weights(db: AsyncSession, state: AppState) -> None:
+    """The tenants' weights to Redis now, where the fair pick reads them; with Redis down the
+    reconciler's next pass does it (SQL holds them)."""
+    weights = await db.run_sync(store.tenant_weights)
+    try:
+        await to_thread.run_sync(lambda: fair.set_weights(state.redis, fair.weights_by_tenant(weights)))
+    except RedisError:
+        log.warning("could not write the tenants' weights to Redis; the reconciler will", exc_info=True)
+
+
+@router.patch("/{key_id}", response_model=KeyPublic, responses=errors(403, 404))
+async def update_key(key_id: str, body: KeyUpdate, db: SessionDep, state: StateDep, _admin: AdminDep) -> KeyPublic:
+    """Change an active key's weight: its tenant's share of the fleet beside other tenants'
+    jobs of the same priority, from the next job a worker takes."""
+    key = await db.run_sync(lambda s: store.set_key_weight(s, key_id, body.weight))
+    if key is None:
+        raise RequestError(404, f"key {key_id!r} does not exist or is revoked")
+    await _sync_weights(db, state)
+    return KeyPublic.of(key)
 
 
 @router.get("", response_model=KeysPublic, responses=errors(403))
@@ -101,4 +131,5 @@ async def revoke_key(
             raise RequestError(404, f"key {key_id!r} does not exist or is already revoked")
     if cancel_jobs:
         await cancel_jobs_of_key(db, state.redis, key_id)
+    await _sync_weights(db, state)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -18,6 +18,7 @@ from api.errors import errors
 from gpuq import store
 from gpuq.db.tables import JobKind
 from gpuq.stats import metrics
+from gpuq.stats.backlog import queued_tokens
 
 router = APIRouter(tags=["metrics"], dependencies=ADMIN_ONLY, responses=errors(403))
 
@@ -39,6 +40,7 @@ async def prometheus_metrics(db: SessionDep, state: StateDep) -> Response:
         snapshot = await to_thread.run_sync(lambda: metrics.read_snapshot(state.redis, queues=queues, gpus=gpus))
     except RedisError:
         snapshot = metrics.Snapshot.without_redis(gpus)
-    fronts = list(snapshot.queue_front.values())
+    fronts = [job for jobs in snapshot.queue_front.values() for job in jobs]
     created = await db.run_sync(lambda s: store.creation_times(s, fronts)) if fronts else {}
-    return Response(metrics.render(snapshot, created=created), media_type=metrics.CONTENT_TYPE)
+    backlog = await db.run_sync(queued_tokens)
+    return Response(metrics.render(snapshot, created=created, backlog=backlog), media_type=metrics.CONTENT_TYPE)

@@ -26,6 +26,7 @@ from gpuq.dropin.call import (
     JOB_ID_HEADER,
     call_priority,
     call_spec,
+    echoed_tier,
     find_model,
     refuse_more_messages_than_the_context,
     with_max_tokens,
@@ -114,18 +115,20 @@ async def _generate(
         JobKind.GENERATE,
         body.model,
         await with_max_tokens(db, state.redis, caller, model, job_request),
-        priority=call_priority(priority, caller),
+        priority=call_priority(priority, caller, service_tier=body.service_tier),
         stream=body.stream,
     )
+    tier = echoed_tier(body.service_tier)
     job = await calls.submit(db, state, caller, spec)
     if body.stream:
         events = calls.events(state, job.id)
-        content = openai.stream(events, endpoint, job, include_usage=body.include_usage)
+        content = openai.stream(events, endpoint, job, include_usage=body.include_usage, service_tier=tier)
         return calls.stream(state, job, content, "text/event-stream")
     final = await _final(request, state, job)
     if final is None:
         return Response(status_code=calls.CLIENT_GONE)
-    return JSONResponse(openai.answer(endpoint, final), headers={JOB_ID_HEADER: job.id})
+    answer = openai.answer(endpoint, final) | ({"service_tier": tier} if tier else {})
+    return JSONResponse(answer, headers={JOB_ID_HEADER: job.id})
 
 
 async def _final(request: Request, state: StateDep, job: Job) -> Job | None:

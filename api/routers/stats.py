@@ -26,8 +26,10 @@ from api.schemas.stats import (
     StatsGpus,
     StatsQueues,
     StatsSummary,
+    StatsTenants,
     StatsThroughput,
     StatsWindow,
+    TenantSharePublic,
     ThroughputPointPublic,
     UsageSums,
 )
@@ -36,6 +38,7 @@ from gpuq.jobs.position import queue_depths_async
 from gpuq.stats import queries as stats
 from gpuq.stats.filters import StatsFilter, Window, parse_filter, parse_window
 from gpuq.stats.queries import Sums
+from gpuq.stats.tenants import tenant_shares
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"], dependencies=ADMIN_ONLY, responses=errors(403))
 
@@ -210,6 +213,19 @@ async def gpus(
             for uuid, host in sorted(hosts.items())
         ],
     )
+
+
+@router.get("/tenants", response_model=StatsTenants)
+async def tenants(
+    db: SessionDep,
+    since: Annotated[datetime | None, Query(description="ISO 8601 with a time zone; default until - 1 h")] = None,
+    until: Annotated[datetime | None, Query(description="ISO 8601 with a time zone; default now")] = None,
+) -> StatsTenants:
+    """Each tenant's share of the fleet: its jobs running now, of all running, and the run time
+    of its jobs that finished in the window, of all such run time (fair shares between tenants)."""
+    window = parse_window(since, until)
+    shares = await db.run_sync(lambda s: tenant_shares(s, since=window.since, until=window.until))
+    return StatsTenants(window=_window(window), data=[TenantSharePublic(**asdict(t)) for t in shares])
 
 
 @router.get("/queues", response_model=StatsQueues)

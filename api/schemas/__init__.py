@@ -26,7 +26,7 @@ from api.schemas.jobs import (
     JobSummary,
     NoopJobCreate,
 )
-from api.schemas.keys import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic
+from api.schemas.keys import KeyCreate, KeyCreated, KeyListed, KeyPublic, KeysPublic, KeyUpdate
 from api.schemas.models import (
     ModelAliasesPublic,
     ModelAliasPublic,
@@ -85,6 +85,7 @@ __all__ = [
     "KeyCreated",
     "KeyListed",
     "KeyPublic",
+    "KeyUpdate",
     "KeysPublic",
     "ModelAliasPublic",
     "ModelAliasSet",

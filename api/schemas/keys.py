@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from api.schemas.common import MAX_SQL_INT, PriorityName, Strict
 from gpuq.db.tables import ApiKey, Role
+from gpuq.jobs.fair import MAX_WEIGHT
 from gpuq.queue_names import Priority
 
 
@@ -26,6 +27,17 @@ class KeyCreate(Strict):
         description="priority of its jobs and interactive calls (OpenAI, Ollama) that name none; "
         "null: normal for jobs, high for interactive calls",
     )
+    weight: int = Field(
+        1,
+        ge=1,
+        le=MAX_WEIGHT,
+        description="its tenant's share of the fleet beside other tenants' jobs of the same priority "
+        "(2 gets twice the jobs of 1 while both wait); a tenant weighs as its heaviest active key",
+    )
+
+
+class KeyUpdate(Strict):
+    weight: int = Field(ge=1, le=MAX_WEIGHT, description="its tenant's share beside other tenants (see KeyCreate)")
 
 
 class KeyPublic(BaseModel):
@@ -37,6 +49,7 @@ class KeyPublic(BaseModel):
     max_queued_jobs: int | None
     max_submissions_per_minute: int | None
     default_priority: PriorityName | None
+    weight: int = Field(description="its tenant's share of the fleet within a priority (fair shares)")
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
@@ -52,6 +65,7 @@ class KeyPublic(BaseModel):
             max_queued_jobs=key.max_queued_jobs,
             max_submissions_per_minute=key.max_submissions_per_minute,
             default_priority=Priority(key.default_priority) if key.default_priority is not None else None,
+            weight=key.weight,
             created_at=key.created_at,
             last_used_at=key.last_used_at,
             revoked_at=key.revoked_at,

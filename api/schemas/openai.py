@@ -28,7 +28,8 @@ from gpuq.jobs.request import (
     openai_items,
 )
 
-# Accepted and ignored: they change nothing gpuq does (identifiers, storage, service tiers).
+# Accepted and ignored: they change nothing gpuq does (identifiers, storage; service tiers on
+# embeddings, which OpenAI's embeddings API does not have; chat and completions honour them).
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
 
 
@@ -81,6 +82,11 @@ class _Sampling(_Lenient):
     repeat_penalty: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 1, off")
     keep_alive: Number | None = Field(
         None, description="gpuq extension: seconds the model stays loaded afterwards (-1 to 604800)"
+    )
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        None,
+        description="flex runs at low priority, priority at high, auto and default at the key's; "
+        "echoed in the answer (X-Gpuq-Priority, if also given, must agree)",
     )
 
     @property

@@ -158,12 +158,29 @@ class StatsQueues(BaseModel):
     data: list[QueueDepthPublic]
 
 
+class TenantSharePublic(BaseModel):
+    tenant: str = Field(description='the owner of the jobs ("" for jobs of no tenant)')
+    queued: int
+    running: int
+    share_now: float = Field(description="its jobs running now, of all running (0 to 1)")
+    finished: int = Field(description="its jobs that finished in the window (a run time recorded)")
+    run_s: float = Field(description="their summed run time")
+    share_window: float = Field(description="that run time, of all run time of jobs finished in the window (0 to 1)")
+
+
+class StatsTenants(BaseModel):
+    window: StatsWindow
+    data: list[TenantSharePublic]
+
+
 class JobPosition(BaseModel):
     job_id: str
     status: str
     queue: str | None
     position: int | None = Field(description="jobs that run before it (0: next); null unless queued")
-    ahead_in_queue: int | None
+    ahead_in_queue: int | None = Field(
+        description="jobs of its own priority (its tenant's and, by fair shares, other tenants') that run before it"
+    )
     ahead_in_higher_priorities: int | None
     finished_per_min: float | None
     eta_s: float | None = Field(description="seconds until it starts at the recent rate; null if nothing ran lately")

@@ -292,7 +292,7 @@ def start_batch(
 
         def noted(jobs: Iterator[store.NewJob]) -> Iterator[store.NewJob]:
             for j in jobs:
-                queued.append((j.line_number or 0, QueueEntry(j.id, j.model, j.kind, j.priority)))
+                queued.append((j.line_number or 0, QueueEntry(j.id, j.model, j.kind, j.priority, j.owner)))
                 yield j
 
         store.insert_batch(session, batch, noted(plan.jobs()))
@@ -332,9 +332,9 @@ def cancel_batch(session: Session, redis: Redis, batch_id: str) -> Batch:
 def _stop_jobs(session: Session, redis: Redis, batch_id: str, *, error: str) -> None:
     cancelled = store.cancel_queued_batch_jobs(session, batch_id, error=error)
     if cancelled:
-        remove_queued(redis, [QueueEntry(*row) for row in cancelled])
+        remove_queued(redis, cancelled)
         metrics.record_finished_jobs(
-            redis, [metrics.FinishedJob(model, kind, JobStatus.CANCELLED.value) for _id, model, kind, _p in cancelled]
+            redis, [metrics.FinishedJob(e.model, e.kind, JobStatus.CANCELLED.value) for e in cancelled]
         )
     store.mark_batch_cancel_requested(session, batch_id)
     for job_id, worker in store.running_batch_jobs(session, batch_id):

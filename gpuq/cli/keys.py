@@ -60,6 +60,13 @@ def keys() -> None:
     default=None,
     help="priority of its jobs and interactive calls that name none [default: normal for jobs, high for calls]",
 )
+@click.option(
+    "--weight",
+    type=click.IntRange(min=1, max=1000),
+    default=1,
+    show_default=True,
+    help="its tenant's share beside other tenants' jobs of the same priority (a tenant weighs as its heaviest key)",
+)
 def keys_create(
     name: str,
     owner: str,
@@ -67,6 +74,7 @@ def keys_create(
     max_queued_jobs: int | None,
     max_per_minute: int | None,
     default_priority: str | None,
+    weight: int,
 ) -> None:
     """Create a key and print its secret (shown this once)."""
     from gpuq import store
@@ -87,6 +95,7 @@ def keys_create(
             max_queued_jobs=max_queued_jobs,
             max_submissions_per_minute=max_per_minute,
             default_priority=Priority.parse(default_priority) if default_priority else None,
+            weight=weight,
         )
     click.echo(f"created {key.id} ({role} for {owner}); the secret, shown this once:", err=True)
     click.echo(secret)
@@ -101,13 +110,36 @@ def keys_list(include_revoked: bool) -> None:
     with _session() as session:
         rows = store.list_api_keys(session, include_revoked=include_revoked)
     table(
-        ("ID", "PREFIX", "ROLE", "OWNER", "STATE", "NAME"),
+        ("ID", "PREFIX", "ROLE", "OWNER", "WEIGHT", "STATE", "NAME"),
         [
-            (k.id, f"{k.key_prefix}…", str(k.role), k.owner, "revoked" if k.revoked_at else "active", k.name)
+            (
+                k.id,
+                f"{k.key_prefix}…",
+                str(k.role),
+                k.owner,
+                str(k.weight),
+                "revoked" if k.revoked_at else "active",
+                k.name,
+            )
             for k in rows
         ],
         empty="no API keys" + ("" if include_revoked else " (`--all` shows revoked ones too)"),
     )
+
+
+@keys.command("weight")
+@click.argument("key_id")
+@click.argument("weight", type=click.IntRange(min=1, max=1000))
+def keys_weight(key_id: str, weight: int) -> None:
+    """Set a key's weight: its tenant's share of the fleet beside other tenants' jobs of the
+    same priority. Workers follow it at the scheduler's next pass (`PATCH /v1/keys/{id}`: at once)."""
+    from gpuq import store
+
+    with _session() as session:
+        key = store.set_key_weight(session, key_id, weight)
+        if key is None:
+            stop(f"key {key_id!r} does not exist or is revoked (`gpuq keys list --all` shows every key)")
+    click.echo(f"{key_id} ({key.owner}) weighs {weight}")
 
 
 @keys.command("revoke")

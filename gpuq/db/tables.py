@@ -477,6 +477,9 @@ class ApiKey(Base):
     # The priority of its jobs and interactive calls when a request names none (a Priority
     # value; null: gpuq's defaults).
     default_priority: Mapped[int | None] = mapped_column(Integer)
+    # Its tenant's share of the fleet beside other tenants of the same priority: a tenant
+    # weighs as its heaviest active key (gpuq/jobs/fair.py).
+    weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]

@@ -37,13 +37,39 @@ PRIORITY_HEADER = "X-Gpuq-Priority"
 JOB_ID_HEADER = "X-Gpuq-Job-Id"  # on every drop-in answer: the job behind it, for GET /v1/jobs/{id}
 
 
-def call_priority(header: str | None, caller: Caller) -> Priority:
+# OpenAI's service tiers as gpuq's priorities; "auto" and "default" leave the key's own.
+TIER_PRIORITIES = {"flex": Priority.LOW, "priority": Priority.HIGH}
+
+
+def call_priority(header: str | None, caller: Caller, *, service_tier: str | None = None) -> Priority:
+    """The header's priority, else the one OpenAI's ``service_tier`` asks for (``flex``: low,
+    ``priority``: high), else the key's default, else high. A header and a tier that ask for
+    different priorities are a 400: which one was meant is not known."""
+    tiered = TIER_PRIORITIES.get(service_tier or "")
     if header:
         try:
-            return Priority.parse(header.strip())
+            chosen = Priority.parse(header.strip())
         except ValueError as exc:
             raise RequestError(400, f"{PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
+        if tiered is not None and tiered != chosen:
+            raise RequestError(
+                400,
+                f"service_tier {service_tier!r} asks for priority {tiered.label}, but {PRIORITY_HEADER} says "
+                f"{chosen.label}: give one of them",
+                param="service_tier",
+            )
+        return chosen
+    if tiered is not None:
+        return tiered
     return Priority(caller.priority_or(Priority.HIGH))
+
+
+def echoed_tier(service_tier: str | None) -> str | None:
+    """The tier an answer names, as OpenAI's do (``auto`` runs as ``default``); None when the
+    request named none."""
+    if service_tier is None:
+        return None
+    return "default" if service_tier == "auto" else service_tier
 
 
 def call_spec(

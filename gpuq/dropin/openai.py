@@ -56,7 +56,7 @@ def answer(endpoint: str, job: Job, *, encoding_format: str = "float", dimension
 class _Chunks:
     """One call's chunks: the same id, time and model on each, as OpenAI sends them."""
 
-    def __init__(self, endpoint: str, job: Job, *, include_usage: bool) -> None:
+    def __init__(self, endpoint: str, job: Job, *, include_usage: bool, service_tier: str | None = None) -> None:
         self.chat = endpoint == CHAT
         self.include_usage = include_usage
         request = job.request or {}
@@ -70,7 +70,7 @@ class _Chunks:
             "created": int(job.created_at.timestamp()),
             "model": job.model,
             "system_fingerprint": None,
-        }
+        } | ({"service_tier": service_tier} if service_tier else {})
 
     def choice(
         self,
@@ -126,9 +126,12 @@ class _Chunks:
         return sse(self.head | {"choices": [], "usage": usage})
 
 
-async def stream(events: AsyncIterator[Event], endpoint: str, job: Job, *, include_usage: bool) -> AsyncIterator[bytes]:
-    """The call's server-sent events, from its job's events."""
-    chunks = _Chunks(endpoint, job, include_usage=include_usage)
+async def stream(
+    events: AsyncIterator[Event], endpoint: str, job: Job, *, include_usage: bool, service_tier: str | None = None
+) -> AsyncIterator[bytes]:
+    """The call's server-sent events, from its job's events (each chunk naming
+    ``service_tier`` when the request named one)."""
+    chunks = _Chunks(endpoint, job, include_usage=include_usage, service_tier=service_tier)
     started = sent_text = False
     hold = bool(chunks.chat and (job.request or {}).get("tools"))  # a call, maybe: each choice's text held
     held: dict[int, list[str]] = {}

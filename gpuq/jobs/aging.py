@@ -1,13 +1,15 @@
 """Priority aging: no job starves under a steady stream of higher-priority work.
 
 Workers always take the highest non-empty priority first. A job that has waited
-``aging_s`` in its queue moves to the front of the queue one priority up, so a ``low``
-job reaches the front of ``high`` after at most ``2 * aging_s`` (plus one scheduler tick
-per step), and then runs next. The job's SQL row keeps the priority it was submitted
-with; only its place in Redis changes.
+``aging_s`` in its queue moves to the front of its tenant's queue one priority up, so a
+``low`` job reaches the front of its tenant's ``high`` queue after at most ``2 * aging_s``
+(plus one scheduler tick per step), and then runs at that tenant's next fair turn in
+``high`` (``gpuq.jobs.fair``: about one round). The job's SQL row keeps the priority it was
+submitted with; only its place in Redis changes.
 
-The move is one Lua script (remove from the old queue, push to the new one, update RQ's
-``origin``), so a job a worker pops meanwhile is never duplicated or lost.
+The move is one Lua script (remove from the old queue, push to the new one, note the
+tenant among the new band's flows and ring its bell, update RQ's ``origin``), so a job a
+worker pops meanwhile is never duplicated or lost.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from redis import Redis
 from rq.utils import utcformat, utcparse
 
 from gpuq.db.tables import utcnow
-from gpuq.queue_names import Priority, parse_queue_name, queue_name
-from gpuq.redis_keys import RQ_QUEUE_PREFIX, RQ_QUEUES, rq_job_key, rq_queue_key
+from gpuq.queue_names import Priority, QueueName, band_name, parse_queue
+from gpuq.redis_keys import (
+    FAIR_BELL_MAX,
+    RQ_QUEUE_PREFIX,
+    RQ_QUEUES,
+    fair_bell_key,
+    fair_flows_key,
+    rq_job_key,
+    rq_queue_key,
+)
 
 SCAN_DEPTH = 100  # oldest entries looked at per queue and tick
 
@@ -29,23 +39,25 @@ if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
   redis.call('LPUSH', KEYS[2], ARGV[1])
   redis.call('SADD', KEYS[4], KEYS[2])
   redis.call('HSET', KEYS[3], 'origin', ARGV[2], 'enqueued_at', ARGV[3])
+  redis.call('SADD', KEYS[5], ARGV[4])
+  redis.call('RPUSH', KEYS[6], 1)
+  redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[5]) - 1)
   return 1
 end
 return 0
 """
 
 
-def gpuq_queues(redis: Redis) -> list[tuple[str, str, str, Priority]]:
-    """(queue name, model, kind, priority) of every gpuq queue RQ knows."""
+def gpuq_queues(redis: Redis) -> list[tuple[str, QueueName]]:
+    """(queue name, what it is made of) of every gpuq queue RQ knows, tenants' included."""
     found = []
     # Replies are bytes (no client sets decode_responses); redis-py types them bytes | str.
     for key in cast(set[bytes], redis.smembers(RQ_QUEUES)):
         name = key.decode().removeprefix(RQ_QUEUE_PREFIX)
         try:
-            model, kind, priority = parse_queue_name(name)
+            found.append((name, parse_queue(name)))
         except ValueError:
             continue  # another application's queue
-        found.append((name, model, kind, priority))
     return found
 
 
@@ -57,10 +69,11 @@ def promote_aged_jobs(redis: Redis, *, aging_s: float, now: datetime | None = No
     cutoff = now - timedelta(seconds=aging_s)
     move = redis.register_script(_MOVE)
     moved = []
-    for name, model, kind, priority in gpuq_queues(redis):
-        if priority == Priority.HIGH:
+    for name, parsed in gpuq_queues(redis):
+        if parsed.priority == Priority.HIGH:
             continue
-        target = queue_name(model, kind, Priority(priority - 1))
+        target_band = band_name(parsed.model, parsed.kind, Priority(parsed.priority - 1))
+        target = f"{target_band}:{parsed.tenant}" if parsed.tenant else target_band  # the same tenant's
         ids = [i.decode() for i in cast(list[bytes], redis.lrange(rq_queue_key(name), 0, SCAN_DEPTH - 1))]
         with redis.pipeline(transaction=False) as pipe:
             for job_id in ids:
@@ -76,7 +89,9 @@ def promote_aged_jobs(redis: Redis, *, aging_s: float, now: datetime | None = No
                 rq_queue_key(target),
                 rq_job_key(job_id),
                 RQ_QUEUES,
+                fair_flows_key(target_band),
+                fair_bell_key(target_band),
             ]
-            if move(keys=keys, args=[job_id, target, utcformat(now)]):
+            if move(keys=keys, args=[job_id, target, utcformat(now), parsed.tenant, FAIR_BELL_MAX]):
                 moved.append(job_id)
     return moved

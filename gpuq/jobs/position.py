@@ -1,8 +1,8 @@
 """Queues now: depth by model, kind and priority, and a queued job's place and ETA.
 
 Redis is the work index, so depths and positions are read from the RQ lists themselves
-(one pipeline), and SQL only supplies the times: when the front job was submitted, and
-how fast the model has been finishing jobs lately. Each question is a Redis half and a SQL
+and the fair pick's state (``gpuq.jobs.fair``), and SQL only supplies the times: when the
+front job was submitted, and how fast the model has been finishing jobs lately. Each question is a Redis half and a SQL
 half; the ``*_async`` forms run the Redis half in a worker thread (``anyio.to_thread``)
 and the SQL half in ``AsyncSession.run_sync``, so neither blocks the event loop.
 """
@@ -20,8 +20,9 @@ from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import Job, JobStatus, utcnow
+from gpuq.jobs import fair
 from gpuq.jobs.aging import gpuq_queues
-from gpuq.queue_names import Priority, queue_name
+from gpuq.queue_names import Priority, band_name, queue_name, tenant_segment
 from gpuq.redis_keys import rq_queue_key
 from gpuq.stats.filters import StatsFilter
 
@@ -52,27 +53,33 @@ async def queue_depths_async(
     return _depths(listed, created, now or utcnow())
 
 
-Listed = list[tuple[tuple[str, str, str, Priority], int, str | None]]  # queue, depth, front job id
+Listed = list[tuple[tuple[str, str, str, Priority], int, str | None]]  # band, depth, front job id
 
 
 def _read_queues(redis: Redis, flt: StatsFilter) -> Listed:
+    """Each band with jobs waiting, its depth summed over its tenants' queues, and the job its
+    fair pick gives out next."""
     queues = [
-        q
-        for q in gpuq_queues(redis)
-        if (flt.model is None or q[1] == flt.model)
-        and (flt.kind is None or q[2] == flt.kind)
-        and (flt.priority is None or q[3] == flt.priority)
+        (name, q)
+        for name, q in gpuq_queues(redis)
+        if (flt.model is None or q.model == flt.model)
+        and (flt.kind is None or q.kind == flt.kind)
+        and (flt.priority is None or q.priority == flt.priority)
     ]
     with redis.pipeline(transaction=False) as pipe:
-        for name, *_ in queues:
+        for name, _q in queues:
             pipe.llen(rq_queue_key(name))
-            pipe.lindex(rq_queue_key(name), 0)
-        raw = pipe.execute()
-    return [
-        (q, int(raw[2 * i]), raw[2 * i + 1].decode() if raw[2 * i + 1] else None)
-        for i, q in enumerate(queues)
-        if raw[2 * i]
-    ]
+        lengths = pipe.execute()
+    depth: dict[tuple[str, str, str, Priority], int] = {}
+    for (_name, q), length in zip(queues, lengths, strict=True):
+        band = (q.band, q.model, q.kind, q.priority)
+        depth[band] = depth.get(band, 0) + int(length)
+    listed: Listed = []
+    for band, n in depth.items():
+        if n:
+            front = fair.Picker(redis, [band[0]]).peek()
+            listed.append((band, n, front[1] if front else None))
+    return listed
 
 
 def _created(session: Session, listed: Listed) -> dict[str, datetime]:
@@ -94,7 +101,7 @@ class Position:
     status: str
     queue: str | None  # the RQ queue it waits in (aging may have moved it up a priority)
     position: int | None  # jobs that run before it: 0 means it is next
-    ahead_in_queue: int | None
+    ahead_in_queue: int | None  # of its own priority (every tenant's), taken before it by fair shares
     ahead_in_higher_priorities: int | None
     finished_per_min: float | None  # of this model and kind, over the last ETA_RATE_WINDOW
     eta_s: float | None  # until it starts, at that rate; None when nothing finished lately
@@ -102,11 +109,13 @@ class Position:
 
 def job_position(session: Session, redis: Redis, job: Job, *, now: datetime | None = None) -> Position:
     """Where a queued job stands: workers of its model and kind take higher priorities first,
-    first in first out within one, so the jobs ahead are those in front of it in its own queue
-    plus every job in the higher-priority queues of the same model and kind."""
+    and within one the tenants' queues by fair shares, so the jobs ahead are every job in the
+    higher-priority queues of the same model and kind, plus those of its own band that the
+    fair pick takes before it (its own tenant's in front of it, and each other tenant's up to
+    the same virtual time). Later arrivals of other tenants may still take a turn before it."""
     if job.status != JobStatus.QUEUED:
         return _position(job, None, None)
-    place = _find(redis, job.id, job.model, job.kind)
+    place = _find(redis, job.id, job.model, job.kind, job.owner)
     now = now or utcnow()
     return _position(job, place, _per_min(session, job.model, job.kind, now) if place else None)
 
@@ -114,25 +123,35 @@ def job_position(session: Session, redis: Redis, job: Job, *, now: datetime | No
 async def job_position_async(db: AsyncSession, redis: Redis, job: Job, *, now: datetime | None = None) -> Position:
     if job.status != JobStatus.QUEUED:
         return _position(job, None, None)
-    job_id, model, kind = job.id, job.model, job.kind
-    place = await to_thread.run_sync(lambda: _find(redis, job_id, model, kind))
+    job_id, model, kind, owner = job.id, job.model, job.kind, job.owner
+    place = await to_thread.run_sync(lambda: _find(redis, job_id, model, kind, owner))
     at = now or utcnow()
     per_min = await db.run_sync(lambda s: _per_min(s, model, kind, at)) if place else None
     return _position(job, place, per_min)
 
 
-def _find(redis: Redis, job_id: str, model: str, kind: str) -> tuple[str, int, int] | None:
-    """(queue, jobs ahead in it, jobs in higher priorities), or None when it is in no queue."""
-    names = [queue_name(model, kind, p) for p in Priority]  # high first
+def _find(redis: Redis, job_id: str, model: str, kind: str, owner: str | None) -> tuple[str, int, int] | None:
+    """(queue, jobs of its band taken before it, jobs in higher priorities), or None when it
+    is in no queue. Looked for in its tenant's queues, and in the bands' own (where it waits
+    if it was queued before tenants had queues of their own)."""
+    places = [
+        (p, name, tenant)
+        for p in Priority  # high first
+        for name, tenant in (
+            (queue_name(model, kind, p, owner), tenant_segment(owner)),
+            (band_name(model, kind, p), ""),
+        )
+    ]
     with redis.pipeline(transaction=False) as pipe:
-        for name in names:
+        for _p, name, _t in places:
             pipe.lpos(rq_queue_key(name), job_id)
-            pipe.llen(rq_queue_key(name))
         raw: list[Any] = pipe.execute()
-    found = next((i for i in range(len(names)) if raw[2 * i] is not None), None)
+    found = next((i for i in range(len(places)) if raw[i] is not None), None)
     if found is None:
         return None
-    return names[found], int(raw[2 * found]), sum(int(raw[2 * i + 1]) for i in range(found))
+    priority, name, tenant = places[found]
+    bands = [fair.band_state(redis, band_name(model, kind, p)) for p in Priority if p <= priority]
+    return name, bands[-1].jobs_ahead(tenant, int(raw[found])), sum(b.depth for b in bands[:-1])
 
 
 def _per_min(session: Session, model: str, kind: str, now: datetime) -> float:

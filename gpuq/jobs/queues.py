@@ -1,8 +1,9 @@
 """The order a worker listens in, and the function its RQ jobs name.
 
-Work waits in RQ queues named ``gpuq:<model>:<kind>:<priority>`` (``gpuq.queue_names``). A worker listens on
-the queues of the models and kinds its GPU may run (affinity rules can name a kind),
-highest priority first, so RQ's ordered ``BLPOP`` gives priority order for free.
+Work waits in RQ queues, one per tenant of each band ``gpuq:<model>:<kind>:<priority>``
+(``gpuq.queue_names``). A worker takes from the bands of the models and kinds its GPU may
+run (affinity rules can name a kind), highest priority first: the first band in this order
+with a job gives it, and within the band the tenants share by weight (``gpuq.jobs.fair``).
 Every Redis key, these queues' included, is named in ``gpuq.redis_keys``.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from gpuq.queue_names import Priority, queue_name
+from gpuq.queue_names import Priority, band_name
 
 JOB_FUNC = "worker.tasks.run_job"  # named, not imported: the API never imports the worker
 
@@ -22,8 +23,9 @@ def worker_queue_names(
     loaded_elsewhere: frozenset[str] = frozenset(),
     worker: str = "",
 ) -> list[str]:
-    """The order a worker listens in: the HIGH queue of every (model, kind) it serves, then
-    every NORMAL queue, then every LOW one. Within a priority:
+    """The order a worker takes bands in: the HIGH band of every (model, kind) it serves, then
+    every NORMAL band, then every LOW one (band names: ``gpuq.queue_names.band_name``). Within
+    a priority:
 
     1. models this worker has loaded (sticky: no load needed);
     2. models no other worker has loaded (spread: another worker already serves the rest);
@@ -38,4 +40,4 @@ def worker_queue_names(
         return (model not in loaded, model in loaded_elsewhere, spread)
 
     ordered = sorted(servable, key=rank)  # stable: keeps the given order when nothing differs
-    return [queue_name(model, kind, p) for p in Priority for model, kind in ordered]
+    return [band_name(model, kind, p) for p in Priority for model, kind in ordered]

@@ -23,7 +23,10 @@ conditional claim makes a duplicate queue entry harmless):
   scheduler shares the workers' data directory): those jobs finished, and are not run again;
 * a row SQL says is ``running`` on a live worker that runs no execution of it and has no
   outcome of it on the way (its claim committed but the worker never learned so) goes
-  back to the queue, uncharged, once two passes ``orphan_limit_s`` apart saw it so.
+  back to the queue, uncharged, once two passes ``orphan_limit_s`` apart saw it so;
+* the fair pick's state (``gpuq.jobs.fair``): the tenants' weights are rewritten from SQL,
+  and a non-empty tenant queue missing from its band's flows (a push that bypassed gpuq,
+  such as ``rq requeue``) is added back. A job re-enqueued here goes to its tenant's queue.
 
 Both judgements about workers rest on their keys in Redis, so they wait while Redis is
 new to this system: for ``redis_settle_s`` after it restarted empty (``REDIS_EPOCH_KEY``
@@ -46,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
-from gpuq.jobs import outcome_spool
+from gpuq.jobs import fair, outcome_spool
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.queue_names import QueueEntry
 from gpuq.redis_keys import (
@@ -97,6 +100,7 @@ def reconcile_once(
     """One pass. ``spool_dir``: where this machine's workers spool outcomes to files when
     Redis is down too (a scheduler sharing their data directory, as in ``gpuq up``)."""
     report = ReconcileReport()
+    fair.sync_weights(session, redis)
     settled = redis_age_s(redis) >= redis_settle_s
     if settled:
         _write_spools_of_dead_workers(session, redis, report=report, spool_dir=spool_dir)
@@ -106,6 +110,7 @@ def reconcile_once(
     if settled:
         _recover_from_dead_workers(session, redis, max_attempts=max_attempts, timeout_s=timeout_s, report=report)
         _requeue_orphans(session, redis, limit_s=orphan_limit_s, timeout_s=timeout_s, report=report)
+    fair.register_flows(redis)
     if report.requeued or report.recovered or report.failed or report.spooled or report.orphaned:
         log.warning(
             "reconciler: %d re-enqueued, %d recovered from dead workers, %d failed, "

@@ -47,7 +47,7 @@ from redis.client import Pipeline
 from gpuq.db.tables import Gpu, utcnow
 from gpuq.fleet import telemetry
 from gpuq.fleet.workers import live_workers
-from gpuq.queue_names import Priority, queue_name
+from gpuq.queue_names import Priority, band_name
 from gpuq.redis_keys import (
     METRICS_JOBS,
     METRICS_LOAD_TIME,
@@ -56,8 +56,10 @@ from gpuq.redis_keys import (
     METRICS_RESTARTS,
     METRICS_RUN,
     METRICS_TOKENS,
+    fair_flows_key,
     rq_queue_key,
 )
+from gpuq.stats.backlog import Backlog
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +205,8 @@ class Snapshot:
     # (two while a restarted worker's predecessor is still registered).
     slots: dict[tuple[str, str, str], tuple[int, int]]
     inventory: Sequence[Gpu] = ()  # every GPU some supervisor recorded (SQL)
-    # The job id each non-empty queue gives out next.
-    queue_front: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
+    # The job at the front of each tenant's queue of a band (each tenant's oldest waiting).
+    queue_front: dict[QueueKey, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     redis_up: bool = True
 
     @classmethod
@@ -218,8 +220,9 @@ def _decode(raw: dict[bytes, bytes]) -> dict[str, str]:
 
 
 def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequence[Gpu]) -> Snapshot:
-    """``queues``: the (model, kind) pairs to report depth for, all three priorities each."""
-    names = [(m, k, p.label, queue_name(m, k, p)) for m, k in queues for p in Priority]
+    """``queues``: the (model, kind) pairs to report depth for, all three priorities each (a
+    band's depth summed over its tenants' queues: the flows of ``gpuq.jobs.fair``)."""
+    bands = [(m, k, p.label, band_name(m, k, p)) for m, k in queues for p in Priority]
     keys = (
         METRICS_JOBS,
         METRICS_TOKENS,
@@ -232,14 +235,26 @@ def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequ
     with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hgetall(key)
-        for *_, name in names:
-            pipe.llen(rq_queue_key(name))
-            pipe.lindex(rq_queue_key(name), 0)  # RQ pops from the left: the next job, the one waiting longest
+        for *_, band in bands:
+            pipe.smembers(fair_flows_key(band))
         raw = pipe.execute()
+    tenant_queues = [
+        ((m, k, p), f"{band}:{t.decode()}" if t else band)
+        for (m, k, p, band), tenants in zip(bands, raw[len(keys) :], strict=True)
+        for t in sorted(set(tenants) | {b""})  # the band's own queue (no tenant) always
+    ]
+    with redis.pipeline(transaction=False) as pipe:
+        for _band, name in tenant_queues:
+            pipe.llen(rq_queue_key(name))
+            pipe.lindex(rq_queue_key(name), 0)  # each tenant's oldest waiting job
+        lists = pipe.execute()
+    depth = {(m, k, p): 0 for m, k, p, _ in bands}
+    front: dict[QueueKey, tuple[str, ...]] = {}
+    for (band_key, _name), n, job in zip(tenant_queues, lists[::2], lists[1::2], strict=True):
+        depth[band_key] += int(n)
+        if job:
+            front[band_key] = (*front.get(band_key, ()), job.decode())
     counters = {key: _decode(values) for key, values in zip(keys, raw, strict=False)}
-    lists = raw[len(keys) :]
-    depth = {(m, k, p): int(n) for (m, k, p, _), n in zip(names, lists[::2], strict=True)}
-    front = {(m, k, p): job.decode() for (m, k, p, _), job in zip(names, lists[1::2], strict=True) if job}
     live = telemetry.read(redis, [g.uuid for g in gpus])
     workers: dict[tuple[str, str], int] = defaultdict(int)
     slots: dict[tuple[str, str, str], tuple[int, int]] = defaultdict(lambda: (0, 0))
@@ -334,26 +349,48 @@ def _queue_families(s: Snapshot, created: dict[str, datetime], now: datetime) ->
     depth = GaugeMetricFamily("gpuq_queue_depth", "jobs waiting in Redis", labels=labels)
     oldest = GaugeMetricFamily(
         "gpuq_queue_oldest_job_age_seconds",
-        "how long the job a queue gives out next has waited since it was submitted; 0 when the queue is empty",
+        "how long the oldest job at the front of a tenant's queue has waited since it was submitted; "
+        "0 when the queue is empty",
         labels=labels,
     )
     for key, n in sorted(s.queue_depth.items()):
         depth.add_metric(list(key), n)
-        submitted = created.get(s.queue_front.get(key, ""))
+        times = [created[job] for job in s.queue_front.get(key, ()) if job in created]
+        submitted = min(times) if times else None
         oldest.add_metric(list(key), max(0.0, (now - submitted).total_seconds()) if n and submitted else 0.0)
     yield depth
     yield oldest
 
 
+def _backlog_families(backlog: dict[str, Backlog]) -> Iterator[Metric]:
+    prompt = GaugeMetricFamily(
+        "gpuq_queued_prompt_tokens", "prompt tokens of the jobs queued (SQL), per model", labels=["model"]
+    )
+    completion = GaugeMetricFamily(
+        "gpuq_queued_completion_tokens",
+        "completion tokens the jobs queued may generate (max_tokens times n, SQL), per model",
+        labels=["model"],
+    )
+    for model, b in sorted(backlog.items()):
+        prompt.add_metric([model], b.prompt_tokens)
+        completion.add_metric([model], b.completion_tokens)
+    yield prompt
+    yield completion
+
+
 class _SnapshotCollector(Collector):
-    def __init__(self, snapshot: Snapshot, created: dict[str, datetime], now: datetime) -> None:
+    def __init__(
+        self, snapshot: Snapshot, created: dict[str, datetime], now: datetime, backlog: dict[str, Backlog]
+    ) -> None:
         self._snapshot = snapshot
         self._created = created
         self._now = now
+        self._backlog = backlog
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot
         yield from _health_families(s)
+        yield from _backlog_families(self._backlog)  # from SQL: known with Redis down too
         if not s.redis_up:
             return  # counters, queues, telemetry and workers all live in Redis: unknown, not zero
         yield from _queue_families(s, self._created, self._now)
@@ -400,9 +437,16 @@ def _slot_families(slots: dict[tuple[str, str, str], tuple[int, int]]) -> Iterat
     yield busy
 
 
-def render(snapshot: Snapshot, *, created: dict[str, datetime] | None = None, now: datetime | None = None) -> bytes:
+def render(
+    snapshot: Snapshot,
+    *,
+    created: dict[str, datetime] | None = None,
+    now: datetime | None = None,
+    backlog: dict[str, Backlog] | None = None,
+) -> bytes:
     """The text exposition of one snapshot (a fresh registry each time: nothing is kept in the
-    API). ``created``: when the queues' front jobs (``snapshot.queue_front``) were submitted."""
+    API). ``created``: when the queues' front jobs (``snapshot.queue_front``) were submitted;
+    ``backlog``: the queued jobs' tokens per model (``gpuq.stats.backlog``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SnapshotCollector(snapshot, created or {}, now or utcnow()))
+    registry.register(_SnapshotCollector(snapshot, created or {}, now or utcnow(), backlog or {}))
     return generate_latest(registry)

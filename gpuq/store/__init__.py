@@ -21,6 +21,8 @@ from gpuq.store.api_keys import (
     list_api_keys,
     revoke_api_key,
     revoke_key_keeping_an_admin,
+    set_key_weight,
+    tenant_weights,
 )
 from gpuq.store.batches import (
     batch_endpoints,
@@ -241,7 +243,9 @@ __all__ = [
     "schedules_reading_file",
     "set_batch_status",
     "set_gpu_health",
+    "set_key_weight",
     "set_next_fire_time",
+    "tenant_weights",
     "upsert_gpus",
     "usage_by_key_since",
     "worker_identity",

@@ -40,6 +40,7 @@ def create_api_key(
     max_queued_jobs: int | None = None,
     max_submissions_per_minute: int | None = None,
     default_priority: int | None = None,
+    weight: int = 1,
 ) -> tuple[ApiKey, str]:
     """Store a new key and return it with its secret, which is not kept anywhere."""
     secret = new_secret()
@@ -53,6 +54,7 @@ def create_api_key(
         max_queued_jobs=max_queued_jobs,
         max_submissions_per_minute=max_submissions_per_minute,
         default_priority=default_priority,
+        weight=weight,
         created_at=utcnow(),
     )
     session.add(key)
@@ -167,3 +169,19 @@ def hold_key_until_commit(session: Session, key_id: str) -> bool:
         .values(max_queued_jobs=ApiKey.max_queued_jobs)
     )
     return rows_changed(session, statement) == 1
+
+
+def set_key_weight(session: Session, key_id: str, weight: int) -> ApiKey | None:
+    """The active key with its weight changed; None when there is no such active key."""
+    statement = update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(weight=weight)
+    if not commit_changed(session, statement):
+        return None
+    return session.scalars(select(ApiKey).where(ApiKey.id == key_id).execution_options(populate_existing=True)).one()
+
+
+def tenant_weights(session: Session) -> dict[str, int]:
+    """Each tenant's weight: that of its heaviest active key."""
+    rows = session.execute(
+        select(ApiKey.owner, func.max(ApiKey.weight)).where(ApiKey.revoked_at.is_(None)).group_by(ApiKey.owner)
+    )
+    return {owner: int(weight) for owner, weight in rows}

@@ -517,12 +517,12 @@ def _job_event(outcome: Outcome) -> dict[str, Any]:
 # ---------------------------------------------------------------- reconciling
 
 
-QUEUE_ENTRY_COLUMNS = (Job.id, Job.model, Job.kind, Job.priority)  # what a QueueEntry is read from
+QUEUE_ENTRY_COLUMNS = (Job.id, Job.model, Job.kind, Job.priority, Job.owner)  # what a QueueEntry is read from
 
 
 def queue_entry(row: Any) -> QueueEntry:
     """A row selected (or returned) with ``QUEUE_ENTRY_COLUMNS``, as the entry that queues it."""
-    return QueueEntry(row.id, row.model, row.kind, row.priority)
+    return QueueEntry(row.id, row.model, row.kind, row.priority, row.owner)
 
 
 def queued_jobs_created_before(session: Session, cutoff: datetime) -> list[QueueEntry]:

@@ -51,11 +51,11 @@ def test_retry_queues_a_failed_job_again_as_a_fresh_run(client, redis, set_rows)
     job = response.json()
     assert (job["status"], job["error"], job["finished_at"], job["worker"]) == ("queued", None, None, None)
     assert job["attempts"] == 1  # kept
-    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal") == [job_id]
+    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal:admin") == [job_id]
 
     again = client.post(f"/v1/jobs/{job_id}/retry")
     assert again.status_code == 409 and "already queued" in again.json()["detail"]
-    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal") == [job_id]  # no second entry
+    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal:admin") == [job_id]  # no second entry
 
 
 def test_a_batch_job_may_be_retried_while_its_batch_runs_not_once_it_is_finalised(client, redis, set_rows):
@@ -95,8 +95,8 @@ def test_bulk_cancel_touches_exactly_the_jobs_the_filter_selects(client, redis):
     result = client.post("/v1/jobs/cancel", json={"priority": "low"})
     assert result.status_code == 200 and result.json() == {"matched": 2, "changed": 2}
     assert [client.get(f"/v1/jobs/{i}").json()["status"] for i in low + normal] == ["cancelled"] * 2 + ["queued"] * 2
-    assert queued_ids(redis, f"gpuq:{MODEL}:noop:low") == []
-    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal") == normal
+    assert queued_ids(redis, f"gpuq:{MODEL}:noop:low:admin") == []
+    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal:admin") == normal
     # Cancelled jobs match no more.
     assert client.post("/v1/jobs/cancel", json={"priority": "low"}).json() == {"matched": 0, "changed": 0}
 
@@ -122,7 +122,7 @@ def test_a_bulk_action_over_the_cap_is_refused_and_changes_nothing(client, redis
     refused = client.post("/v1/jobs/cancel", json={"model": MODEL})
     assert refused.status_code == 422 and "3 jobs match; one call changes at most 2" in refused.json()["detail"]
     assert {client.get(f"/v1/jobs/{i}").json()["status"] for i in ids} == {"queued"}
-    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal") == ids
+    assert queued_ids(redis, f"gpuq:{MODEL}:noop:normal:admin") == ids
 
 
 @pytest.mark.parametrize(

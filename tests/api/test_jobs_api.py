@@ -24,7 +24,7 @@ def test_a_job_is_accepted_at_once_with_a_row_and_a_queue_entry(client, redis, j
     assert job["prompt_tokens"] == 3  # "Say", " hi", "." by the model's own tokenizer (SmolLM2 adds no BOS)
     [row] = job_rows()
     assert (row.id, row.status, row.request["prompt"]) == (job["id"], "queued", "Say hi.")
-    assert queued_ids(redis, f"gpuq:{MODEL}:generate:high") == [job["id"]]
+    assert queued_ids(redis, f"gpuq:{MODEL}:generate:high:admin") == [job["id"]]
     assert client.get(f"/v1/jobs/{job['id']}").json()["request"]["max_tokens"] == 8
 
 
@@ -160,7 +160,7 @@ def test_cancelling_a_queued_job_removes_its_queue_entry_and_a_second_cancel_is_
     response = client.post(f"/v1/jobs/{job['id']}/cancel")
     assert response.status_code == 200
     assert response.json()["status"] == "cancelled" and response.json()["cancel_requested"]
-    assert queued_ids(redis, f"gpuq:{MODEL}:generate:normal") == [] and redis_job_keys(redis) == []
+    assert queued_ids(redis, f"gpuq:{MODEL}:generate:normal:admin") == [] and redis_job_keys(redis) == []
     again = client.post(f"/v1/jobs/{job['id']}/cancel")
     assert again.status_code == 409
     assert (

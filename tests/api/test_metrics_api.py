@@ -192,5 +192,13 @@ def test_with_redis_down_a_scrape_still_answers_and_says_so(settings, admin_key,
     parsed = samples(down.text)
     assert value(parsed, "gpuq_redis_up") == 0
     assert value(parsed, "gpuq_gpu_healthy", gpu=gpu.uuid, host="node1", name=gpu.name) == 1  # from SQL
-    # What lives in Redis is unknown now, and not shown as zeros.
-    assert {name for name, _labels in parsed} == {"gpuq_redis_up", "gpuq_gpu_healthy"}
+    # What lives in Redis is unknown now, and not shown as zeros; the queued jobs' tokens are
+    # SQL's, and known.
+    assert {name for name, _labels in parsed} == {
+        "gpuq_redis_up",
+        "gpuq_gpu_healthy",
+        "gpuq_queued_prompt_tokens",
+        "gpuq_queued_completion_tokens",
+    }
+    assert value(parsed, "gpuq_queued_prompt_tokens", model=MODEL) > 0  # counted at submission
+    assert value(parsed, "gpuq_queued_completion_tokens", model=MODEL) == 4  # its max_tokens

@@ -88,7 +88,7 @@ def test_position_is_for_the_owner_or_admins_and_null_when_not_queued(
 ) -> None:
     job_id = client.post("/v1/jobs", json={"kind": "noop", "model": MODEL}).json()["id"]
     queued = client.get(f"/v1/jobs/{job_id}/position").json()
-    assert queued["position"] == 0 and queued["queue"] == f"gpuq:{MODEL}:noop:normal"
+    assert queued["position"] == 0 and queued["queue"] == f"gpuq:{MODEL}:noop:normal:admin"
     finished = client.get(f"/v1/jobs/{job(1, None).id}/position").json()  # job 1 of `history`
     assert finished["position"] is None and finished["status"] == "succeeded"
     other = make_key("submitter", "globex")

@@ -296,6 +296,11 @@ def test_the_overview_shows_throughput_apart_from_decode_speed_and_a_failed_coun
     expect(page.locator("#energy thead")).to_contain_text("tokens prompt + completion")
     row = page.locator(f'#energy tr[data-model="{MODEL}"]')
     expect(row.locator("td").nth(2)).to_have_text(re.compile(r"^\d+ \+ \d+$"))
+    # Each tenant's share of the fleet: the admin's jobs are all that ran, so all of the hour's.
+    shares = {t["tenant"]: t for t in _get(system, "/v1/stats/tenants").json()["data"]}
+    tenant = page.locator('#tenants tr[data-tenant="admin"]')
+    expect(tenant.locator("td").first).to_have_text("admin")
+    expect(tenant.locator("td").nth(4)).to_have_text(re.compile(rf"^100% \({shares['admin']['finished']} jobs, "))
     assert_laid_out(page)
     screenshot(page, "overview-figures")
     assert tab.errors == []

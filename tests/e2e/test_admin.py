@@ -45,7 +45,9 @@ def _stays_queued(client, ids, seconds=2.5):
 def _queued_ids(processes, model=MODEL, kind="noop"):
     redis = Redis.from_url(processes.redis_url)
     try:
-        return [x.decode() for x in redis.lrange(f"rq:queue:{queue_name(model, kind, Priority.NORMAL)}", 0, -1)]
+        return [
+            x.decode() for x in redis.lrange(f"rq:queue:{queue_name(model, kind, Priority.NORMAL, 'admin')}", 0, -1)
+        ]
     finally:
         redis.close()
 
@@ -164,7 +166,7 @@ def test_requeue_pushes_a_lost_queue_entry_again_and_the_job_runs(processes):
     redis = Redis.from_url(processes.redis_url)
     with processes.client(url) as client:
         job = client.submit(NOOP)
-        remove_queued(redis, [QueueEntry(job["id"], MODEL, "noop", Priority.NORMAL)])  # Redis lost it
+        remove_queued(redis, [QueueEntry(job["id"], MODEL, "noop", Priority.NORMAL, "admin")])  # Redis lost it
         assert _queued_ids(processes) == []
 
         requeued = client.requeue(job["id"])

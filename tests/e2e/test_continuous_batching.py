@@ -46,7 +46,7 @@ def test_one_worker_runs_several_generations_at_once_each_with_its_own_text(proc
     _api, url = processes.start_api()
     _worker, name = processes.start_worker()
     redis = Redis.from_url(processes.redis_url)
-    started = StartedJobRegistry(f"gpuq:{MODEL}:generate:normal", connection=redis)
+    started = StartedJobRegistry(f"gpuq:{MODEL}:generate:normal:admin", connection=redis)
     with processes.client(url) as client:
         bodies = [{"kind": "generate", "model": MODEL, "prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
         jobs = client.submit_many([b | {"temperature": 0, "seed": 1} for b in bodies])

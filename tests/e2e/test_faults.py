@@ -61,7 +61,7 @@ def test_a_long_job_keeps_heartbeating_and_is_never_taken_for_abandoned(processe
         while client.job(job["id"])["status"] == "running":
             # What a reconciler and RQ's own registry cleanup would do, many TTLs into the job.
             assert reconcile(processes).recovered == []
-            StartedJobRegistry(f"gpuq:{MODEL}:generate:normal", connection=redis).cleanup()
+            StartedJobRegistry(f"gpuq:{MODEL}:generate:normal:admin", connection=redis).cleanup()
             time.sleep(0.5)
         ran_s = time.monotonic() - started
         done = client.wait(job["id"])

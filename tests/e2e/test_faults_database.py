@@ -66,13 +66,13 @@ def test_a_database_outage_loses_nothing_and_runs_nothing_twice(outage_system, d
         wait_until(lambda: running["id"].encode() in _spooled(redis, worker_name), "the outcome was never spooled")
         time.sleep(max(0.0, 13 - (time.monotonic() - outage_started)))  # a 13 s outage, as reported
         still_alive = worker.popen.poll() is None
-        queue_during = redis.llen(f"rq:queue:gpuq:{MODEL}:noop:normal")
+        queue_during = redis.llen(f"rq:queue:gpuq:{MODEL}:noop:normal:admin")
         database.start()
 
         done = client.wait(running["id"], timeout_s=120)
         others = [client.wait(job_id, timeout_s=120) for job_id in waiting]
         after = client.wait(client.submit(NOOP)["id"], timeout_s=60)
-    failed_registry = redis.zcard(f"rq:failed:gpuq:{MODEL}:noop:normal")
+    failed_registry = redis.zcard(f"rq:failed:gpuq:{MODEL}:noop:normal:admin")
     spool_left = _spooled(redis, worker_name)
     redis.close()
 

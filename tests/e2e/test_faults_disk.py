@@ -167,7 +167,9 @@ def test_a_worker_whose_claims_fail_on_a_full_disk_backs_off_instead_of_retrying
             (small_disk / "filler").unlink()
             done = [client.wait(i, timeout_s=60) for i in ids]
         with Redis.from_url(redis_url) as redis:
-            failed = FailedJobRegistry(queue_name(MODEL, "noop", Priority.NORMAL), connection=redis).get_job_ids()
+            failed = FailedJobRegistry(
+                queue_name(MODEL, "noop", Priority.NORMAL, "admin"), connection=redis
+            ).get_job_ids()
     finally:
         processes.stop_all()
     assert "the database is unreachable (claiming job_" in full_log  # the fault happened

@@ -174,6 +174,6 @@ def test_a_host_that_stops_hands_its_work_to_the_other_with_nothing_lost(fleet, 
     assert any(r.host == "host-b" for r in rows.values())
     redis = Redis.from_url(fleet.processes.redis_url)
     try:  # and nothing is left waiting in Redis
-        assert sum(redis.llen(rq_queue_key(queue_name(MODEL, "generate", p))) for p in Priority) == 0
+        assert sum(redis.llen(rq_queue_key(queue_name(MODEL, "generate", p, "admin"))) for p in Priority) == 0
     finally:
         redis.close()

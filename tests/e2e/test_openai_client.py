@@ -81,6 +81,25 @@ def test_completions_streamed_and_not_and_the_priority_header(system, client):
     assert _job_of(system, whole.id)["priority"] == "low"
 
 
+def test_service_tier_sets_the_priority_and_is_echoed_as_openai_does(system, client):
+    """flex runs at low priority, priority at high, default and auto at the key's (high for an
+    interactive call by default); each answer, and each streamed chunk, names the tier."""
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 4, "temperature": 0}
+    flex = client.chat.completions.create(**body, service_tier="flex")
+    auto = client.chat.completions.create(**body, service_tier="auto")
+    streamed = list(client.chat.completions.create(**body, service_tier="priority", stream=True))
+    plain = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"service_tier": "flex"})
+    untiered = client.chat.completions.create(**body)
+
+    assert (flex.service_tier, _job_of(system, flex.id)["priority"]) == ("flex", "low")
+    assert (auto.service_tier, _job_of(system, auto.id)["priority"]) == ("default", "high")
+    assert {c.service_tier for c in streamed} == {"priority"} and _job_of(system, streamed[0].id)["priority"] == "high"
+    assert (getattr(plain, "service_tier", None), _job_of(system, plain.id)["priority"]) == ("flex", "low")
+    assert untiered.service_tier is None  # not asked for: not named
+    with pytest.raises(openai.BadRequestError, match="give one of them"):
+        client.chat.completions.create(**body, service_tier="flex", extra_headers={"X-Gpuq-Priority": "high"})
+
+
 def test_embeddings_of_a_list_as_floats_and_base64(system, client):
     texts = ["The cat sat on the mat.", "Interest rates rose in March."]
     floats = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")

@@ -133,3 +133,23 @@ def test_keys_revoke_leaves_the_keys_jobs_queued_and_with_cancel_jobs_cancels_th
         later = run(["keys", "revoke", made[0]["id"], "--cancel-jobs"], env, tmp_path)
         assert later.exit_code == 0 and later.stdout == f"cancelled the queued and running jobs of {made[0]['id']}\n"
         assert admin.get(f"/v1/jobs/{jobs[0]}").json()["status"] == "cancelled"
+
+
+def test_keys_weight_is_set_at_creation_changed_by_id_and_listed(
+    api: Api, env: dict[str, str | None], tmp_path: Path
+) -> None:
+    env = env | {"GPUQ_DATABASE_URL": api.database_url}
+    made = run(["keys", "create", "--name", "nightly", "--owner", "research", "--weight", "3"], env, tmp_path)
+    assert made.exit_code == 0, made.output
+    key_id = made.stderr.split()[1]  # "created key_... (submitter for research); ..."
+    with _admin(api) as admin:
+        assert admin.get("/v1/keys").json()["data"][-1]["weight"] == 3
+
+    changed = run(["keys", "weight", key_id, "5"], env, tmp_path)
+    assert changed.exit_code == 0 and changed.stdout == f"{key_id} (research) weighs 5\n"
+    listed = run(["keys", "list"], env, tmp_path)
+    [line] = [row for row in listed.stdout.splitlines() if key_id in row]
+    assert line.split()[4] == "5"  # ID PREFIX ROLE OWNER WEIGHT ...
+    assert run(["keys", "weight", key_id, "0"], env, tmp_path).exit_code == 2  # 1 to 1000
+    unknown = run(["keys", "weight", "key_nope", "2"], env, tmp_path)
+    assert unknown.exit_code == 1 and "does not exist or is revoked" in unknown.stderr

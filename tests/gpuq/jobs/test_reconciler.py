@@ -125,3 +125,23 @@ def test_a_job_started_by_a_live_worker_that_never_claims_it_is_enqueued_again(s
     store.claim_job(session, claimed.id, worker="alive", device="cpu")
     for _ in range(2):
         assert reconcile_once(session, redis, **(RECONCILE | {"in_flight_limit_s": 0.0})).requeued == []
+
+
+def test_a_pass_rebuilds_the_fair_picks_state_redis_lost_from_sql(session, redis):
+    """After Redis restarted empty: a tenant's lost job goes back to its tenant's queue, among
+    its band's flows (so a worker's pick finds it), and the tenants' weights are SQL's again."""
+    from gpuq.db.tables import Role
+    from gpuq.jobs import fair
+    from gpuq.queue_names import Priority, band_name
+    from gpuq.redis_keys import FAIR_WEIGHTS_KEY
+
+    store.create_api_key(session, name="batch", owner="research", role=Role.SUBMITTER, weight=4)
+    [lost] = store.insert_jobs(session, [make_job(owner="research")])
+    redis.hset(FAIR_WEIGHTS_KEY, "research", 1)  # stale
+
+    assert reconcile_once(session, redis, **RECONCILE).requeued == [lost.id]
+
+    assert queue_of(redis, "normal:research") == [lost.id]
+    assert redis.hgetall(FAIR_WEIGHTS_KEY) == {b"research": b"4"}
+    band = band_name("smollm2-135m", "generate", Priority.NORMAL)
+    assert fair.Picker(redis, [band]).take() == (f"{band}:research", lost.id)

@@ -48,7 +48,7 @@ export async function load() {
   ]);
   drawGpus(gpus.data, workers && workers.data, history);
   drawEnergy(energyStats);
-  await Promise.all([drawSummary(), drawQueues(), drawThroughput(), drawFailures()]);
+  await Promise.all([drawSummary(), drawQueues(), drawTenants(), drawThroughput(), drawFailures()]);
 }
 
 // ---------------------------------------------------------------- the figures at the top
@@ -213,6 +213,27 @@ async function drawQueues() {
       textCell(mine.map((q) => `${q.model} ${q.kind}: ${q.depth}`).join(", ")),
     );
   });
+  fillTable(table, rows);
+}
+
+// Each tenant's share of the fleet (fair shares between tenants of one priority): of the jobs
+// running now, and of the run time of the jobs that finished in the last hour.
+async function drawTenants() {
+  const table = $("#tenants");
+  if (!has("/v1/stats/tenants")) return notAvailable(table, "/v1/stats/tenants");
+  const tenants = (await api("/v1/stats/tenants")).data;
+  const percent = (share) => `${Math.round(share * 100)}%`;
+  const rows = tenants.map((t) =>
+    el(
+      "tr",
+      { "data-tenant": t.tenant },
+      textCell(t.tenant || "(no tenant)"),
+      numCell(String(t.queued)),
+      numCell(String(t.running)),
+      el("td", {}, bar(t.share_now, `${percent(t.share_now)} (${t.running} running)`)),
+      el("td", {}, bar(t.share_window, `${percent(t.share_window)} (${t.finished} jobs, ${duration(t.run_s * 1000)})`)),
+    ),
+  );
   fillTable(table, rows);
 }
 

@@ -1,0 +1,299 @@
+"""Fair shares between tenants within a priority: a weighted pick over per-tenant queues.
+
+Jobs of one model, kind and priority (a *band*) wait in one RQ queue per tenant
+(``gpuq.queue_names``). A worker takes the next job of a band with one Lua call that picks
+among the band's non-empty tenant queues (those in its flows set, and always the band's own
+queue, of jobs of no tenant) by start-time fair queuing (stride scheduling):
+
+* each tenant has a *pass*, the virtual time of its next job, and the band a virtual time
+  ``V``, the pass of the last job taken;
+* the pick takes the tenant with the smallest ``max(pass, V)`` (ties: the tenant segment
+  that sorts first), pops its queue's front, and advances its pass by ``QUANTUM // weight``;
+* so a tenant that was idle starts at ``V``, with neither credit for the time it was away
+  nor debt from before; while several tenants wait, each gets jobs in proportion to its
+  weight, and a tenant that arrives behind another's 50,000 jobs waits about one round.
+
+Priorities stay strict: the worker's ordered list of bands (``gpuq.jobs.queues``) is walked
+in order and the first band with a job gives it. Idle workers block (``BLPOP``) on their
+bands' *bells* (``gpuq.redis_keys.fair_bell_key``), to which every push adds a token,
+instead of on the queues themselves, whose set changes with the tenants.
+
+The pick is exact over a snapshot of the passes and queue lengths, so a queued job's place
+(``jobs_ahead``) is computed from the same rule: the tenant ``f``'s ``j``-th job has virtual
+time ``max(pass_f, V) + j * stride_f``, and jobs leave in the order of (virtual time, tenant).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from redis import Redis
+from redis.client import Pipeline
+from redis.typing import EncodableT, FieldT
+from sqlalchemy.orm import Session
+
+from gpuq import store
+from gpuq.queue_names import parse_queue, tenant_segment
+from gpuq.redis_keys import (
+    FAIR_BELL_MAX,
+    FAIR_WEIGHTS_KEY,
+    RQ_QUEUE_PREFIX,
+    RQ_QUEUES,
+    fair_bell_key,
+    fair_flows_key,
+    fair_passes_key,
+    rq_queue_key,
+)
+
+QUANTUM = 720_720  # divisible by every weight from 1 to 16: strides stay whole numbers
+MAX_WEIGHT = 1000
+DEFAULT_WEIGHT = 1
+
+
+def stride(weight: int) -> int:
+    """How far a tenant's pass moves per job: a weight twice as large, half as far."""
+    return QUANTUM // max(1, min(weight, MAX_WEIGHT))
+
+
+# KEYS: the weights hash, then per band its flows set, passes hash and bell.
+# ARGV: mode ('pop', 'peek'), accepted band numbers (',1,3,' or '' for all), quantum, RQ's
+# queue prefix, then each band's name. Returns {queue name, job id} or false.
+_PICK = """
+local mode, accept, quantum, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local bands = (#KEYS - 1) / 3
+for b = 1, bands do
+  local flows, passes = KEYS[3 * b - 1], KEYS[3 * b]
+  local band = ARGV[4 + b]
+  local members = redis.call('SMEMBERS', flows)
+  if redis.call('SISMEMBER', flows, '') == 0 then table.insert(members, '') end
+  do
+    local v = tonumber(redis.call('HGET', passes, '@') or '0')
+    local best, best_at
+    for _, t in ipairs(members) do
+      local name = band
+      if t ~= '' then name = band .. ':' .. t end
+      if redis.call('LLEN', prefix .. name) > 0 then
+        local at = tonumber(redis.call('HGET', passes, t) or '0')
+        if at < v then at = v end
+        if best == nil or at < best_at or (at == best_at and t < best) then best, best_at = t, at end
+      else
+        redis.call('SREM', flows, t)
+      end
+    end
+    if best ~= nil then
+      if accept ~= '' and not string.find(accept, ',' .. b .. ',', 1, true) then return false end
+      local name = band
+      if best ~= '' then name = band .. ':' .. best end
+      if mode == 'peek' then return {name, redis.call('LINDEX', prefix .. name, 0)} end
+      local id = redis.call('LPOP', prefix .. name)
+      local w = tonumber(redis.call('HGET', KEYS[1], best) or '1')
+      if w < 1 then w = 1 end
+      redis.call('HSET', passes, best, string.format('%.0f', best_at + math.floor(quantum / w)),
+                 '@', string.format('%.0f', best_at))
+      return {name, id}
+    end
+  end
+end
+if mode == 'pop' and accept == '' then
+  for b = 1, bands do redis.call('DEL', KEYS[3 * b + 1]) end
+end
+return false
+"""
+
+# A consistent snapshot of one band for positions: V, then per tenant its queue's length,
+# pass (or '') and weight (or '').
+_SNAPSHOT = """
+local flows, passes, weights, prefix, band = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
+local out = {redis.call('HGET', passes, '@') or '0'}
+local members = redis.call('SMEMBERS', flows)
+if redis.call('SISMEMBER', flows, '') == 0 then table.insert(members, '') end
+for _, t in ipairs(members) do
+  local name = band
+  if t ~= '' then name = band .. ':' .. t end
+  table.insert(out, t)
+  table.insert(out, redis.call('LLEN', prefix .. name))
+  table.insert(out, redis.call('HGET', passes, t) or '')
+  table.insert(out, redis.call('HGET', weights, t) or '')
+end
+return out
+"""
+
+
+class Picker:
+    """A worker's ordered bands (``gpuq.jobs.queues.worker_queue_names``) as one pick."""
+
+    def __init__(self, redis: Redis, bands: Sequence[str]) -> None:
+        self._redis = redis
+        self.bands = list(bands)
+        self._keys = [FAIR_WEIGHTS_KEY]
+        for band in self.bands:
+            self._keys += [fair_flows_key(band), fair_passes_key(band), fair_bell_key(band)]
+        self.bells = [fair_bell_key(band) for band in self.bands]
+        self._script = redis.register_script(_PICK)
+
+    def take(self, *, only: Sequence[str] | None = None) -> tuple[str, str] | None:
+        """Pops the next job of the first band in order that has one: (queue name, job id).
+        ``only``: bands it may come from; when the first band with a job is another, nothing
+        is taken (a more urgent job waits elsewhere). Taking nothing at all clears the bells."""
+        accept = "" if only is None else "," + ",".join(str(i + 1) for i, b in enumerate(self.bands) if b in only) + ","
+        if only is not None and accept == ",,":
+            return None
+        return self._call("pop", accept)
+
+    def peek(self) -> tuple[str, str] | None:
+        """What ``take`` would pop, left in place."""
+        return self._call("peek", "")
+
+    def _call(self, mode: str, accept: str) -> tuple[str, str] | None:
+        if not self.bands:
+            return None
+        args: list[str | int] = [mode, accept, QUANTUM, RQ_QUEUE_PREFIX, *self.bands]
+        found = cast(list[bytes] | None, self._script(keys=self._keys, args=args))
+        if not found:
+            return None
+        return found[0].decode(), found[1].decode()
+
+    def wait(self, timeout_s: int) -> bool:
+        """Blocks until a push to one of the bands rings (True) or ``timeout_s`` passes."""
+        if not self.bells:
+            return False
+        return self._redis.blpop(self.bells, timeout_s) is not None
+
+
+def note_push(pipe: Pipeline, queue: str) -> None:
+    """What a push to a queue owes the fair pick, in the caller's pipeline: its tenant among
+    the band's flows, and a token on the band's bell."""
+    parsed = parse_queue(queue)
+    band = parsed.band
+    pipe.sadd(fair_flows_key(band), parsed.tenant)
+    pipe.rpush(fair_bell_key(band), 1)
+    pipe.ltrim(fair_bell_key(band), 0, FAIR_BELL_MAX - 1)
+
+
+def push_front(redis: Redis, queue: str, job_id: str) -> None:
+    """Back to the front of its queue (a job popped and not run), ready for the next pick."""
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.lpush(rq_queue_key(queue), job_id)
+        note_push(pipe, queue)
+        pipe.execute()
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    tenant: str  # its tenant segment
+    length: int
+    start: int  # the virtual time of its next job: max(its pass, the band's)
+    stride: int
+
+
+@dataclass(frozen=True, slots=True)
+class BandState:
+    vtime: int
+    flows: dict[str, Flow]  # by tenant segment
+
+    @property
+    def depth(self) -> int:
+        return sum(f.length for f in self.flows.values())
+
+    def jobs_ahead(self, tenant: str, index: int) -> int:
+        """Jobs of the band taken before the one at ``index`` in ``tenant``'s queue, by the
+        pick's own rule over this snapshot (later arrivals of other tenants may yet go first)."""
+        own = self.flows.get(tenant)
+        if own is None:
+            return index
+        at = own.start + index * own.stride
+        ahead = index
+        for other in self.flows.values():
+            if other.tenant == tenant:
+                continue
+            # Its j-th job goes first when (start + j * stride, its tenant) < (at, ours).
+            gap = at - other.start
+            if other.tenant < tenant:
+                before = gap // other.stride + 1 if gap >= 0 else 0
+            else:
+                before = (gap - 1) // other.stride + 1 if gap > 0 else 0
+            ahead += min(other.length, before)
+        return ahead
+
+    def order(self) -> list[tuple[str, int]]:
+        """Every waiting job of the band as (tenant, index in its queue), in the order the
+        pick takes them over this snapshot."""
+        tags = [(f.start + j * f.stride, f.tenant, j) for f in self.flows.values() for j in range(f.length)]
+        return [(t, j) for _at, t, j in sorted(tags)]
+
+
+def band_state(redis: Redis, band: str) -> BandState:
+    raw = cast(
+        list[bytes | int],
+        redis.register_script(_SNAPSHOT)(
+            keys=[fair_flows_key(band), fair_passes_key(band), FAIR_WEIGHTS_KEY], args=[RQ_QUEUE_PREFIX, band]
+        ),
+    )
+    vtime = int(cast(bytes, raw[0]))
+    flows = {}
+    for i in range(1, len(raw), 4):
+        tenant = cast(bytes, raw[i]).decode()
+        length = int(raw[i + 1])
+        passed, weight = cast(bytes, raw[i + 2]), cast(bytes, raw[i + 3])
+        start = max(int(passed) if passed else 0, vtime)
+        flows[tenant] = Flow(tenant, length, start, stride(int(weight) if weight else DEFAULT_WEIGHT))
+    return BandState(vtime, flows)
+
+
+def set_weights(redis: Redis, weights: dict[str, int]) -> None:
+    """Every tenant's weight (by tenant segment), replacing what Redis held: the rebuild from
+    SQL. Tenants left out weigh ``DEFAULT_WEIGHT``."""
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(FAIR_WEIGHTS_KEY)
+        if weights:
+            mapping: dict[FieldT, EncodableT] = dict(weights.items())
+            pipe.hset(FAIR_WEIGHTS_KEY, mapping=mapping)
+        pipe.execute()
+
+
+def set_weight(redis: Redis, tenant: str, weight: int) -> None:
+    if weight == DEFAULT_WEIGHT:
+        redis.hdel(FAIR_WEIGHTS_KEY, tenant)
+    else:
+        redis.hset(FAIR_WEIGHTS_KEY, tenant, weight)
+
+
+def register_flows(redis: Redis) -> int:
+    """The backstop for a push that bypassed gpuq (``rq requeue``, say): every non-empty gpuq
+    queue's tenant among its band's flows, and a bell rung for it. Returns the tenants added."""
+    names = []
+    for key in cast(set[bytes], redis.smembers(RQ_QUEUES)):
+        name = key.decode().removeprefix(RQ_QUEUE_PREFIX)
+        try:
+            names.append((name, parse_queue(name)))
+        except ValueError:
+            continue
+    if not names:
+        return 0
+    with redis.pipeline(transaction=False) as pipe:
+        for name, parsed in names:
+            pipe.llen(rq_queue_key(name))
+            pipe.sismember(fair_flows_key(parsed.band), parsed.tenant)
+        raw = pipe.execute()
+    missing = [
+        name for (name, _p), length, member in zip(names, raw[::2], raw[1::2], strict=True) if length and not member
+    ]
+    if missing:
+        with redis.pipeline(transaction=True) as pipe:
+            for name in missing:
+                note_push(pipe, name)
+            pipe.execute()
+    return len(missing)
+
+
+def weights_by_tenant(owner_weights: dict[str, int]) -> dict[str, int]:
+    """SQL's tenant weights (``store.tenant_weights``) as the pick reads them: by tenant
+    segment, the default left out."""
+    return {tenant_segment(owner): w for owner, w in owner_weights.items() if w != DEFAULT_WEIGHT}
+
+
+def sync_weights(session: Session, redis: Redis) -> None:
+    """Redis's weights rebuilt from SQL (the reconciler's every pass, and a key's change)."""
+    set_weights(redis, weights_by_tenant(store.tenant_weights(session)))
