@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import click
 
@@ -61,13 +62,18 @@ def run_demo(settings: Settings, *, workers: int = 1) -> int:
     second = second_model_installed()
     if second:
         settings = settings.model_copy(update={"register_second_model": True})
-    chat = {"max_tokens": 48, "temperature": 0.0, "seed": 42}
-    asked = [
+    chat: dict[str, Any] = {"max_tokens": 48, "temperature": 0.0, "seed": 42}
+    asked: list[tuple[str, str, str, dict[str, Any]]] = [
         (BUNDLED_MODEL_NAME, priority, question, chat | {"messages": [{"role": "user", "content": question}]})
         for priority, question in QUESTIONS
     ]
     if second:
-        plain = {"prompt": f"Q: {QUESTIONS[0][1]}\nA:", "stop": ["\n"], "max_tokens": 24, "temperature": 0.0}
+        plain: dict[str, Any] = {
+            "prompt": f"Q: {QUESTIONS[0][1]}\nA:",
+            "stop": ["\n"],
+            "max_tokens": 24,
+            "temperature": 0.0,
+        }
         asked.append((SECOND_MODEL_NAME, "high", QUESTIONS[0][1], plain))
     with only_warnings(), embedded_system(settings, workers=workers) as system, serve_api(system.settings) as url:
         client = GpuqClient(url, api_key=system.api_key)
