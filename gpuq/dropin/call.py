@@ -37,13 +37,15 @@ PRIORITY_HEADER = "X-Gpuq-Priority"
 JOB_ID_HEADER = "X-Gpuq-Job-Id"  # on every drop-in answer: the job behind it, for GET /v1/jobs/{id}
 
 
-def call_priority(header: str | None, caller: Caller) -> Priority:
+def call_priority(header: str | None, caller: Caller, *, default: Priority = Priority.HIGH) -> Priority:
+    """The header's priority, else the key's default, else ``default`` (high: someone is
+    waiting; a background response's caller is not)."""
     if header:
         try:
             return Priority.parse(header.strip())
         except ValueError as exc:
             raise RequestError(400, f"{PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
-    return Priority(caller.priority_or(Priority.HIGH))
+    return Priority(caller.priority_or(default))
 
 
 def call_spec(
