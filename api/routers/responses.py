@@ -47,10 +47,10 @@ _STREAMED = {"schema": {"type": "string", "description": "OpenAI's Responses eve
 
 
 def _answers(description: str, *, streamed: bool) -> dict[int | str, dict[str, Any]]:
-    content: dict[str, Any] = {"application/json": {"schema": {"$ref": "#/components/schemas/ResponseObject"}}}
+    answer: dict[str, Any] = {"model": ResponseObject, "description": description}
     if streamed:
-        content["text/event-stream"] = _STREAMED
-    return {200: {"model": ResponseObject, "description": description, "content": content}}
+        answer["content"] = {"text/event-stream": _STREAMED}
+    return {200: answer}
 
 
 @router.post(
