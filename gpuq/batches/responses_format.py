@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuq.batches.openai_choices import token_logprob
-from gpuq.batches.openai_format import openai_calls, tool_fields
+from gpuq.batches.openai_tools import openai_calls, tool_fields
 from gpuq.batches.response_items import call_names, function_call_item, message_item, messages_of, unsupported
 from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
