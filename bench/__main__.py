@@ -79,20 +79,24 @@ def bench_streaming(args: argparse.Namespace) -> None:
     """Interleaved rounds, so a slower patch of the host hits every side."""
     names = {False: "each prompt evaluated whole", True: "prompt reuse on both sides (gpuq's default)"}
     runs: dict[str, tuple[list[streaming.Run], list[streaming.Run]]] = {name: ([], []) for name in names.values()}
+    apis: dict[str, list[streaming.Run]] = {streaming.CHAT: [], streaming.RESPONSES: []}  # each prompt whole
     for round_ in range(1, args.rounds + 1):
         for reuse, name in names.items():
             direct, ours = runs[name]
             direct.append(streaming.run_direct(threads=args.threads, max_tokens=args.max_tokens, reuse=reuse))
             with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
-                ours.append(
-                    streaming.run_gpuq(
-                        db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=reuse
-                    )
+                by_api = streaming.run_gpuq(
+                    db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=reuse
                 )
+            ours.append(by_api[streaming.CHAT])
+            if streaming.RESPONSES in by_api:
+                apis[streaming.CHAT].append(by_api[streaming.CHAT])
+                apis[streaming.RESPONSES].append(by_api[streaming.RESPONSES])
             print(
                 f"round {round_}, {name}: direct {direct[-1].seconds:.1f} s, gpuq {ours[-1].seconds:.1f} s", flush=True
             )
     print(streaming.report(runs, threads=args.threads, max_tokens=args.max_tokens))
+    print(streaming.report_responses(apis[streaming.CHAT], apis[streaming.RESPONSES]))
 
 
 def bench_batching(args: argparse.Namespace) -> None:

@@ -8,6 +8,11 @@ request's way in and out through HTTP, SQL, the queue and the token stream count
 the time to first token that gpuq adds, per prompt (gpuq's minus direct's), as a median.
 Both sides load the model before the clock starts (gpuq with one warm-up request).
 
+The same requests through OpenAI's Responses API (``client.responses.create(stream=True)``)
+run on the same gpuq system after chat's, with each prompt evaluated whole (with prompt reuse,
+the second API would find each prompt cached by the first): its throughput over chat's and
+its first token p50 minus chat's (targets: >= 0.95x, within 10 ms).
+
 Like for like, twice: each prompt evaluated whole on both sides (direct: `Llama.reset()`
 before each request; gpuq: GPUQ_WORKER_PROMPT_CACHE=false), and with prompt reuse on both
 (direct: llama-cpp-python's own prefix reuse; gpuq: its default), since the chat template's
@@ -80,7 +85,14 @@ def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
     return run
 
 
-def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, reuse: bool) -> Run:
+CHAT = "chat"
+RESPONSES = "responses"
+
+
+def run_gpuq(
+    database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, reuse: bool
+) -> dict[str, Run]:
+    """Chat completions' streams, and, without prompt reuse, the Responses API's after them."""
     # One slot, as the direct side decodes one sequence: this measures the path around it.
     settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": "1"}
     settings["GPUQ_WORKER_PROMPT_CACHE"] = "true" if reuse else "false"
@@ -90,7 +102,10 @@ def run_gpuq(database_url: str, redis_url: str, workdir: Path, *, threads: int, 
         processes.start_worker()
         with openai.OpenAI(base_url=f"{url}/v1", api_key=processes.admin_key, max_retries=0) as client:
             client.chat.completions.create(model=BUNDLED_MODEL_NAME, messages=_messages("Hi"), max_tokens=1)  # loads it
-            return _stream_all(client, max_tokens)
+            runs = {CHAT: _stream_all(client, max_tokens)}
+            if not reuse:
+                runs[RESPONSES] = _stream_responses(client, max_tokens)
+            return runs
     finally:
         processes.stop_all()
 
@@ -120,6 +135,52 @@ def _stream_all(client: openai.OpenAI, max_tokens: int) -> Run:
         run.texts.append("".join(pieces))
     run.seconds = time.perf_counter() - started
     return run
+
+
+def _stream_responses(client: openai.OpenAI, max_tokens: int) -> Run:
+    run = Run()
+    started = time.perf_counter()
+    for prompt in PROMPTS:
+        asked = time.perf_counter()
+        pieces: list[str] = []
+        stream = client.responses.create(
+            model=BUNDLED_MODEL_NAME,
+            input=prompt,
+            max_output_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"seed": SEED},
+            stream=True,
+        )
+        for event in stream:
+            if event.type == "response.output_text.delta" and event.delta:
+                if not pieces:
+                    run.first_token_s.append(time.perf_counter() - asked)
+                pieces.append(event.delta)
+            elif event.type in ("response.completed", "response.incomplete") and event.response.usage is not None:
+                run.tokens += event.response.usage.output_tokens
+        run.texts.append("".join(pieces))
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def report_responses(chat: list[Run], responses: list[Run]) -> str:
+    """The Responses API's stream against chat completions' on the same systems."""
+    for c, r in zip(chat, responses, strict=True):
+        assert c.texts == r.texts, "both APIs must stream the same greedy text"
+    ratio = median(r.tokens_per_s for r in responses) / median(c.tokens_per_s for c in chat)
+    chat_ttft = median(s * 1000 for c in chat for s in c.first_token_s)
+    ours_ttft = median(s * 1000 for r in responses for s in r.first_token_s)
+    return "\n".join(
+        [
+            "  Responses API against chat completions, each prompt evaluated whole, same system:",
+            f"    /v1/chat/completions  {median(c.tokens_per_s for c in chat):6.1f} tok/s   first token p50 "
+            f"{chat_ttft:6.1f} ms   runs: {_runs(chat)}",
+            f"    /v1/responses         {median(r.tokens_per_s for r in responses):6.1f} tok/s   first token p50 "
+            f"{ours_ttft:6.1f} ms   runs: {_runs(responses)}",
+            f"    throughput {ratio:.3f}x chat's (target >= 0.95x); first token p50 {ours_ttft - chat_ttft:+.1f} ms "
+            "(target within 10 ms)",
+        ]
+    )
 
 
 def _pair(direct: list[Run], ours: list[Run]) -> tuple[float, list[float], float, float]:

@@ -7,7 +7,7 @@ import json
 
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from tests.e2e.conftest import system_on, until
 
@@ -21,7 +21,7 @@ WEATHER = {
     "description": "The current weather in a city",
     "parameters": {
         "type": "object",
-        "properties": {"city": {"type": "string"}},
+        "properties": {"city": {"type": "string", "maxLength": 30}},
         "required": ["city"],
         "additionalProperties": False,
     },
@@ -89,17 +89,21 @@ def test_a_running_background_response_is_cancelled(system, client):
     assert _job_of(system, running.id)["status"] == "cancelled"
 
 
-class Colour(BaseModel):
-    name: str
-    hex_code: str
+class Person(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # bounded, so that a small model cannot ramble past the limit
+
+    name: str = Field(max_length=20)
+    age: int = Field(ge=0, le=120)
 
 
-def test_parse_with_a_pydantic_model_answers_an_instance_of_it(client):
+def test_parse_with_a_pydantic_model_answers_an_instance_of_it(system, client):
     parsed = client.responses.parse(
-        model=MODEL, input="Describe the colour red.", text_format=Colour, max_output_tokens=60, temperature=0
+        model=MODEL, input="Describe a person.", text_format=Person, max_output_tokens=64, **SEEDED
     )
-    assert isinstance(parsed.output_parsed, Colour)
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Person)
     assert json.loads(parsed.output_text) == parsed.output_parsed.model_dump()
+    job = _job_of(system, parsed.id)
+    assert set(job["request"]["json_schema"]["properties"]) == {"name", "age"}  # the SDK's strict schema, enforced
 
 
 def test_a_function_call_answered_through_previous_response_id(system, client):
