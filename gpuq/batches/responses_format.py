@@ -290,7 +290,8 @@ def output_items(job: Job, outcome: Outcome) -> list[dict[str, Any]]:
 
 
 def usage(outcome: Outcome) -> dict[str, Any] | None:
-    if outcome.prompt_tokens is None and outcome.completion_tokens is None:
+    """None until the response ends (a queued job's row has its prompt's count already)."""
+    if outcome.status in (JobStatus.QUEUED, JobStatus.RUNNING) or outcome.prompt_tokens is None:
         return None
     prompt, completion = outcome.prompt_tokens or 0, outcome.completion_tokens or 0
     return {

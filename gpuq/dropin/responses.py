@@ -61,7 +61,6 @@ def not_found(response_id: str) -> RequestError:
 
 
 async def _job(db: AsyncSession, job_id: str) -> Job | None:
-    db.expire_all()  # a response moves on in other sessions (its worker): read it afresh
     return await db.run_sync(store.get_job, job_id)
 
 
