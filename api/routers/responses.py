@@ -84,7 +84,9 @@ async def create_response(body: ResponseCreate, call: DropinCallDep) -> Response
     except RequestError as exc:
         if exc.param not in _PARAMS:
             raise
-        raise RequestError(exc.status, exc.message, param=_PARAMS[exc.param], code=exc.code, headers=exc.headers)
+        raise RequestError(
+            exc.status, exc.message, param=_PARAMS[exc.param], code=exc.code, headers=exc.headers
+        ) from None
     if stream:
         content = responses.stream(calls.events(state, job.id), job)
         if background:  # nobody waits on it: a reader that goes away cancels nothing
@@ -221,4 +223,3 @@ async def list_input_items(
         last_id=page[-1]["id"] if page else None,
         has_more=len(items) > limit,
     )
-

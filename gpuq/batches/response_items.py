@@ -56,7 +56,9 @@ def messages_of(given: Any, *, calls_before: dict[str, str] | None = None) -> li
         elif kind == "function_call_output":
             messages.append(_output(item, f"input[{i}]", names))
         else:
-            raise unsupported(f"input[{i}]", f"items of type {kind!r} (messages, function_call and function_call_output)")
+            raise unsupported(
+                f"input[{i}]", f"items of type {kind!r} (messages, function_call and function_call_output)"
+            )
     return messages
 
 
@@ -139,10 +141,7 @@ def items_of(messages: list[dict[str, Any]], *, prefix: str) -> list[dict[str, A
 
 
 def message_item(item_id: str, role: str, text: str, *, status: str = "completed") -> dict[str, Any]:
-    if role == "assistant":
-        content = [output_text(text)]
-    else:
-        content = [{"type": "input_text", "text": text}]
+    content = [output_text(text)] if role == "assistant" else [{"type": "input_text", "text": text}]
     return {"id": item_id, "type": "message", "role": role, "status": status, "content": content}
 
 

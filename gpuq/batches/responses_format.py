@@ -71,7 +71,9 @@ class ResponseCreate(BaseModel):
     max_output_tokens: Integer | None = Field(None, description="default: what the context leaves after the prompt")
     temperature: Number | None = Field(None, description="0 to 2; default 1")
     top_p: Number | None = Field(None, description="0 to 1; default 1")
-    text: dict[str, Any] | None = Field(None, description='{"format": {"type": "text" | "json_object" | "json_schema"}}')
+    text: dict[str, Any] | None = Field(
+        None, description='{"format": {"type": "text" | "json_object" | "json_schema"}}'
+    )
     tools: list[dict[str, Any]] | None = Field(None, description='function tools: {"type": "function", "name", ...}')
     tool_choice: str | dict[str, Any] | None = Field(
         None, description='none, auto (default), required or {"type": "function", "name": ...}'
@@ -201,7 +203,9 @@ def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
-            raise unsupported(f"tools[{i}]", f"tools of type {kind!r} (function tools only: gpuq has no built-in tools)")
+            raise unsupported(
+                f"tools[{i}]", f"tools of type {kind!r} (function tools only: gpuq has no built-in tools)"
+            )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise RequestError(400, f"tools[{i}].name: a function needs a name", param=f"tools[{i}].name")
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
@@ -270,7 +274,9 @@ def output_items(job: Job, outcome: Outcome) -> list[dict[str, Any]]:
     and the reply is calls, its text (if any) then a ``function_call`` item per call."""
     if outcome.status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.FAILED):
         return []
-    status = "completed" if outcome.status == JobStatus.SUCCEEDED and outcome.finish_reason != "length" else "incomplete"
+    status = (
+        "completed" if outcome.status == JobStatus.SUCCEEDED and outcome.finish_reason != "length" else "incomplete"
+    )
     tools = (job.request or {}).get("tools")
     if tools and outcome.status == JobStatus.SUCCEEDED:
         content, calls = tool_calls.parse(outcome.text, tools)

@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.batches.openai_choices import token_logprob
+from gpuq.batches.response_items import output_text
 from gpuq.batches.responses_format import (
     Outcome,
     conversation,
@@ -44,7 +45,6 @@ from gpuq.batches.responses_format import (
     outcome_of,
     response_object,
 )
-from gpuq.batches.response_items import output_text
 from gpuq.db.tables import Job, JobKind, JobStatus, utcnow
 from gpuq.errors import RequestError
 from gpuq.redis_keys import job_stream_key

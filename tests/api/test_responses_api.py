@@ -158,11 +158,16 @@ def test_a_finished_response_reads_as_completed_or_incomplete_with_its_usage(cli
 
 def test_a_call_continued_with_its_output_carries_the_conversation_but_not_the_instructions(client, session):
     first = client.post(
-        "/v1/responses", json=BACKGROUND | {"instructions": "Use tools.", "input": "Weather in Paris?", "tools": [WEATHER]}
+        "/v1/responses",
+        json=BACKGROUND | {"instructions": "Use tools.", "input": "Weather in Paris?", "tools": [WEATHER]},
     ).json()
     _finish(session, _job_id(first), '{"name": "get_weather", "arguments": {"city": "Paris"}}')
     [call] = client.get(f"/v1/responses/{first['id']}").json()["output"]
-    assert (call["type"], call["name"], json.loads(call["arguments"])) == ("function_call", "get_weather", {"city": "Paris"})
+    assert (call["type"], call["name"], json.loads(call["arguments"])) == (
+        "function_call",
+        "get_weather",
+        {"city": "Paris"},
+    )
 
     output = {"type": "function_call_output", "call_id": call["call_id"], "output": '{"celsius": 21}'}
     second = client.post(
@@ -213,7 +218,11 @@ def test_deleting_a_response_forgets_its_texts_and_keeps_its_job_and_figures(cli
     response = client.post("/v1/responses", json=BACKGROUND | {"input": "my secret", "metadata": {"a": "b"}}).json()
     _finish(session, _job_id(response), "a secret answer")
     deleted = client.delete(f"/v1/responses/{response['id']}")
-    assert deleted.status_code == 200 and deleted.json() == {"id": response["id"], "object": "response", "deleted": True}
+    assert deleted.status_code == 200 and deleted.json() == {
+        "id": response["id"],
+        "object": "response",
+        "deleted": True,
+    }
     for path in ("", "/input_items"):
         assert client.get(f"/v1/responses/{response['id']}{path}").status_code == 404
     again = client.post("/v1/responses", json=BACKGROUND | {"previous_response_id": response["id"]})
