@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from api.schemas.responses import ResponseObject
 from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
 from tests.api.conftest import bearer, redis_job_keys
@@ -151,6 +152,8 @@ def test_a_finished_response_reads_as_completed_or_incomplete_with_its_usage(cli
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 37,
     }
+    for shown in (done, completed):  # as the OpenAPI document declares it
+        ResponseObject.model_validate(shown)
     incomplete = client.get(f"/v1/responses/{cut['id']}").json()
     assert incomplete["status"] == "incomplete" and incomplete["incomplete_details"] == {"reason": "max_output_tokens"}
     assert incomplete["output"][0]["status"] == "incomplete"
