@@ -115,6 +115,8 @@ class ResponseCreate(BaseModel):
             raise unsupported("conversation", "the Conversations API: continue with previous_response_id")
         if self.truncation == "auto":
             raise unsupported("truncation", "'auto' (earlier turns are never dropped): send 'disabled'")
+        if (self.text or {}).get("verbosity") not in (None, "medium"):
+            raise unsupported("text.verbosity", "the model's answers cannot be made shorter or longer on request")
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
             raise unsupported("reasoning", "gpuq's models do not reason before answering")
         if self.background and not self.stored:

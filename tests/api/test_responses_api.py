@@ -67,6 +67,7 @@ def _job_id(response: dict) -> str:
             'the keyword(s) ["uniqueItems"] cannot be enforced',
         ),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type", "text, json_object or json_schema"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity", "cannot be made shorter"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", "give the JSON schema"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice", "'other'"),
         ({"tools": [WEATHER | {"name": ""}]}, "tools[0].name", "needs a name"),
