@@ -109,16 +109,28 @@ class ResponseCreate(BaseModel):
 
     def check(self) -> None:
         """A 400 naming the first thing gpuq cannot do (before any lookup or tokenising)."""
-        if self.prompt is not None:
-            raise unsupported("prompt", "stored prompt templates: send the input")
-        if self.conversation is not None:
-            raise unsupported("conversation", "the Conversations API: continue with previous_response_id")
-        if self.truncation == "auto":
-            raise unsupported("truncation", "'auto' (earlier turns are never dropped): send 'disabled'")
-        if (self.text or {}).get("verbosity") not in (None, "medium"):
-            raise unsupported("text.verbosity", "the model's answers cannot be made shorter or longer on request")
-        if self.reasoning and any(v is not None for v in self.reasoning.values()):
-            raise unsupported("reasoning", "gpuq's models do not reason before answering")
+        refused = (
+            (self.prompt is not None, "prompt", "stored prompt templates: send the input"),
+            (
+                self.conversation is not None,
+                "conversation",
+                "the Conversations API: continue with previous_response_id",
+            ),
+            (self.truncation == "auto", "truncation", "'auto' (earlier turns are never dropped): send 'disabled'"),
+            (
+                (self.text or {}).get("verbosity") not in (None, "medium"),
+                "text.verbosity",
+                "the model's answers cannot be made shorter or longer on request",
+            ),
+            (
+                bool(self.reasoning) and any(v is not None for v in (self.reasoning or {}).values()),
+                "reasoning",
+                "gpuq's models do not reason before answering",
+            ),
+        )
+        for hit, param, why in refused:
+            if hit:
+                raise unsupported(param, why)
         if self.background and not self.stored:
             raise RequestError(400, "background responses must be stored: leave store true", param="store")
         for i, wanted in enumerate(self.include or ()):
