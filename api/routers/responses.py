@@ -145,7 +145,11 @@ async def read_response(
 @router.post(
     "/{response_id}/cancel",
     response_model=None,
-    responses={**_answers("the response, cancelled (or as it ended meanwhile)", streamed=False), **errors(404, 409)},
+    responses={
+        **_answers("the response, cancelled (or as it ended meanwhile)", streamed=False),
+        **errors(404, 409),
+        400: {"model": ErrorBody, "description": "not a background response: only those can be cancelled"},
+    },
 )
 async def cancel_response(response_id: str, db: SessionDep, state: StateDep, caller: CallerDep) -> Response:
     """A background response, queued or in progress, is cancelled: at once if queued, at its
