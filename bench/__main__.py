@@ -81,28 +81,29 @@ def bench_streaming(args: argparse.Namespace) -> None:
     """Interleaved rounds, so a slower patch of the host hits every side."""
     names = {False: "each prompt evaluated whole", True: "prompt reuse on both sides (gpuq's default)"}
     runs: dict[str, tuple[list[streaming.Run], list[streaming.Run]]] = {name: ([], []) for name in names.values()}
-    messages: list[streaming.Run] = []  # gpuq's Anthropic Messages stream, with prompt reuse
+    apis: dict[str, list[streaming.Run]] = {api: [] for api in streaming.APIS}  # each prompt whole
     for round_ in range(1, args.rounds + 1):
         for reuse, name in names.items():
             direct, ours = runs[name]
             direct.append(streaming.run_direct(threads=args.threads, max_tokens=args.max_tokens, reuse=reuse))
             with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
-                ours.append(
-                    streaming.run_gpuq(
-                        db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=reuse
-                    )
+                by_api = streaming.run_gpuq(
+                    db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=reuse
                 )
+            ours.append(by_api[streaming.CHAT])
+            if streaming.RESPONSES in by_api:
+                for api, run in by_api.items():
+                    apis[api].append(run)
             print(
                 f"round {round_}, {name}: direct {direct[-1].seconds:.1f} s, gpuq {ours[-1].seconds:.1f} s", flush=True
             )
-        with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
-            messages.append(
-                streaming.run_gpuq(
-                    db, redis_url, workdir, threads=args.threads, max_tokens=args.max_tokens, reuse=True, messages=True
-                )
-            )
     print(streaming.report(runs, threads=args.threads, max_tokens=args.max_tokens))
-    print(streaming.messages_report(runs[names[True]][1], messages))
+    chat = apis.pop(streaming.CHAT)
+    print(
+        streaming.report_apis(
+            chat, {"/v1/responses": apis[streaming.RESPONSES], "/v1/messages": apis[streaming.MESSAGES]}
+        )
+    )
 
 
 def bench_batching(args: argparse.Namespace) -> None:

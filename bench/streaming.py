@@ -8,6 +8,11 @@ request's way in and out through HTTP, SQL, the queue and the token stream count
 the time to first token that gpuq adds, per prompt (gpuq's minus direct's), as a median.
 Both sides load the model before the clock starts (gpuq with one warm-up request).
 
+The same requests through OpenAI's Responses API (``client.responses.create(stream=True)``)
+run on the same gpuq system after chat's, with each prompt evaluated whole (with prompt reuse,
+the second API would find each prompt cached by the first): its throughput over chat's and
+its first token p50 minus chat's (targets: >= 0.95x, within 10 ms).
+
 Like for like, twice: each prompt evaluated whole on both sides (direct: `Llama.reset()`
 before each request; gpuq: GPUQ_WORKER_PROMPT_CACHE=false), and with prompt reuse on both
 (direct: llama-cpp-python's own prefix reuse; gpuq: its default), since the chat template's
@@ -85,17 +90,18 @@ def run_direct(*, threads: int, max_tokens: int, reuse: bool) -> Run:
     return run
 
 
+CHAT = "chat"
+RESPONSES = "responses"
+MESSAGES = "messages"
+APIS = (CHAT, RESPONSES, MESSAGES)
+
+
 def run_gpuq(
-    database_url: str,
-    redis_url: str,
-    workdir: Path,
-    *,
-    threads: int,
-    max_tokens: int,
-    reuse: bool,
-    messages: bool = False,
-) -> Run:
-    """gpuq's chat completions stream; ``messages``: its Anthropic Messages stream instead."""
+    database_url: str, redis_url: str, workdir: Path, *, threads: int, max_tokens: int, reuse: bool
+) -> dict[str, Run]:
+    """Chat completions' streams, and, without prompt reuse, the Responses API's and Anthropic
+    Messages' after them on the same system (each prompt evaluated whole, so the three sides
+    do the same work)."""
     # One slot, as the direct side decodes one sequence: this measures the path around it.
     settings = {"GPUQ_WORKER_THREADS": str(threads), "GPUQ_WORKER_SLOTS": "1"}
     settings["GPUQ_WORKER_PROMPT_CACHE"] = "true" if reuse else "false"
@@ -105,10 +111,12 @@ def run_gpuq(
         processes.start_worker()
         with openai.OpenAI(base_url=f"{url}/v1", api_key=processes.admin_key, max_retries=0) as client:
             client.chat.completions.create(model=BUNDLED_MODEL_NAME, messages=_messages("Hi"), max_tokens=1)  # loads it
-            if messages:
+            runs = {CHAT: _stream_all(client, max_tokens)}
+            if not reuse:
+                runs[RESPONSES] = _stream_responses(client, max_tokens)
                 with anthropic.Anthropic(base_url=url, api_key=processes.admin_key, max_retries=0) as claude:
-                    return _stream_all_messages(claude, max_tokens)
-            return _stream_all(client, max_tokens)
+                    runs[MESSAGES] = _stream_all_messages(claude, max_tokens)
+            return runs
     finally:
         processes.stop_all()
 
@@ -140,6 +148,32 @@ def _stream_all(client: openai.OpenAI, max_tokens: int) -> Run:
     return run
 
 
+def _stream_responses(client: openai.OpenAI, max_tokens: int) -> Run:
+    run = Run()
+    started = time.perf_counter()
+    for prompt in PROMPTS:
+        asked = time.perf_counter()
+        pieces: list[str] = []
+        stream = client.responses.create(
+            model=BUNDLED_MODEL_NAME,
+            input=prompt,
+            max_output_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"seed": SEED},
+            stream=True,
+        )
+        for event in stream:
+            if event.type == "response.output_text.delta" and event.delta:
+                if not pieces:
+                    run.first_token_s.append(time.perf_counter() - asked)
+                pieces.append(event.delta)
+            elif event.type in ("response.completed", "response.incomplete") and event.response.usage is not None:
+                run.tokens += event.response.usage.output_tokens
+        run.texts.append("".join(pieces))
+    run.seconds = time.perf_counter() - started
+    return run
+
+
 def _stream_all_messages(client: anthropic.Anthropic, max_tokens: int) -> Run:
     run = Run()
     started = time.perf_counter()
@@ -163,21 +197,25 @@ def _stream_all_messages(client: anthropic.Anthropic, max_tokens: int) -> Run:
     return run
 
 
-def messages_report(chat: list[Run], messages: list[Run]) -> str:
-    """The Messages stream beside the chat completions stream, both through gpuq with prompt reuse."""
-    for c, m in zip(chat, messages, strict=True):
-        assert c.texts == m.texts, "both APIs must stream the same greedy text"
-    ratio = median(m.tokens_per_s for m in messages) / median(c.tokens_per_s for c in chat)
+def report_apis(chat: list[Run], others: dict[str, list[Run]]) -> str:
+    """The Responses API's and Anthropic Messages' streams against chat completions' on the same systems."""
     chat_ttft = median(s * 1000 for c in chat for s in c.first_token_s)
-    messages_ttft = median(s * 1000 for m in messages for s in m.first_token_s)
-    return "\n".join(
-        [
-            f"  gpuq /v1/messages, anthropic client, SSE              {median(m.tokens_per_s for m in messages):6.1f} "
-            f"tok/s   first token p50 {messages_ttft:6.1f} ms   runs: {_runs(messages)}",
-            f"streaming: Messages / chat completions {ratio:.3f}x tokens/s (target >= 0.95x), first token p50 "
-            f"{messages_ttft - chat_ttft:+.1f} ms (target within 10 ms)",
-        ]
-    )
+    lines = [
+        "  each API against chat completions, each prompt evaluated whole, same system:",
+        f"    /v1/chat/completions  {median(c.tokens_per_s for c in chat):6.1f} tok/s   first token p50 "
+        f"{chat_ttft:6.1f} ms   runs: {_runs(chat)}",
+    ]
+    for path, runs in others.items():
+        for c, r in zip(chat, runs, strict=True):
+            assert c.texts == r.texts, f"{path} must stream the same greedy text as chat completions"
+        ratio = median(r.tokens_per_s for r in runs) / median(c.tokens_per_s for c in chat)
+        ttft = median(s * 1000 for r in runs for s in r.first_token_s)
+        lines.append(
+            f"    {path:<21} {median(r.tokens_per_s for r in runs):6.1f} tok/s   first token p50 {ttft:6.1f} ms   "
+            f"runs: {_runs(runs)}   throughput {ratio:.3f}x chat's (target >= 0.95x); first token p50 "
+            f"{ttft - chat_ttft:+.1f} ms (target within 10 ms)"
+        )
+    return "\n".join(lines)
 
 
 def _pair(direct: list[Run], ours: list[Run]) -> tuple[float, list[float], float, float]:

@@ -52,7 +52,7 @@ class FilesPublic(BaseModel):
 
 
 # The endpoints a batch line may name (gpuq/batches/openai_format.py's ENDPOINTS; a test keeps them equal).
-BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
 
 
 class BatchCreate(BaseModel):

@@ -2,19 +2,21 @@
 
 Bodies map onto gpuq job requests (generation with ``prompt`` or ``messages``, embedding
 with ``input``); results map back onto ``chat.completion``, ``text_completion`` and
-embedding ``list`` objects, so the output file reads as OpenAI's would. The OpenAI routes
+embedding ``list`` objects (and Responses API lines, ``/v1/responses``, onto response objects:
+gpuq/batches/responses_format.py), so the output file reads as OpenAI's would. The OpenAI routes
 (api/schemas/openai.py, gpuq/dropin/openai.py) share the parts that are the same there:
 ``response_format``, ``tools`` and ``tool_choice`` in, ``message.tool_calls`` out.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuq.batches.openai_choices import choices
+from gpuq.batches.openai_tools import openai_calls, tool_fields
+from gpuq.batches.responses_format import RESPONSES, ResponseCreate, response_object
 from gpuq.db.tables import Job, JobKind
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
@@ -24,7 +26,12 @@ from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-ENDPOINTS = {CHAT: JobKind.GENERATE, COMPLETIONS: JobKind.GENERATE, EMBEDDINGS: JobKind.EMBED}
+ENDPOINTS = {
+    CHAT: JobKind.GENERATE,
+    COMPLETIONS: JobKind.GENERATE,
+    EMBEDDINGS: JobKind.EMBED,
+    RESPONSES: JobKind.GENERATE,
+}
 MAX_TOKENS_DEFAULT = 256
 
 
@@ -153,42 +160,6 @@ def output_schema(response_format: Any) -> dict[str, Any] | None:
     )
 
 
-def tool_fields(tools: list[dict[str, Any]] | None, choice: Any) -> dict[str, Any]:
-    """OpenAI's ``tools`` and ``tool_choice`` as a job's request stores them: ``none`` leaves
-    the tools out (the template does not offer them, the reply is not read for calls);
-    ``required`` and a named function are enforced while sampling (a 400 naming the keyword
-    a function's parameters use that the engine cannot enforce)."""
-    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
-        choice = {"type": "function", "function": {"name": choice.get("name")}}  # the Responses API's spelling
-    named = isinstance(choice, dict) and isinstance(tool_calls.function(choice).get("name"), str)
-    if choice not in (None, "none", "auto", "required") and not named:
-        raise RequestError(
-            400, 'tool_choice: none, auto, required or {"type": "function", "function": {"name": ...}}',
-            param="tool_choice",
-        )  # fmt: skip
-    if not tools or choice == "none":
-        if choice not in (None, "none", "auto"):
-            raise RequestError(400, "tool_choice requires a function but no tools are given", param="tool_choice")
-        return {}
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or tool.get("type", "function") != "function" or not fn.get("name"):
-            raise RequestError(
-                400, f'tools[{i}] is not a function tool ({{"type": "function", "function": {{"name": ...}}}})',
-                param=f"tools[{i}]",
-            )  # fmt: skip
-    fields: dict[str, Any] = {"tools": tools}
-    if choice not in (None, "auto"):
-        fields["tool_choice"] = choice
-        wanted = tool_calls.function(choice).get("name") if isinstance(choice, dict) else None
-        if wanted is not None and wanted not in tool_calls.names(tools):
-            raise RequestError(400, f"tool_choice names {wanted!r}, which is not one of tools", param="tool_choice")
-        forced = tool_calls.forced_schema(tools, choice)
-        if forced is not None:
-            enforceable(forced, "tools")
-    return fields
-
-
 def chat_choice(job: Job, text: str, finish: str) -> tuple[dict[str, Any], str]:
     """The assistant message of a chat answer, and its finish reason: with tools offered, the
     calls read from its text (``tool_calls``, finish reason ``tool_calls``)."""
@@ -199,18 +170,6 @@ def chat_choice(job: Job, text: str, finish: str) -> tuple[dict[str, Any], str]:
             message = {"role": "assistant", "content": content, "tool_calls": openai_calls(job.id, calls)}
             return message, "tool_calls"
     return {"role": "assistant", "content": text}, finish
-
-
-def openai_calls(job_id: str, calls: list[tool_calls.ToolCall]) -> list[dict[str, Any]]:
-    """OpenAI's tool calls: ids from the job's, so that every reading of an answer has the same."""
-    return [
-        {
-            "id": f"call_{job_id}_{i}",
-            "type": "function",
-            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
-        }
-        for i, call in enumerate(calls)
-    ]
 
 
 class CompletionBody(_Sampling):
@@ -238,10 +197,27 @@ class EmbeddingBody(_Body):
         return EmbeddingParams(input=openai_items(self.input))
 
 
-BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody]] = {
+class ResponseLine(ResponseCreate):
+    """A Responses API line: the route's body, less what needs a live call (a previous
+    response to look up, a stream, background mode: a batch is in the background)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def request(self) -> JobParams:
+        for name in ("previous_response_id", "background", "stream"):
+            if getattr(self, name):
+                raise RequestError(400, f"{name}: not in batch lines (each line is one whole response)", param=name)
+        params = self.params([])
+        if params.max_tokens is None:
+            return params.model_copy(update={"max_tokens": MAX_TOKENS_DEFAULT})
+        return params
+
+
+BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody] | type[ResponseLine]] = {
     CHAT: ChatBody,
     COMPLETIONS: CompletionBody,
     EMBEDDINGS: EmbeddingBody,
+    RESPONSES: ResponseLine,
 }
 
 
@@ -272,6 +248,8 @@ def token_usage(prompt: int | None, completion: int | None, cached: int | None) 
 
 def response_body(endpoint: str, job: Job, *, vectors: list[list[float]] | None = None) -> dict[str, Any]:
     """The OpenAI response object for a finished job (``vectors``: this line's share of a group)."""
+    if endpoint == RESPONSES:
+        return response_object(job)
     created = int(job.created_at.timestamp())
     prompt_tokens = job.prompt_tokens or 0
     result = job.result or {}

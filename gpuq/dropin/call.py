@@ -41,10 +41,13 @@ JOB_ID_HEADER = "X-Gpuq-Job-Id"  # on every drop-in answer: the job behind it, f
 TIER_PRIORITIES = {"flex": Priority.LOW, "priority": Priority.HIGH}
 
 
-def call_priority(header: str | None, caller: Caller, *, service_tier: str | None = None) -> Priority:
+def call_priority(
+    header: str | None, caller: Caller, *, service_tier: str | None = None, default: Priority = Priority.HIGH
+) -> Priority:
     """The header's priority, else the one OpenAI's ``service_tier`` asks for (``flex``: low,
-    ``priority``: high), else the key's default, else high. A header and a tier that ask for
-    different priorities are a 400: which one was meant is not known."""
+    ``priority``: high), else the key's default, else ``default`` (high: someone is waiting; a
+    background response's caller is not). A header and a tier that ask for different
+    priorities are a 400: which one was meant is not known."""
     tiered = TIER_PRIORITIES.get(service_tier or "")
     if header:
         try:
@@ -61,7 +64,7 @@ def call_priority(header: str | None, caller: Caller, *, service_tier: str | Non
         return chosen
     if tiered is not None:
         return tiered
-    return Priority(caller.priority_or(Priority.HIGH))
+    return Priority(caller.priority_or(default))
 
 
 def echoed_tier(service_tier: str | None) -> str | None:

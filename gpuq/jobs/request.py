@@ -114,6 +114,25 @@ class JobParams(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
+class ResponseFields(BaseModel):
+    """What a ``POST /v1/responses`` call says beyond its generation, kept with its job so
+    that the job reads back as OpenAI's response object (gpuq/batches/responses_format.py):
+    no second store. The worker ignores it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    instructions: bool = Field(False, description="the first message is the call's `instructions`")
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool = True
+    background: bool = False
+    max_output_tokens: int | None = Field(None, description="as asked (max_tokens may be filled from the context)")
+    text_format: dict[str, Any] | None = Field(None, description="`text.format` as asked, less its schema")
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    deleted: bool = Field(False, description="DELETE /v1/responses/{id}: its texts are gone")
+
+
 class GenerationParams(JobParams):
     """One generation: a prompt (text, chat messages or token ids) and how to sample its continuation."""
 
@@ -148,6 +167,7 @@ class GenerationParams(JobParams):
     tool_choice: Literal["auto", "required"] | dict[str, Any] | None = Field(
         None, description='auto (the default), required, or {"type": "function", "function": {"name": ...}}'
     )
+    response: ResponseFields | None = Field(None, description="a POST /v1/responses call's own fields")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationParams:

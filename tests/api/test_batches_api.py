@@ -184,3 +184,21 @@ def test_a_line_retried_just_before_finalisation_keeps_the_batch_in_progress(cli
     assert _finalize(session, row, settings.data_dir) is False
     after = client.get(f"/v1/batches/{batch['id']}").json()
     assert after["status"] == "in_progress" and after["finalizing_at"] is None and after["error_file_id"] is None
+
+
+def test_responses_lines_are_queued_as_chat_jobs_and_one_that_needs_a_live_call_is_refused(client, session, redis):
+    body = {"model": MODEL, "instructions": "Be brief.", "input": "hi", "max_output_tokens": 4}
+    responses_line = json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": body})
+    batch = create(client, upload(client, responses_line).json()["id"], endpoint="/v1/responses").json()
+    assert batch["status"] == "in_progress" and batch["endpoint"] == "/v1/responses"
+    [listed] = client.get("/v1/jobs", params={"batch_id": batch["id"]}).json()["data"]
+    request = client.get(f"/v1/jobs/{listed['id']}").json()["request"]
+    assert request["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert request["endpoint"] == "/v1/responses" and request["max_tokens"] == 4
+
+    live = json.dumps(
+        {"custom_id": "p", "method": "POST", "url": "/v1/responses", "body": body | {"previous_response_id": "resp_1"}}
+    )
+    refused = create(client, upload(client, live).json()["id"], endpoint="/v1/responses")
+    assert refused.status_code == 422 and "line 1: body.previous_response_id: not in batch lines" in refused.text
+    assert len(table(session, Batch)) == 1 and len(redis_job_keys(redis)) == 1

@@ -45,7 +45,9 @@ CHECKS = [
 EXAMPLES_PER_OPERATION = int(os.environ.get("GPUQ_TEST_FUZZ_EXAMPLES", "20"))
 RUN_TIMEOUT_S = 600
 MODEL = "smollm2-135m"
-RUNS_A_MODEL = r"^/(v1/(chat/completions|completions|embeddings|messages)|api/(generate|chat|embed|embeddings))$"
+RUNS_A_MODEL = (
+    r"^/(v1/(chat/completions|completions|embeddings|messages|responses)|api/(generate|chat|embed|embeddings))$"
+)
 PASSES = (("examples,coverage", ()), ("fuzzing", ("--exclude-path-regex", RUNS_A_MODEL)))
 
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuq.batches.openai_format import CHAT, parse_body, response_body
+from gpuq.batches.responses_format import RESPONSES
 from gpuq.db.tables import Job
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]}
@@ -60,3 +61,36 @@ def test_the_output_line_of_a_reply_that_is_a_call_carries_openais_tool_calls():
     # Without tools the same text is an answer.
     plain = response_body(CHAT, _finished(parse_body(CHAT, LINE)[1], '{"name": "add", "arguments": {"a": 2}}'))
     assert plain["choices"][0]["message"] == {"role": "assistant", "content": '{"name": "add", "arguments": {"a": 2}}'}
+
+
+def test_a_responses_line_runs_as_a_chat_job_and_its_output_line_is_a_response_object():
+    add = {"type": "function", "name": "add", "parameters": ADD["function"]["parameters"]}
+    line = {"model": "m", "instructions": "Be brief.", "input": "hi", "tools": [add], "metadata": {"k": "v"}}
+    model, request = parse_body(RESPONSES, line)
+    assert model == "m" and request["tools"] == [ADD] and request["max_tokens"] == 256  # a batch line's default
+    assert request["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+    job = _finished(request, '{"name": "add", "arguments": {"a": 2}}')
+    job.status = "succeeded"
+    body = response_body(RESPONSES, job)
+    assert (body["id"], body["object"], body["status"]) == ("resp_j1", "response", "completed")
+    assert body["output"] == [
+        {
+            "id": "fc_j1_0",
+            "type": "function_call",
+            "call_id": "call_j1_0",
+            "name": "add",
+            "arguments": '{"a": 2}',
+            "status": "completed",
+        }
+    ]
+    assert body["instructions"] == "Be brief." and body["metadata"] == {"k": "v"} and body["tools"] == [add]
+    assert body["usage"]["input_tokens"] == 5 and body["usage"]["output_tokens"] == 9
+
+
+@pytest.mark.parametrize("field", ["previous_response_id", "background", "stream"])
+def test_a_responses_line_that_needs_a_live_call_is_refused_naming_the_field(field):
+    with pytest.raises(ValueError, match=rf"body\.{field}: not in batch lines"):
+        parse_body(
+            RESPONSES, {"model": "m", "input": "hi", field: "resp_1" if field == "previous_response_id" else True}
+        )
