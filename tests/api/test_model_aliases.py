@@ -37,7 +37,7 @@ def test_jobs_sent_under_an_alias_are_the_models_own(client, redis, job_rows):
     set_alias(client)
     job = client.post("/v1/jobs", json={"kind": "embed", "model": ALIAS, "input": ["hello"]}).json()
     assert job["model"] == MODEL
-    assert queued_ids(redis, f"gpuq:{MODEL}:embed:{job['priority']}") == [job["id"]]
+    assert queued_ids(redis, f"gpuq:{MODEL}:embed:{job['priority']}:admin") == [job["id"]]
     assert [row.model for row in job_rows()] == [MODEL]
 
 
@@ -56,7 +56,7 @@ def test_an_alias_in_a_batch_file_queues_the_models_jobs(client, redis):
     )
     assert batch.status_code == 200, batch.text
     assert {j["model"] for j in client.get("/v1/jobs").json()["data"]} == {MODEL}
-    assert len(queued_ids(redis, f"gpuq:{MODEL}:generate:low")) == 2
+    assert len(queued_ids(redis, f"gpuq:{MODEL}:generate:low:admin")) == 2
 
 
 @pytest.mark.parametrize(
