@@ -47,6 +47,7 @@ from worker.decoding.kv_streams import Copy, KvOp, KvStreams, Move, Trim
 from worker.decoding.logprobs import TokenLogprob, token_logprob
 from worker.decoding.plan import N_BATCH, Chunk, Live, StepPlan, plan_step
 from worker.decoding.text import HELD, CompletionText
+from worker.decoding.token_pieces import TokenPieces
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,7 @@ class BatchDecoder:
         self._batch = llama_cpp.llama_batch_init(N_BATCH, 0, 1)
         self._n_vocab = model.n_vocab()
         self._bos = model.token_bos()
-        self._piece_buffer = (llama_cpp.ctypes.c_char * 256)()
+        self._pieces_of = TokenPieces(model.vocab)  # the desk's thread asks too (token_bytes)
         self.kv = KvStreams(slots, chunk_tokens=chunk_tokens, reuse=prompt_cache, any_prefix=any_prefix)
         self._requests: dict[str, _Request] = {}
         self._live: dict[int, _Sequence] = {}  # sequence id -> sequence, prefilling or decoding
@@ -575,9 +576,7 @@ class BatchDecoder:
     def _piece(self, token: int, *, first: bool) -> bytes:
         """A token's bytes, as ``LlamaModel.detokenize`` gives them (which drops the leading
         space of a BOS token that starts the text)."""
-        buffer = self._piece_buffer
-        n = self._llama.llama_token_to_piece(self._model.vocab, token, buffer, len(buffer), 0, False)
-        piece: bytes = buffer.raw[:n]
+        piece = self._pieces_of(token)
         return piece[1:] if first and token == self._bos and piece[:1] == b" " else piece
 
     def _logits(self, row: int) -> np.ndarray:
@@ -598,8 +597,8 @@ class BatchDecoder:
             request.prompt_logprobs.append(token_logprob(self._logits(row), prompt[position + 1], top))
 
     def token_bytes(self, token: int) -> bytes:
-        """A token's bytes, as the vocabulary has them."""
-        return self._piece(token, first=False)
+        """A token's bytes, as the vocabulary has them (safe from the desk's thread)."""
+        return self._pieces_of(token)
 
     # ------------------------------------------------------------- endings
 
