@@ -77,13 +77,13 @@ class BatchDecoder:
     ) -> None:
         import llama_cpp
 
-        self._model = model  # llama_cpp._internals.LlamaModel, shared: weights are loaded once
         self.slots = slots
         self.n_ctx_per_seq = n_ctx_per_seq
         if flash_attn and any_prefix:
             chunk_tokens = min(chunk_tokens, FLASH_ATTN_CHUNK_TOKENS)
         self.chunk_tokens = chunk_tokens
         self._flash_attn = flash_attn
+        # model: llama_cpp._internals.LlamaModel, shared: weights are loaded once
         self._runner = BatchRunner(
             model, slots=slots, n_ctx_per_seq=n_ctx_per_seq, threads=threads, flash_attn=flash_attn
         )
