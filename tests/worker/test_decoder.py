@@ -210,6 +210,41 @@ def test_a_streaming_sequences_pieces_add_up_to_its_text_and_tokens_with_stop_st
     assert pieces["quiet"] == []
 
 
+def test_token_bytes_the_desk_asks_while_the_engine_decodes_are_always_the_tokens_own(alone, four_slots):
+    """The desk asks tokens' bytes (a streamed piece's or a result's log-probabilities) while the
+    engine samples and appends text on its own thread, and llama.cpp's ctypes calls release the
+    GIL: a buffer the two threads shared handed one thread the bytes of the other's token."""
+    requests, expected = alone
+    decoder = four_slots.decoder
+    tokens = sorted({t for g in expected.values() for t in g.token_ids})
+    own = {t: decoder.token_bytes(t) for t in tokens}
+    assert len(set(own.values())) == len(tokens)  # a token read for another shows
+    done = threading.Event()
+    wrong: list[tuple[int, bytes]] = []
+    asked = 0
+
+    def desk() -> None:
+        nonlocal asked
+        while not done.is_set():
+            for token in tokens:
+                got = decoder.token_bytes(token)
+                if got != own[token]:
+                    wrong.append((token, got))
+            asked += len(tokens)
+
+    thread = threading.Thread(target=desk, name="desk")
+    thread.start()
+    try:
+        rounds = [run_together(four_slots, requests) for _ in range(3)]
+    finally:
+        done.set()
+        thread.join()
+    assert asked > 10 * len(tokens)
+    assert wrong == []
+    for together in rounds:
+        assert {key: f.generation for key, f in together.items()} == expected
+
+
 # ---------------------------------------------------------------- prompts reused from the cache
 
 QUESTIONS = [f"Q: what is {a} plus {b}? A:" for a, b in ((7, 8), (30, 12), (5, 99))]

@@ -1,10 +1,12 @@
 """The KV streams of one decoding context, and which token prefix each one holds.
 
 A context has one KV stream per slot (llama.cpp's ``kv_unified=False``: a sequence's logits
-never depend on its neighbours). This module decides, as plain data, which stream a new
-sequence takes, what it can reuse there, and how live sequences move down; the decoder
-applies the operations to llama.cpp (``Copy``: ``llama_memory_seq_cp`` of a whole stream,
-``Trim``: ``llama_memory_seq_rm`` from a position on).
+never depend on its neighbours). This module is the one map of which sequence holds which
+stream (nobody else keeps a sequence's stream), and decides, as plain data, which stream a
+new sequence takes, what it can reuse there, and how live sequences move down; the batch
+runner applies the operations to llama.cpp (``Copy``: ``llama_memory_seq_cp`` of a whole
+stream, ``Trim``: ``llama_memory_seq_rm`` from a position on). A free stream's kept tokens
+are lost in one place only, ``KvStreams._give``, when a sequence takes the stream.
 
 - **Reuse is exact.** A stream's *reusable* tokens are the prompt tokens it computed in whole
   prefill chunks: positions ``[0, k * chunk)``, each chunk decoded by itself at its fixed
@@ -67,16 +69,12 @@ class Placement:
     ops: tuple[KvOp, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Move:
-    sequence: int
-    src: int
-    dst: int
-
-
 class KvStreams:
+    """The one map of which sequence holds which stream, and of what each stream holds."""
+
     def __init__(self, n_streams: int, *, chunk_tokens: int, reuse: bool = True, any_prefix: bool = False) -> None:
         self._streams = [_Stream() for _ in range(n_streams)]
+        self._stream_of: dict[int, int] = {}  # live sequence id -> its stream
         self.chunk_tokens = chunk_tokens
         self.reuse = reuse  # GPUQ_WORKER_PROMPT_CACHE: off, every prompt is decoded whole
         self.any_prefix = any_prefix
@@ -88,6 +86,10 @@ class KvStreams:
     def owner(self, stream: int) -> int | None:
         return self._streams[stream].owner
 
+    def stream_of(self, sequence: int) -> int:
+        """The stream a live sequence holds (KeyError: it holds none)."""
+        return self._stream_of[sequence]
+
     def holds(self, stream: int) -> list[int]:
         """The reusable tokens the stream holds now."""
         return list(self._streams[stream].reusable)
@@ -95,14 +97,13 @@ class KvStreams:
     def place(self, sequence: int, prompt: list[int], *, reuse: bool = True) -> Placement:
         """The stream a new sequence takes (StopIteration: none free) and what it reuses
         (nothing when not ``reuse``: a prompt whose every row's logits are wanted)."""
-        target = next(i for i, s in enumerate(self._streams) if s.owner is None)
+        target = self._lowest_free()
         source, reused = self._best_source(prompt, target) if reuse else (None, 0)
         ops: list[KvOp] = []
         if source is not None and source != target:
             ops.append(Copy(source, target))
         ops.append(Trim(target, reused))
-        stream = self._streams[target]
-        stream.owner, stream.reusable = sequence, prompt[:reused]
+        self._give(target, sequence, prompt[:reused])
         return Placement(target, reused, tuple(ops))
 
     def _best_source(self, prompt: list[int], target: int) -> tuple[int | None, int]:
@@ -124,73 +125,78 @@ class KvStreams:
         return best, best_len
 
     def fork(self, parent: int, sequence: int) -> Placement:
-        """A stream for a sequence forked from the one in ``parent`` (``n`` samples of one
-        prompt): a copy of the parent's stream, cells and all."""
-        target = next(i for i, s in enumerate(self._streams) if s.owner is None)
-        stream = self._streams[target]
-        stream.owner, stream.reusable = sequence, list(self._streams[parent].reusable)
-        return Placement(target, len(stream.reusable), (Copy(parent, target),))
+        """A stream for a sequence forked from the live sequence ``parent`` (``n`` samples of
+        one prompt): a copy of the parent's stream, cells and all."""
+        source = self._stream_of[parent]
+        target = self._lowest_free()
+        self._give(target, sequence, list(self._streams[source].reusable))
+        return Placement(target, len(self._streams[target].reusable), (Copy(source, target),))
 
-    def computed(self, stream: int, tokens: list[int]) -> None:
-        """Reusable prompt tokens were decoded into the stream, right after what it holds."""
-        self._streams[stream].reusable.extend(tokens)
+    def computed(self, sequence: int, tokens: list[int]) -> None:
+        """Reusable prompt tokens were decoded into the sequence's stream, right after what it holds."""
+        self._streams[self._stream_of[sequence]].reusable.extend(tokens)
 
-    def order_waiting(self, waiting: list[int]) -> tuple[list[Move], tuple[KvOp, ...]]:
-        """``waiting``: the streams of the sequences whose prompts have not begun (nothing
-        reused, nothing fed: their streams are empty), oldest first. They take the lowest of
-        their own streams and the free ones, the oldest the lowest: a free stream taken so is
-        emptied, as ``place`` empties the one it gives (its kept tokens go), and the streams
-        they leave are free and empty. No cell moves."""
-        owners = [self._streams[s].owner for s in waiting]
+    def order_waiting(self, waiting: list[int]) -> tuple[KvOp, ...]:
+        """``waiting``: the sequences whose prompts have not begun (nothing reused, nothing
+        fed: their streams are empty), oldest first. They take the lowest of their own streams
+        and the free ones, the oldest the lowest: a free stream taken so is emptied, as
+        ``place`` empties the one it gives (its kept tokens go), and the streams they leave
+        are free and empty. No cell moves."""
+        sources = [self._stream_of[s] for s in waiting]
         free = [i for i, s in enumerate(self._streams) if s.owner is None]
-        targets = sorted([*waiting, *free])[: len(waiting)]
-        for stream in waiting:
-            assert self._streams[stream].owner is not None and not self._streams[stream].reusable
+        targets = sorted([*sources, *free])[: len(sources)]
+        for stream in sources:
+            assert not self._streams[stream].reusable
             self._streams[stream].owner = None
-        moves: list[Move] = []
         ops: list[KvOp] = []
-        for sequence, src, dst in zip(owners, waiting, targets, strict=True):
-            assert sequence is not None
-            if dst not in waiting:
+        for sequence, dst in zip(waiting, targets, strict=True):
+            if dst not in sources:
                 ops.append(Trim(dst, 0))
-            self._streams[dst].owner, self._streams[dst].reusable = sequence, []
-            if src != dst:
-                moves.append(Move(sequence, src, dst))
-        return moves, tuple(ops)
+            self._give(dst, sequence, [])
+        return tuple(ops)
 
-    def release(self, stream: int) -> None:
-        """The stream's sequence ended: its reusable tokens stay for the next prompt that
+    def release(self, sequence: int) -> None:
+        """The sequence ended: its stream's reusable tokens stay for the next prompt that
         starts with them (its cells are trimmed when a sequence takes the stream)."""
-        s = self._streams[stream]
+        s = self._streams[self._stream_of.pop(sequence)]
         s.owner = None
         if not self.reuse:
             s.reusable = []
 
-    def moves(self, decoding: set[int]) -> tuple[list[Move], tuple[KvOp, ...]]:
+    def moves(self, decoding: set[int]) -> tuple[KvOp, ...]:
         """While a free stream lies below a decoding one, the sequence in the highest decoding
-        stream moves into the lowest free one. ``decoding``: the streams whose sequences decode
-        this step (streams still prefilling stay where they are)."""
-        moves: list[Move] = []
+        stream moves into the lowest free one. ``decoding``: the sequences that decode this
+        step (streams still prefilling stay where they are)."""
         ops: list[KvOp] = []
-        live = set(decoding)
+        live = {self._stream_of[s] for s in decoding}
         while live:
             free = [i for i, s in enumerate(self._streams) if s.owner is None]
             top = max(live)
             if not free or free[0] > top:
                 break
             dst = free[0]
-            src, dst_stream = self._streams[top], self._streams[dst]
+            src = self._streams[top]
             sequence = src.owner
             assert sequence is not None
-            dst_stream.owner, dst_stream.reusable = sequence, list(src.reusable)
             src.owner = None  # it keeps its cells: the same tokens, reusable
+            self._give(dst, sequence, list(src.reusable))
             if not self.reuse:
                 src.reusable = []
             ops.append(Copy(top, dst))
-            moves.append(Move(sequence, top, dst))
             live.discard(top)
             live.add(dst)
-        return moves, tuple(ops)
+        return tuple(ops)
+
+    def _lowest_free(self) -> int:
+        return next(i for i, s in enumerate(self._streams) if s.owner is None)
+
+    def _give(self, stream: int, sequence: int, reusable: list[int]) -> None:
+        """A free stream goes to a sequence, to hold ``reusable`` (what the operations that
+        come with it leave there). The one place where a stream is reclaimed: what it kept
+        after its last sequence ended, beyond ``reusable``, is lost here."""
+        s = self._streams[stream]
+        s.owner, s.reusable = sequence, reusable
+        self._stream_of[sequence] = stream
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from worker.decoding.kv_streams import Copy, KvStreams, Move, Trim
+from worker.decoding.kv_streams import Copy, KvStreams, Trim
 
 C = 4  # chunk tokens, small so the cases read easily
 
@@ -19,13 +19,13 @@ def test_a_first_prompt_takes_the_lowest_stream_and_reuses_nothing():
 
 def test_only_whole_prefill_chunks_are_reused_and_never_the_last_prompt_token():
     kv = KvStreams(2, chunk_tokens=C)
-    first = kv.place(1, tokens(10))
-    kv.computed(first.stream, tokens(8))  # two whole chunks; the partial [8, 10) is not reusable
-    kv.release(first.stream)
+    kv.place(1, tokens(10))
+    kv.computed(1, tokens(8))  # two whole chunks; the partial [8, 10) is not reusable
+    kv.release(1)
     # Shares 9 tokens: 8 of them (two chunks) are reused, from its own stream (no copy).
     again = kv.place(2, [*tokens(9), 99])
     assert (again.stream, again.reused, again.ops) == (0, 8, (Trim(0, 8),))
-    kv.release(0)
+    kv.release(2)
     # A prompt that is exactly the 8 cached tokens decodes its last chunk again, for its logits.
     assert kv.place(3, tokens(8)).reused == 4
 
@@ -33,7 +33,7 @@ def test_only_whole_prefill_chunks_are_reused_and_never_the_last_prompt_token():
 def test_a_live_streams_start_is_copied_into_the_lowest_free_stream():
     kv = KvStreams(3, chunk_tokens=C)
     kv.place(1, tokens(12))
-    kv.computed(0, tokens(12))
+    kv.computed(1, tokens(12))
     placed = kv.place(2, [*tokens(9), 70, 71])
     assert (placed.stream, placed.reused) == (1, 8)
     assert placed.ops == (Copy(0, 1), Trim(1, 8))
@@ -43,12 +43,12 @@ def test_the_longest_shared_start_wins_and_the_target_wins_a_tie():
     kv = KvStreams(3, chunk_tokens=C)
     for seq, prefix in ((1, tokens(8)), (2, [*tokens(4), 50, 51, 52, 53])):
         placed = kv.place(seq, [*prefix, 9, 9, 9])
-        kv.computed(placed.stream, prefix[placed.reused :])
-    kv.release(0)
+        kv.computed(seq, prefix[placed.reused :])
     kv.release(1)
+    kv.release(2)
     placed = kv.place(3, [*tokens(4), 50, 51, 52, 53, 7])
     assert (placed.stream, placed.reused, placed.ops) == (0, 8, (Copy(1, 0), Trim(0, 8)))
-    kv.release(0)
+    kv.release(3)
     tie = kv.place(4, [*tokens(4), 60, 61, 62, 63, 5])  # 4 shared with every stream
     assert (tie.stream, tie.reused, tie.ops) == (0, 4, (Trim(0, 4),))
 
@@ -56,31 +56,31 @@ def test_the_longest_shared_start_wins_and_the_target_wins_a_tie():
 def test_with_reuse_off_every_prompt_starts_empty():
     kv = KvStreams(2, chunk_tokens=C, reuse=False)
     kv.place(1, tokens(12))
-    kv.computed(0, tokens(12))
-    kv.release(0)
+    kv.computed(1, tokens(12))
+    kv.release(1)
     assert kv.place(2, tokens(12)).reused == 0
 
 
 def test_a_fork_copies_its_parents_stream():
     kv = KvStreams(3, chunk_tokens=C)
     kv.place(1, tokens(6))
-    kv.computed(0, tokens(4))
-    child = kv.fork(0, 2)
+    kv.computed(1, tokens(4))
+    child = kv.fork(1, 2)
     assert (child.stream, child.ops) == (1, (Copy(0, 1),))
-    assert kv.owner(1) == 2 and kv.holds(1) == tokens(4)
+    assert kv.owner(1) == 2 and kv.stream_of(2) == 1 and kv.holds(1) == tokens(4)
 
 
 def test_decoding_sequences_move_down_and_the_stream_they_leave_keeps_its_tokens():
     kv = KvStreams(4, chunk_tokens=C)
     for seq in range(4):
-        placed = kv.place(seq, tokens(6, start=10 * seq))
-        kv.computed(placed.stream, tokens(4, start=10 * seq))
+        kv.place(seq, tokens(6, start=10 * seq))
+        kv.computed(seq, tokens(4, start=10 * seq))
     kv.release(0)
     kv.release(1)
-    moves, ops = kv.moves({2, 3})
-    assert moves == [Move(3, 3, 0), Move(2, 2, 1)]
+    ops = kv.moves({2, 3})
     assert ops == (Copy(3, 0), Copy(2, 1))
     assert [kv.owner(s) for s in range(4)] == [3, 2, None, None]
+    assert (kv.stream_of(3), kv.stream_of(2)) == (0, 1)
     assert kv.holds(3) == tokens(4, start=30)  # still reusable where it was
     with pytest.raises(StopIteration):
         full = KvStreams(1, chunk_tokens=C)
@@ -93,22 +93,22 @@ def test_a_prefilling_sequence_is_not_moved_and_does_not_block_others():
     for seq in range(3):
         kv.place(seq, tokens(6, start=10 * seq))
     kv.release(0)
-    moves, _ops = kv.moves({2})  # stream 1 still prefills
-    assert moves == [Move(2, 2, 0)]
+    assert kv.moves({2}) == (Copy(2, 0),)  # stream 1 still prefills
+    assert kv.stream_of(2) == 0 and kv.stream_of(1) == 1
 
 
 def test_with_any_prefix_all_but_the_last_two_prompt_tokens_can_be_reused():
     kv = KvStreams(2, chunk_tokens=C, any_prefix=True)
-    first = kv.place(1, tokens(10))
-    kv.computed(first.stream, tokens(10))  # every prompt token computed in a pass of several rows
-    kv.release(first.stream)
+    kv.place(1, tokens(10))
+    kv.computed(1, tokens(10))  # every prompt token computed in a pass of several rows
+    kv.release(1)
     # Shares 7 tokens: all 7 are reused, not only the chunk boundary at 4.
     assert kv.place(2, [*tokens(7), 99, 98, 97]).reused == 7
-    kv.computed(0, [99, 98, 97])
-    kv.release(0)
+    kv.computed(2, [99, 98, 97])
+    kv.release(2)
     # A prompt it holds whole: its last two tokens are decoded again (its logits; no one-row pass).
     assert kv.place(3, [*tokens(7), 99, 98, 97]).reused == 8
-    kv.release(0)
+    kv.release(3)
     assert kv.place(4, tokens(2)).reused == 0
 
 
@@ -118,14 +118,14 @@ def test_prompts_not_begun_take_the_lowest_streams_free_ones_included_oldest_fir
     kv = KvStreams(6, chunk_tokens=C, any_prefix=True)
     for seq in range(6):
         kv.place(seq, tokens(6, start=10 * seq))
-    for stream in (0, 1):  # decoding sequences: their prompts are in
-        kv.computed(stream, tokens(4, start=10 * stream))
+    for seq in (0, 1):  # decoding sequences: their prompts are in
+        kv.computed(seq, tokens(4, start=10 * seq))
     kv.computed(3, tokens(4, start=30))
     kv.release(3)  # kept, free, between the decoding streams and the prompts not begun
     kv.release(2)  # free and empty
-    moves, ops = kv.order_waiting([5, 4])  # stream 5 holds the older of the two
-    assert moves == [Move(5, 5, 2), Move(4, 4, 3)]
+    ops = kv.order_waiting([5, 4])  # sequence 5 is the older of the two
     assert ops == (Trim(2, 0), Trim(3, 0))
     assert [kv.owner(s) for s in range(6)] == [0, 1, 5, 4, None, None]
+    assert (kv.stream_of(5), kv.stream_of(4)) == (2, 3)
     assert kv.holds(3) == [] and kv.free == 2
-    assert kv.order_waiting([2, 3]) == ([], ())  # already lowest and oldest first: nothing to do
+    assert kv.order_waiting([5, 4]) == ()  # already lowest and oldest first: nothing to do
