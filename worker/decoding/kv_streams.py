@@ -136,6 +136,12 @@ class KvStreams:
         """Reusable prompt tokens were decoded into the sequence's stream, right after what it holds."""
         self._streams[self._stream_of[sequence]].reusable.extend(tokens)
 
+    def restored(self, stream: int, tokens: list[int]) -> None:
+        """A free stream's cells were restored from the prefix cache (``kv_state``): it holds
+        these reusable tokens, for the next prompt that starts with them."""
+        assert self._streams[stream].owner is None, "a live sequence's stream is never restored into"
+        self._streams[stream].reusable = list(tokens)
+
     def order_waiting(self, waiting: list[int]) -> tuple[KvOp, ...]:
         """``waiting``: the sequences whose prompts have not begun (nothing reused, nothing
         fed: their streams are empty), oldest first. They take the lowest of their own streams

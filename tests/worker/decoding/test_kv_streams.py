@@ -129,3 +129,14 @@ def test_prompts_not_begun_take_the_lowest_streams_free_ones_included_oldest_fir
     assert (kv.stream_of(5), kv.stream_of(4)) == (2, 3)
     assert kv.holds(3) == [] and kv.free == 2
     assert kv.order_waiting([5, 4]) == ()  # already lowest and oldest first: nothing to do
+
+
+def test_a_start_restored_into_a_free_stream_is_reused_from_there():
+    """The prefix cache's restore (kv_state) writes a free stream's cells; KvStreams is told
+    which tokens they are, and the next prompt starting with them takes them."""
+    kv = KvStreams(3, chunk_tokens=C)
+    kv.restored(2, tokens(8))
+    placed = kv.place(1, [*tokens(8), 50, 51])
+    assert (placed.stream, placed.reused, placed.ops) == (0, 8, (Copy(2, 0), Trim(0, 8)))
+    with pytest.raises(AssertionError):
+        kv.restored(0, tokens(4))  # the live sequence's stream
