@@ -153,3 +153,16 @@ def test_keys_weight_is_set_at_creation_changed_by_id_and_listed(
     assert run(["keys", "weight", key_id, "0"], env, tmp_path).exit_code == 2  # 1 to 1000
     unknown = run(["keys", "weight", "key_nope", "2"], env, tmp_path)
     assert unknown.exit_code == 1 and "does not exist or is revoked" in unknown.stderr
+
+
+def test_models_alias_and_unalias(api: Api, env: dict[str, str | None]) -> None:
+    made = run(["models", "alias", "text-embedding-3-small", "smollm2-135m"], env, api.data_dir)
+    assert made.exit_code == 0 and made.stdout.strip() == "text-embedding-3-small -> smollm2-135m", made.output
+    listed = run(["models"], env, api.data_dir)
+    assert "text-embedding-3-small -> smollm2-135m" in listed.stdout, listed.output
+    bad = run(["models", "alias", "x", "nope"], env, api.data_dir)  # one line, non-zero, no traceback
+    assert bad.exit_code != 0 and "model 'nope' is not registered" in bad.stderr and "Traceback" not in bad.output
+    gone = run(["models", "unalias", "text-embedding-3-small"], env, api.data_dir)
+    assert gone.exit_code == 0 and "removed alias text-embedding-3-small" in gone.stdout
+    again = run(["models", "unalias", "text-embedding-3-small"], env, api.data_dir)
+    assert again.exit_code != 0 and "no alias 'text-embedding-3-small'" in again.stderr
