@@ -59,7 +59,8 @@ def _version(
         str | None, Header(alias="anthropic-version", description="accepted; every version is answered the same")
     ] = None,
 ) -> None:
-    pass
+    """Declares the header the SDK sends on every call (so the OpenAPI document has it); there
+    is one version of these routes, so any value is answered the same."""
 
 
 router = APIRouter(prefix="/v1", tags=["anthropic"], dependencies=[Depends(_version)])
