@@ -149,8 +149,7 @@ class GpuqProcesses:
         registered with RQ; returns its name."""
         redis = Redis.from_url(self.redis_url)
         before = {w.name for w in Worker.all(connection=redis)}
-        args = ["worker", "--slot", slot] + (["--gpus", gpus] if gpus else [])
-        process = self._spawn(f"worker-{slot}-{len(self.processes)}", args)
+        process = self.spawn_worker(slot, gpus=gpus)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             new = {w.name for w in Worker.all(connection=redis)} - before
@@ -162,6 +161,11 @@ class GpuqProcesses:
             time.sleep(0.1)
         redis.close()
         raise RuntimeError(f"worker did not start:\n{process.tail()}")
+
+    def spawn_worker(self, slot: str = "cpu", *, gpus: str | None = None) -> Process:
+        """Starts a worker without waiting for it."""
+        args = ["worker", "--slot", slot] + (["--gpus", gpus] if gpus else [])
+        return self._spawn(f"worker-{slot}-{len(self.processes)}", args)
 
     def start_supervisor(
         self, *, expected_workers: int, settings: dict[str, str] | None = None

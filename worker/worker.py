@@ -751,8 +751,18 @@ class GpuqWorker(SimpleWorker):
         date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
         log_format: str = DEFAULT_LOGGING_FORMAT,
     ) -> None:
+        # RQ installs its signal handlers only after registering the worker, so a SIGTERM in
+        # between (a stop right after a start, which sees the worker registered) took the
+        # default action: the worker died by the signal, read as a crash. Until RQ's handlers
+        # are in, a stop is only recorded; the loop's first turn sees it and stops cleanly.
+        signal.signal(signal.SIGTERM, self._stop_before_the_loop)
+        signal.signal(signal.SIGINT, self._stop_before_the_loop)
         super().bootstrap(logging_level, date_format, log_format)
         self.monitor.start()
+
+    def _stop_before_the_loop(self, signum: int, frame: FrameType | None) -> None:
+        self._asked_to_stop = True
+        self._stop_requested = True
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         """A signal after the first: a second SIGINT (a second Ctrl-C) stops cold, as in RQ; a

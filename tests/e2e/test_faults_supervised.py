@@ -134,6 +134,25 @@ def test_an_idle_worker_told_to_stop_exits_cleanly_saying_no_error(processes):
     assert " ERROR " not in worker.log.read_text(), worker.tail()
 
 
+def test_a_worker_stopped_the_instant_it_registers_exits_cleanly(processes):
+    """RQ registers a worker before it installs its signal handlers: a SIGTERM in between
+    (CI's stop of the test above landed there once) killed the worker by the signal's default
+    action, exit -15, which the supervisor counts as a crash. Watching the registration set
+    every millisecond puts the stop in that window."""
+    redis = Redis.from_url(processes.redis_url)
+    try:
+        worker = processes.spawn_worker()
+        deadline = time.monotonic() + 120
+        while not redis.scard("rq:workers") and worker.popen.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert redis.scard("rq:workers"), worker.tail()
+        worker.stop()
+    finally:
+        redis.close()
+    assert worker.popen.returncode == 0, worker.tail()
+    assert " ERROR " not in worker.log.read_text(), worker.tail()
+
+
 def test_a_supervisor_still_draining_when_its_stop_gives_up_is_killed_with_its_workers(processes):
     """The harness's stop (gpuq.testing) gives a process 30 s, then kills it. A supervisor still
     draining a long job was killed alone: its worker, told to stop warm when its parent died,
