@@ -14,9 +14,11 @@ from typing import Any, Protocol
 
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, request_tokens, unpack_prompt_ids, vocabulary_file_tag
 from gpuq.jobs.request import GenerationParams
+from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
 from gpuq.streams.events import TOKENS
 from worker.decoding import BatchDecoder, DamagedModel, Sampling
 from worker.decoding.constraint import Constraint, Vocabulary
+from worker.prefix_cache import PrefixCache
 
 EMBED_CHUNK = 16  # inputs per llama.cpp call (faster than larger ones here); cancellation is checked between chunks
 
@@ -49,6 +51,7 @@ class Prepared:
     deadline: float | None
     decoder: BatchDecoder
     constraint: Constraint | None = None
+    scope: bytes = b""  # its cache scope: the model file and the tenant (gpuq.prefix_blocks)
 
     @property
     def n(self) -> int:
@@ -74,6 +77,7 @@ class Prepared:
             logprobs=0 if params.logprobs is None and params.echo else params.logprobs,
             echo=params.echo,
             constraint=self.constraint,
+            scope=self.scope,
         )
 
 
@@ -110,6 +114,8 @@ class LoadedModel:
         prompt_cache: bool = True,
         flash_attn: bool = True,
         any_prefix: bool | None = None,
+        prefix_cache: PrefixCache | None = None,
+        shared_tenants: bool = False,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -121,6 +127,8 @@ class LoadedModel:
         self.file_tag = vocabulary_file_tag(path)  # which API-built prompt ids fit this model
         self.formatter = chat_formatter(self.model)
         self.vocabulary = Vocabulary(self.model.vocab, self.model.n_vocab())
+        self.fingerprint = model_fingerprint(path)  # the cache scope's model part, as every host reads it
+        self.shared_tenants = shared_tenants
         self.decoder = BatchDecoder(
             self.model,
             slots=slots,
@@ -131,6 +139,8 @@ class LoadedModel:
             any_prefix=reuses_any_prefix(self.model.metadata().get("general.architecture", ""), gpu_layers)
             if any_prefix is None
             else any_prefix,
+            prefix_cache=prefix_cache,
+            gpu_layers=gpu_layers,
         )
 
     def close(self) -> None:
@@ -150,11 +160,13 @@ class LoadedModel:
         cancel: threading.Event,
         deadline: float | None = None,
         prompt_ids: bytes | None = None,
+        owner: str | None = None,
     ) -> Prepared:
         """A generation made ready to admit: its prompt's tokens (those the API built, when it
-        built them with this model's file; else tokenised here) and its output schema, if any,
+        built them with this model's file; else tokenised here), its output schema, if any,
         compiled (beside the engine: the vocabulary is only read, and llama.cpp's tokenizer
-        and llguidance's compiler release the GIL)."""
+        and llguidance's compiler release the GIL), and its cache scope: the tenant ``owner``'s
+        own, unless this model's cache is shared."""
         assert self.decoder is not None, "an embedding model does not generate"
         params = GenerationParams.model_validate(request)
         schema = params.output_schema
@@ -162,7 +174,8 @@ class LoadedModel:
         tokens = unpack_prompt_ids(self.file_tag, prompt_ids)
         if tokens is None:
             tokens = self.prompt_tokens(request)
-        return Prepared(key, params, tokens, cancel, deadline, self.decoder, constraint)
+        scope = namespace_salt(self.fingerprint, cache_scope(owner, shared=self.shared_tenants))
+        return Prepared(key, params, tokens, cancel, deadline, self.decoder, constraint, scope)
 
     def tokens_decoded(self) -> int:
         assert self.decoder is not None

@@ -34,6 +34,7 @@ from worker.gpu_memory import GpuMemory
 from worker.model_cache import ModelCache, ModelSpec
 from worker.outages import is_outage, wait_for_dependencies
 from worker.outcome_writer import OutcomeWriter
+from worker.prefix_cache import PrefixCache, mem_available_bytes, ram_limit_bytes
 from worker.runner import JobRunner
 from worker.worker import GpuqWorker
 
@@ -99,6 +100,7 @@ def _run_worker(
 ) -> None:
     device = device_or_refuse(settings, sessions)
     memory = GpuMemory(device.gpu_uuids)
+    prefix_cache = open_prefix_cache(settings)
 
     def load(spec: ModelSpec) -> LoadedModel:
         group = catalog.slot is not None and len(catalog.slot.targets) > 1 and device.on_gpu
@@ -114,6 +116,8 @@ def _run_worker(
             prompt_cache=settings.worker_prompt_cache,
             flash_attn=settings.worker_flash_attn,
             any_prefix=None if settings.worker_prompt_reuse == "auto" else settings.worker_prompt_reuse == "any-prefix",
+            prefix_cache=prefix_cache,
+            shared_tenants=settings.worker_prefix_cache_shared_tenants,
         )
         memory.cuda_started = device.on_gpu
         return loaded
@@ -197,9 +201,27 @@ def _run_worker(
         worker.work(burst=burst, logging_level=None)  # levels from gpuq.log_config
     finally:
         writer.stop()
-        cache.clear()
+        cache.clear()  # each model's free streams saved to the prefix cache as it closes
+        prefix_cache.close()  # what it queued for the disk written
     if not burst and worker.ended_unasked:
         _exit_on(worker.job_error)
+
+
+def open_prefix_cache(settings: Settings) -> PrefixCache:
+    """The worker's prefix cache, for every model it loads (a start is keyed by its model file):
+    its RAM bound as the settings or the supervisor give it (-1 here: a worker started alone,
+    the host's share for one worker), and the disk tier if a directory is set."""
+    ram = ram_limit_bytes(settings.worker_prefix_cache_ram_bytes, available=mem_available_bytes())
+    directory = Path(settings.worker_prefix_cache_dir) if settings.worker_prefix_cache_dir else None
+    cache = PrefixCache.open(
+        ram_limit_bytes=ram, disk_dir=directory, disk_limit_bytes=settings.worker_prefix_cache_disk_bytes
+    )
+    log.info(
+        "prefix cache: %d MiB of host RAM%s",
+        ram >> 20,
+        f", disk tier in {directory}" if cache.disk is not None else "",
+    )
+    return cache
 
 
 def _exit_on(error: Exception | None) -> NoReturn:

@@ -182,7 +182,9 @@ class JobRunner:
             spec = _spec(model, embedding=False)
             loaded, running.outcome.load_ms = self._load(spec)
             running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
-            prepared = loaded.prepare(claimed.id, claimed.request, cancel, deadline, claimed.prompt_ids)
+            prepared = loaded.prepare(
+                claimed.id, claimed.request, cancel, deadline, claimed.prompt_ids, owner=claimed.owner
+            )
             running.outcome.prompt_tokens, running.decoder = len(prepared.tokens), prepared.decoder
         except HandBack as exc:
             self._hand_back_or_settle(running, exc)
@@ -392,6 +394,8 @@ class JobRunner:
         outcome.prompt_tokens = first.prompt_tokens
         outcome.completion_tokens = sum(g.completion_tokens for g in generations)
         outcome.cached_tokens = first.cached_tokens
+        outcome.cached_ram_tokens = first.cached_ram_tokens
+        outcome.cached_disk_tokens = first.cached_disk_tokens
         if all(g.finish_reason == "cancelled" for g in generations):
             outcome.status = JobStatus.CANCELLED
 

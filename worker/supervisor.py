@@ -76,6 +76,7 @@ from gpuq.settings import ENV_PREFIX, Settings
 from gpuq.stats import metrics
 from worker.exits import EXIT_DEFECT, EXIT_DEVICE_UNUSABLE, EXIT_OUTAGE
 from worker.outages import is_outage, wait_for_dependencies
+from worker.prefix_cache import mem_available_bytes, ram_limit_bytes
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +133,17 @@ def worker_command(slot: SlotPlan) -> list[str]:
     return command + (["--gpu-share", str(slot.share)] if slot.share > 1 else [])
 
 
-def worker_environment(slot: SlotPlan, base: dict[str, str], *, threads: int) -> dict[str, str]:
+def worker_environment(
+    slot: SlotPlan, base: dict[str, str], *, threads: int, prefix_cache_ram_bytes: int | None = None
+) -> dict[str, str]:
+    """A worker's environment: its GPUs, its llama.cpp threads and, when the setting leaves it
+    to the host (-1), its share of the host RAM the prefix caches may take."""
     env = dict(base)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpu_uuids) if slot.gpu_uuids else ""
     env[f"{ENV_PREFIX}WORKER_THREADS"] = str(threads)
+    if prefix_cache_ram_bytes is not None:
+        env[f"{ENV_PREFIX}WORKER_PREFIX_CACHE_RAM_BYTES"] = str(prefix_cache_ram_bytes)
     return env
 
 
@@ -526,10 +533,15 @@ def run_supervisor(settings: Settings, *, cpu_workers: int = 1, slots_per_gpu: i
         f", {len(inventory.unreadable)} unreadable" if inventory.unreadable else "",
     )
     base_env = {**os.environ}
+    available = mem_available_bytes()  # before any worker loads a model: the host's own figure
 
     def spawn(slot: SlotPlan) -> subprocess.Popen[bytes]:
-        threads = threads_per_worker(settings, max(len(supervisor.children), 1))
-        return spawn_child(worker_command(slot), env=worker_environment(slot, base_env, threads=threads))
+        workers = max(len(supervisor.children), 1)
+        threads = threads_per_worker(settings, workers)
+        ram = settings.worker_prefix_cache_ram_bytes
+        share = ram_limit_bytes(ram, available=available, workers=workers) if ram < 0 else None
+        env = worker_environment(slot, base_env, threads=threads, prefix_cache_ram_bytes=share)
+        return spawn_child(worker_command(slot), env=env)
 
     supervisor = Supervisor(
         settings=settings,

@@ -178,7 +178,14 @@ class JobSummary(BaseModel):
     )
     cached_tokens: int | None = Field(
         None,
-        description="of the prompt's tokens, those whose KV the worker reused instead of evaluating them",
+        description="of the prompt's tokens, those whose KV the worker reused instead of evaluating them: "
+        "from one of its KV slots, or restored from its prefix cache (below)",
+    )
+    cached_ram_tokens: int | None = Field(
+        None, description="of cached_tokens, those restored from the worker's prefix cache in host RAM"
+    )
+    cached_disk_tokens: int | None = Field(
+        None, description="of cached_tokens, those restored from the worker's prefix cache on disk"
     )
     worker: str | None
     device: str | None
@@ -278,6 +285,8 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": job.completion_tokens,
         "cached_tokens": job.cached_tokens,
+        "cached_ram_tokens": job.cached_ram_tokens,
+        "cached_disk_tokens": job.cached_disk_tokens,
         "worker": job.worker,
         "device": job.device,
         "attempts": job.attempts or 0,

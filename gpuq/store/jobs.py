@@ -398,6 +398,8 @@ class Outcome:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens whose KV was reused, not evaluated
+    cached_ram_tokens: int | None = None  # ... of them, restored from the prefix cache's RAM tier
+    cached_disk_tokens: int | None = None  # ... or from its disk tier
     load_ms: int | None = None
     run_ms: int | None = None
     webhook_url: str | None = None
@@ -425,6 +427,8 @@ class Outcome:
             "o_prompt_tokens": self.prompt_tokens,
             "o_completion_tokens": self.completion_tokens,
             "o_cached_tokens": self.cached_tokens,
+            "o_cached_ram_tokens": self.cached_ram_tokens,
+            "o_cached_disk_tokens": self.cached_disk_tokens,
             "o_load_ms": self.load_ms,
             "o_run_ms": self.run_ms,
             "o_gpu_seconds": self.gpu_seconds,
@@ -453,6 +457,8 @@ def _record_outcome(*, fenced: bool) -> Update:
             prompt_tokens=func.coalesce(bindparam("o_prompt_tokens", type_=Integer), _JOBS.c.prompt_tokens),
             completion_tokens=bindparam("o_completion_tokens"),
             cached_tokens=bindparam("o_cached_tokens"),
+            cached_ram_tokens=bindparam("o_cached_ram_tokens"),
+            cached_disk_tokens=bindparam("o_cached_disk_tokens"),
             load_ms=bindparam("o_load_ms"),
             run_ms=bindparam("o_run_ms"),
             gpu_seconds=bindparam("o_gpu_seconds"),

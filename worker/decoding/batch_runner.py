@@ -5,7 +5,13 @@ which sequence each serves), makes it one ``llama_decode``, removes the throwawa
 cells once decoded, and returns a :class:`StepOutput`: the batch (so which row is whose),
 llama.cpp's code, and the logits rows, valid until the next decode. It changes no
 sequence: committing the output is ``commit.py``'s. It also applies ``KvStreams``'s
-operations to llama.cpp's memory, the only other thing that touches the context.
+operations to llama.cpp's memory, and saves and restores streams' cells for the prefix cache
+(``kv_state.py``): it is the only code that touches the context.
+
+It remembers the stream copies not yet applied (llama.cpp applies them at the next decode):
+a stream such a copy goes into is never saved, and one it comes from or goes into is never
+restored into (``kv_state.py`` says why); the save or restore is then skipped, a lost chance,
+never a wrong cell.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from worker.decoding import kv_state
 from worker.decoding.kv_streams import Copy, KvOp, Trim
 from worker.decoding.plan import N_BATCH, Batch
 
@@ -75,6 +82,8 @@ class BatchRunner:
         self._n_vocab = model.n_vocab()
         self.tokens_decoded = 0  # every token any llama_decode of this context took: the shares of energy
         self.decode_seconds = 0.0  # inside llama_decode: the rest of a step is the engine's own cost
+        self.params = params  # what the context was made with (the prefix cache's key reads it)
+        self._copies: set[tuple[int, int]] = set()  # (src, dst) copied since the last decode
 
     def close(self) -> None:
         if self._batch is not None:
@@ -95,6 +104,7 @@ class BatchRunner:
         started = time.perf_counter()
         code = int(self._llama.llama_decode(self._ctx.ctx, b))
         self.decode_seconds += time.perf_counter() - started
+        self._copies.clear()  # a decode applies the pending copies first, whatever it returns
         if code not in (DECODED, NO_KV_ROOM):
             raise DecodeError(f"llama_decode returned {code}")
         if code == DECODED:
@@ -114,8 +124,26 @@ class BatchRunner:
             if isinstance(op, Copy):
                 # Whole streams: llama.cpp copies the buffers at the next decode, in order.
                 self._llama.llama_memory_seq_cp(self._memory, op.src, op.dst, -1, -1)
+                self._copies.add((op.src, op.dst))
             elif isinstance(op, Trim):
                 self._llama.llama_memory_seq_rm(self._memory, op.stream, op.keep, -1)
+            else:
+                raise TypeError(f"{op} is the decoder's to apply (the prefix cache's)")
+
+    def save(self, stream: int, *, keep: int) -> bytes | None:
+        """The stream's cells at positions ``[0, keep)`` as bytes (the cells after them are
+        removed); None when a copy not yet applied goes into the stream."""
+        if any(dst == stream for _, dst in self._copies):
+            return None
+        return kv_state.save_stream(self._ctx.ctx, stream, keep=keep)
+
+    def restore(self, stream: int, data: bytes, *, keep: int) -> bool:
+        """``data`` (from :meth:`save`) into a free ``stream``, then cut to ``keep`` positions.
+        False, the stream left empty, when llama.cpp refuses the bytes; False, the stream
+        untouched, when a copy not yet applied comes from it or goes into it."""
+        if any(stream in pair for pair in self._copies):
+            return False
+        return kv_state.restore_stream(self._ctx.ctx, stream, data, keep=keep)
 
     # ------------------------------------------------------------- Logits, of the last decode
 

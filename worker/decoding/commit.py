@@ -242,6 +242,8 @@ class Commit:
             prompt_logprobs=tuple(request.prompt_logprobs) if request.echo else None,
             stop_sequence=seq.text.matched if seq.cut is not None else None,
             cached_tokens=request.cached,
+            cached_ram_tokens=request.cached_ram,
+            cached_disk_tokens=request.cached_disk,
             prompt_ms=int((first - request.admitted_at) * 1000) if first is not None else None,
             eval_ms=int((now - first) * 1000) if first is not None else None,
         )

@@ -22,6 +22,10 @@ end rules are ``Llama.create_completion``'s own (EOS, stop strings, length, the 
 hold-back), so a seeded (or greedy) job gives the same text alone, beside others, and
 whether or not its prompt's start came from the cache. This class only orchestrates: it
 admits requests, moves streams before a step (``KvStreams``), and runs plan, run, commit.
+
+With a prefix cache (``prefix_tier.py``), a stream's start is saved before its cells are lost,
+and a new prompt's start restored from host RAM or disk when a tier keeps more of it than the
+streams do.
 """
 
 from __future__ import annotations
@@ -32,17 +36,20 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from gpuq.prefix_blocks import BLOCK_TOKENS
 from worker.decoding.batch_runner import NO_KV_ROOM, BatchRunner
 from worker.decoding.commit import Commit
 from worker.decoding.constraint import SequenceConstraint
-from worker.decoding.kv_streams import KvStreams
+from worker.decoding.kv_streams import KvOp, KvStreams
 from worker.decoding.logprobs import TokenLogprob
 from worker.decoding.plan import Live, StepPlan, ThrowawayRows, plan_step
+from worker.decoding.prefix_tier import PrefixTier
 from worker.decoding.results import Finished, Piece
 from worker.decoding.sampler import Sampling, sampler_chain
 from worker.decoding.sequences import Request, Sequence, Sequences, State
 from worker.decoding.text import CompletionText
 from worker.decoding.token_pieces import TokenPieces
+from worker.prefix_cache import KvLayout, PrefixCache
 
 PREFILL_CHUNK_TOKENS = 64  # a prompt goes in 64 tokens at a time, at fixed boundaries (see plan.py)
 # ggml's CPU flash attention tiles a stream's rows from 64 rows a pass on (GGML_FA_TILE_Q), and
@@ -74,6 +81,8 @@ class BatchDecoder:
         chunk_tokens: int = PREFILL_CHUNK_TOKENS,
         flash_attn: bool = True,
         any_prefix: bool = False,
+        prefix_cache: PrefixCache | None = None,
+        gpu_layers: int = 0,
     ) -> None:
         import llama_cpp
 
@@ -90,7 +99,22 @@ class BatchDecoder:
         self._n_vocab = model.n_vocab()
         self._bos = model.token_bos()
         self._pieces = TokenPieces(model.vocab)
-        self.kv = KvStreams(slots, chunk_tokens=chunk_tokens, reuse=prompt_cache, any_prefix=any_prefix)
+        self._tier: PrefixTier | None = None
+        if prefix_cache is not None and prefix_cache.enabled and prompt_cache:
+            layout = KvLayout.of_context(
+                self._runner.params,
+                reuse="any-prefix" if any_prefix else "whole-chunks",
+                chunk_tokens=chunk_tokens,
+                gpu_layers=gpu_layers,
+            )
+            self._tier = PrefixTier(prefix_cache, layout)
+        self.kv = KvStreams(
+            slots,
+            chunk_tokens=chunk_tokens,
+            reuse=prompt_cache,
+            any_prefix=any_prefix,
+            save_from=BLOCK_TOKENS if self._tier is not None else None,
+        )
         self._seqs = Sequences()
         vocab = model.vocab
         self._commit = Commit(
@@ -107,8 +131,13 @@ class BatchDecoder:
         # jobs for them while that step runs, so that they go in at the step after it.
         self.freed_next_step = 0
         self.reused_tokens = 0  # prompt tokens taken from a KV stream instead of decoded
+        self._abandoned = False
 
     def close(self) -> None:
+        """Frees the context; with a prefix cache, the starts the free streams kept are saved
+        first (a model unloaded between two cron runs finds them again)."""
+        if self._tier is not None and not self._abandoned:
+            self._tier.keep(self._runner, self.kv.kept())
         for seq in [*self._seqs.live.values(), *self._seqs.waiting.values()]:
             seq.sampler.close()
         self._seqs.live.clear()
@@ -142,7 +171,9 @@ class BatchDecoder:
         return list(self._seqs.requests)
 
     def abandon(self) -> None:
-        """Drops every request without an ending (decoding failed: the context is unusable)."""
+        """Drops every request without an ending (decoding failed: the context is unusable,
+        and nothing of it is saved)."""
+        self._abandoned = True
         self._commit.abandon()
 
     def live_slots(self) -> list[int]:
@@ -168,9 +199,12 @@ class BatchDecoder:
         logprobs: int | None = None,
         echo: bool = False,
         constraint: SequenceConstraint | None = None,
+        scope: bytes = b"",
     ) -> int:
         """Adds a request; its prompt goes in from the next step. Needs ``n`` free slots.
-        Returns how many prompt tokens it takes from the cache. A ``stream`` request's text is
+        Returns how many prompt tokens it takes from the cache: a stream's of its ``scope``
+        (the cache scope, ``gpuq.prefix_blocks.namespace_salt``: other scopes' never), or the
+        prefix cache's (``request.cached_ram``, ``cached_disk``). A ``stream`` request's text is
         also handed out piece by piece (``take_pieces``). ``logprobs``: each sampled token's
         log-probability and its ``logprobs`` best alternatives; with ``echo`` the prompt's
         too, so its prompt is decoded whole (no cache: reused cells have no logits). A
@@ -206,12 +240,28 @@ class BatchDecoder:
         first = self._sequence(request, 0, constraint)
         for index in range(1, n):
             self._sequence(request, index, constraint.fork() if constraint is not None else None)
-        placement = self.kv.place(first.id, request.prompt, reuse=not request.echo)
-        self._runner.apply(placement.ops)
-        request.cached = first.fed = placement.reused
-        self.reused_tokens += placement.reused
+        self._place(first, scope)
+        self.reused_tokens += request.cached
         self._seqs.requests[key] = request
-        return placement.reused
+        return request.cached
+
+    def _place(self, first: Sequence, scope: bytes) -> None:
+        """A stream for the request's first sample, with as much of its prompt as a stream of
+        its scope holds, or a tier of the prefix cache restores into it."""
+        request = first.request
+        reuse = not request.echo
+        restored = None
+        if reuse and self._tier is not None:
+            restored = self._tier.restore(self._runner, self.kv, request.prompt, scope)
+        placement = self.kv.place(first.id, request.prompt, reuse=reuse, scope=scope)
+        self._apply(placement.ops)
+        request.cached = first.fed = placement.reused
+        if restored is not None and placement.stream == restored.stream:
+            from_tier = min(restored.tokens, placement.reused)
+            if restored.tier == "ram":
+                request.cached_ram = from_tier
+            else:
+                request.cached_disk = from_tier
 
     def _sequence(self, request: Request, index: int, constraint: SequenceConstraint | None) -> Sequence:
         seq = Sequence(
@@ -261,7 +311,7 @@ class BatchDecoder:
                 continue  # its request ended at an earlier row of this step (damaged logits)
             output = self._runner.run(batch)
             ended, ops = self._commit(output)
-            self._runner.apply(ops)
+            self._apply(ops)
             finished += ended
             if output.code == NO_KV_ROOM:
                 break
@@ -293,7 +343,7 @@ class BatchDecoder:
     def _move_down(self) -> None:
         """Decoding sequences move down into free streams below them (``KvStreams.moves``)."""
         decoding = {seq.id for seq in self._seqs.live.values() if seq.state is State.DECODING}
-        self._runner.apply(self.kv.moves(decoding))
+        self._apply(self.kv.moves(decoding))
 
     def _order_waiting(self) -> None:
         """Prompts not yet begun (nothing in their streams) take the lowest streams they can,
@@ -306,4 +356,10 @@ class BatchDecoder:
             (s for s in self._seqs.live.values() if s.state is State.PREFILLING and s.fed == 0),
             key=lambda s: s.request.admitted,
         )
-        self._runner.apply(self.kv.order_waiting([s.id for s in waiting]))
+        self._apply(self.kv.order_waiting([s.id for s in waiting]))
+
+    def _apply(self, ops: Iterable[KvOp]) -> None:
+        if self._tier is not None:
+            self._tier.apply(self._runner, ops)
+        else:
+            self._runner.apply(ops)

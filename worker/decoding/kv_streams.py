@@ -30,6 +30,13 @@ are lost in one place only, ``KvStreams._give``, when a sequence takes the strea
 - **Moving down**: when a free stream lies below a decoding one, the sequence in the highest
   decoding stream moves into the lowest free one (a copy); the stream it leaves keeps what it
   held, reusable by the next prompt that shares it.
+- **Scopes**: a stream's tokens belong to the cache scope of the sequence that computed them
+  (the tenant's, unless an admin shares a model's cache: ``gpuq.prefix_blocks``); a prompt
+  reuses only streams of its own scope, so no tenant learns from timing how another's prompts
+  start.
+- **Kept before lost** (``saves``, with the prefix cache on): when a free stream is reclaimed
+  and tokens it kept would be lost, a ``Save`` of them goes first, so the prefix cache keeps
+  them (``worker/decoding/prefix_tier.py``).
 """
 
 from __future__ import annotations
@@ -53,13 +60,24 @@ class Trim:
     keep: int
 
 
-KvOp = Copy | Trim
+@dataclass(frozen=True, slots=True)
+class Save:
+    """Keep what ``stream`` holds (``tokens``, from position 0, in ``scope``) before it is
+    lost: applied before the operations that follow it."""
+
+    stream: int
+    tokens: tuple[int, ...]
+    scope: bytes
+
+
+KvOp = Copy | Trim | Save
 
 
 @dataclass(slots=True)
 class _Stream:
     reusable: list[int] = field(default_factory=list)  # prompt tokens computed reusably, from position 0
     owner: int | None = None  # the live sequence's id
+    scope: bytes = b""  # the cache scope of the sequence that computed them
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +90,23 @@ class Placement:
 class KvStreams:
     """The one map of which sequence holds which stream, and of what each stream holds."""
 
-    def __init__(self, n_streams: int, *, chunk_tokens: int, reuse: bool = True, any_prefix: bool = False) -> None:
+    def __init__(
+        self,
+        n_streams: int,
+        *,
+        chunk_tokens: int,
+        reuse: bool = True,
+        any_prefix: bool = False,
+        save_from: int | None = None,
+    ) -> None:
         self._streams = [_Stream() for _ in range(n_streams)]
         self._stream_of: dict[int, int] = {}  # live sequence id -> its stream
         self.chunk_tokens = chunk_tokens
         self.reuse = reuse  # GPUQ_WORKER_PROMPT_CACHE: off, every prompt is decoded whole
         self.any_prefix = any_prefix
+        # With a prefix cache: a free stream's kept tokens, at least this many, are saved
+        # before they are lost (None: never).
+        self.save_from = save_from if reuse else None
 
     @property
     def free(self) -> int:
@@ -94,30 +123,47 @@ class KvStreams:
         """The reusable tokens the stream holds now."""
         return list(self._streams[stream].reusable)
 
-    def place(self, sequence: int, prompt: list[int], *, reuse: bool = True) -> Placement:
-        """The stream a new sequence takes (StopIteration: none free) and what it reuses
-        (nothing when not ``reuse``: a prompt whose every row's logits are wanted)."""
-        target = self._lowest_free()
-        source, reused = self._best_source(prompt, target) if reuse else (None, 0)
+    def scope_of(self, stream: int) -> bytes:
+        return self._streams[stream].scope
+
+    def reuse_bounds(self, prompt_tokens: int) -> tuple[int, int]:
+        """How much of a prompt may be reused, and in what unit. The prompt's last token is
+        always decoded (its logits are sampled), so at most the whole chunks before it (with
+        ``any_prefix``, all but its last two tokens: what is left is a pass of two rows)."""
+        if self.any_prefix:
+            return max(0, prompt_tokens - 2), 1
+        unit = self.chunk_tokens
+        return (prompt_tokens - 1) // unit * unit, unit
+
+    def place(self, sequence: int, prompt: list[int], *, reuse: bool = True, scope: bytes = b"") -> Placement:
+        """The stream a new sequence takes (StopIteration: none free) and what it reuses of
+        its own ``scope``'s streams (nothing when not ``reuse``: a prompt whose every row's
+        logits are wanted)."""
+        target = self.lowest_free()
+        source, reused = self._best_source(prompt, target, scope) if reuse else (None, 0)
         ops: list[KvOp] = []
         if source is not None and source != target:
+            ops += self._lost(target, [])  # the copy replaces every cell
             ops.append(Copy(source, target))
+        ops += self._give(target, sequence, prompt[:reused], scope)
         ops.append(Trim(target, reused))
-        self._give(target, sequence, prompt[:reused])
         return Placement(target, reused, tuple(ops))
 
-    def _best_source(self, prompt: list[int], target: int) -> tuple[int | None, int]:
-        """The stream sharing the longest reusable start with the prompt, and that length.
-        The prompt's last token is always decoded (its logits are sampled), so at most the
-        whole chunks before it are reused (with ``any_prefix``, all but its last two tokens:
-        what is left is a pass of two rows). The target itself wins a tie (nothing to copy)."""
+    def best_reuse(self, prompt: list[int], scope: bytes) -> int:
+        """The most of ``prompt`` a new sequence of ``scope`` would reuse from the streams now."""
+        return self._best_source(prompt, self.lowest_free(), scope)[1]
+
+    def _best_source(self, prompt: list[int], target: int, scope: bytes) -> tuple[int | None, int]:
+        """The stream of ``scope`` sharing the longest reusable start with the prompt, and
+        that length (``reuse_bounds``). The target itself wins a tie (nothing to copy)."""
         if not self.reuse:
             return None, 0
-        unit = 1 if self.any_prefix else self.chunk_tokens
-        limit = len(prompt) - 2 if self.any_prefix else (len(prompt) - 1) // unit * unit
+        limit, unit = self.reuse_bounds(len(prompt))
         best, best_len = None, 0
         order = [target] + [i for i in range(len(self._streams)) if i != target]
         for i in order:
+            if self._streams[i].scope != scope:
+                continue
             shared = _common_prefix(self._streams[i].reusable, prompt, limit)
             shared = shared // unit * unit
             if shared > best_len:
@@ -128,19 +174,40 @@ class KvStreams:
         """A stream for a sequence forked from the live sequence ``parent`` (``n`` samples of
         one prompt): a copy of the parent's stream, cells and all."""
         source = self._stream_of[parent]
-        target = self._lowest_free()
-        self._give(target, sequence, list(self._streams[source].reusable))
-        return Placement(target, len(self._streams[target].reusable), (Copy(source, target),))
+        target = self.lowest_free()
+        ops = self._lost(target, [])
+        ops.append(Copy(source, target))
+        held = self._streams[source]
+        ops += self._give(target, sequence, list(held.reusable), held.scope)
+        return Placement(target, len(self._streams[target].reusable), tuple(ops))
 
     def computed(self, sequence: int, tokens: list[int]) -> None:
         """Reusable prompt tokens were decoded into the sequence's stream, right after what it holds."""
         self._streams[self._stream_of[sequence]].reusable.extend(tokens)
 
-    def restored(self, stream: int, tokens: list[int]) -> None:
+    def reclaim(self, stream: int) -> tuple[KvOp, ...]:
+        """A free stream is about to be overwritten whole (a restore from the prefix cache):
+        it holds nothing from now on; the ``Save`` of what it kept, if that is worth keeping."""
+        s = self._streams[stream]
+        assert s.owner is None, "a live sequence's stream is never reclaimed"
+        ops = self._lost(stream, [])
+        s.reusable = []
+        return tuple(ops)
+
+    def restored(self, stream: int, tokens: list[int], scope: bytes = b"") -> None:
         """A free stream's cells were restored from the prefix cache (``kv_state``): it holds
-        these reusable tokens, for the next prompt that starts with them."""
-        assert self._streams[stream].owner is None, "a live sequence's stream is never restored into"
-        self._streams[stream].reusable = list(tokens)
+        these reusable tokens of ``scope``, for the next prompt that starts with them."""
+        s = self._streams[stream]
+        assert s.owner is None, "a live sequence's stream is never restored into"
+        s.reusable, s.scope = list(tokens), scope
+
+    def kept(self) -> tuple[Save, ...]:
+        """A ``Save`` of every free stream's kept tokens worth keeping (the context is closing)."""
+        saves: list[Save] = []
+        for i, s in enumerate(self._streams):
+            if s.owner is None:
+                saves += [op for op in self._lost(i, []) if isinstance(op, Save)]
+        return tuple(saves)
 
     def order_waiting(self, waiting: list[int]) -> tuple[KvOp, ...]:
         """``waiting``: the sequences whose prompts have not begun (nothing reused, nothing
@@ -149,16 +216,17 @@ class KvStreams:
         ``place`` empties the one it gives (its kept tokens go), and the streams they leave
         are free and empty. No cell moves."""
         sources = [self._stream_of[s] for s in waiting]
+        scopes = [self._streams[stream].scope for stream in sources]
         free = [i for i, s in enumerate(self._streams) if s.owner is None]
         targets = sorted([*sources, *free])[: len(sources)]
         for stream in sources:
             assert not self._streams[stream].reusable
             self._streams[stream].owner = None
         ops: list[KvOp] = []
-        for sequence, dst in zip(waiting, targets, strict=True):
+        for sequence, dst, scope in zip(waiting, targets, scopes, strict=True):
+            ops += self._give(dst, sequence, [], scope)
             if dst not in sources:
                 ops.append(Trim(dst, 0))
-            self._give(dst, sequence, [])
         return tuple(ops)
 
     def release(self, sequence: int) -> None:
@@ -185,24 +253,41 @@ class KvStreams:
             sequence = src.owner
             assert sequence is not None
             src.owner = None  # it keeps its cells: the same tokens, reusable
-            self._give(dst, sequence, list(src.reusable))
+            ops += self._lost(dst, [])
+            ops.append(Copy(top, dst))
+            ops += self._give(dst, sequence, list(src.reusable), src.scope)
             if not self.reuse:
                 src.reusable = []
-            ops.append(Copy(top, dst))
             live.discard(top)
             live.add(dst)
         return tuple(ops)
 
-    def _lowest_free(self) -> int:
+    def lowest_free(self) -> int:
         return next(i for i, s in enumerate(self._streams) if s.owner is None)
 
-    def _give(self, stream: int, sequence: int, reusable: list[int]) -> None:
+    def _give(self, stream: int, sequence: int, reusable: list[int], scope: bytes) -> list[KvOp]:
         """A free stream goes to a sequence, to hold ``reusable`` (what the operations that
-        come with it leave there). The one place where a stream is reclaimed: what it kept
-        after its last sequence ended, beyond ``reusable``, is lost here."""
+        come with it leave there). The one place where a stream is given: what it kept after
+        its last sequence ended, beyond ``reusable``, is lost here (a ``Save`` of it first,
+        unless a copy into the stream, which comes with its own, was already planned)."""
         s = self._streams[stream]
-        s.owner, s.reusable = sequence, reusable
+        ops = self._lost(stream, reusable)
+        s.owner, s.reusable, s.scope = sequence, reusable, scope
         self._stream_of[sequence] = stream
+        return ops
+
+    def _lost(self, stream: int, keeps: list[int]) -> list[KvOp]:
+        """A ``Save`` of what the free ``stream`` kept, when it is worth keeping and would be
+        lost by keeping only ``keeps`` of it; then the stream is marked as keeping only that
+        much (so a second call saves nothing)."""
+        s = self._streams[stream]
+        lost = len(s.reusable) > len(keeps) or s.reusable[: len(keeps)] != keeps
+        if self.save_from is None or not lost or len(s.reusable) < self.save_from:
+            return []
+        op = Save(stream, tuple(s.reusable), s.scope)
+        common = _common_prefix(s.reusable, keeps, len(keeps))
+        del s.reusable[common:]
+        return [op]
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

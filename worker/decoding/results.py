@@ -24,7 +24,9 @@ class Generation:
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     stop_sequence: str | None = None  # the stop string that ended it (finish reason stop), if one did
     # How it was computed, not what it is: the same text is the same generation.
-    cached_tokens: int = field(default=0, compare=False)  # prompt tokens taken from a KV stream
+    cached_tokens: int = field(default=0, compare=False)  # prompt tokens not computed: from a KV stream ...
+    cached_ram_tokens: int = field(default=0, compare=False)  # ... of them, restored from the prefix cache's RAM
+    cached_disk_tokens: int = field(default=0, compare=False)  # ... or from its disk tier
     prompt_ms: int | None = field(default=None, compare=False)  # admission to the first token
     eval_ms: int | None = field(default=None, compare=False)  # first token to the end
 

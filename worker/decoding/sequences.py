@@ -83,7 +83,9 @@ class Request:
     logprobs: int | None = None  # None: none wanted; k: each token's and its k best alternatives'
     echo: bool = False  # the prompt's log-probabilities too (every prompt row decoded with logits)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
-    cached: int = 0
+    cached: int = 0  # prompt tokens its stream held at admission: a stream's, or restored from
+    cached_ram: int = 0  # ... of them, restored from the prefix cache's RAM tier
+    cached_disk: int = 0  # ... or from its disk tier
     admitted_at: float = field(default_factory=time.perf_counter)
     sequences: list[Sequence] = field(default_factory=list)  # its n samples, by index
 

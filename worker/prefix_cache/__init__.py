@@ -3,7 +3,8 @@
 ``key.py`` (what makes saved KV fit a context), ``entry.py`` (a saved start, and the index
 that finds the longest one a prompt shares), ``ram.py`` and ``disk.py`` (the tiers),
 ``cache.py`` (both behind one object, with their figures). The bytes are a stream's cells as
-``worker/decoding/kv_state.py`` saves and restores them. Not yet wired into the decoder.
+``worker/decoding/kv_state.py`` saves and restores them; ``worker/decoding/prefix_tier.py`` is
+the decoder's side (what it saves when, what it restores).
 """
 
 from worker.prefix_cache.cache import Found, PrefixCache, PrefixCacheStats, mem_available_bytes, ram_limit_bytes

@@ -123,16 +123,21 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.ram.limit_bytes > 0 or (self.disk is not None and self.disk.enabled)
 
-    def lookup(self, key: CacheKey, tokens: Sequence[int], *, limit: int, unit: int = 1) -> Found | None:
+    def lookup(
+        self, key: CacheKey, tokens: Sequence[int], *, limit: int, unit: int = 1, at_least: int = 1
+    ) -> Found | None:
         """The saved start sharing the most of ``tokens``, from RAM or disk, as many of its
         tokens as the engine may reuse of this prompt: at most ``limit``, a multiple of ``unit``
         (the prefill chunk where only whole chunks are reused). None, counted as a miss, when
-        none shares a block."""
+        none shares ``at_least`` tokens (what the decoder's streams already offer, and more)."""
         limit = limit // unit * unit
+        floor = max(unit, at_least)
         in_ram = self.ram.longest(key, tokens, limit=limit)
         on_disk = self.disk.longest(key, tokens, limit=limit) if self.disk is not None else None
-        in_ram = None if in_ram is None or in_ram[1] < unit else (in_ram[0], in_ram[1] // unit * unit)
-        on_disk = None if on_disk is None or on_disk[1] < unit else (on_disk[0], on_disk[1] // unit * unit)
+        in_ram = None if in_ram is None or in_ram[1] // unit * unit < floor else (in_ram[0], in_ram[1] // unit * unit)
+        on_disk = (
+            None if on_disk is None or on_disk[1] // unit * unit < floor else (on_disk[0], on_disk[1] // unit * unit)
+        )
         found: Found | None = None
         if on_disk is not None and (in_ram is None or on_disk[1] > in_ram[1]):
             entry = self.disk.load(on_disk[0], key) if self.disk is not None else None
@@ -147,6 +152,11 @@ class PrefixCache:
             else:
                 self._hits[found.tier] += 1
         return found
+
+    def covers(self, key: CacheKey, tokens: Sequence[int]) -> bool:
+        """The RAM tier keeps this start already, or a longer one that begins with it."""
+        found = self.ram.longest(key, tokens, limit=len(tokens))
+        return found is not None and found[1] == len(tokens)
 
     @contextmanager
     def restoring(self, found: Found) -> Iterator[None]:

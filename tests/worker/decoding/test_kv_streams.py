@@ -2,7 +2,7 @@
 
 import pytest
 
-from worker.decoding.kv_streams import Copy, KvStreams, Trim
+from worker.decoding.kv_streams import Copy, KvStreams, Save, Trim
 
 C = 4  # chunk tokens, small so the cases read easily
 
@@ -140,3 +140,55 @@ def test_a_start_restored_into_a_free_stream_is_reused_from_there():
     assert (placed.stream, placed.reused, placed.ops) == (0, 8, (Copy(2, 0), Trim(0, 8)))
     with pytest.raises(AssertionError):
         kv.restored(0, tokens(4))  # the live sequence's stream
+
+
+def test_a_prompt_reuses_only_streams_of_its_own_scope():
+    """A tenant's prompt never reuses another tenant's cells, even its very start: the time it
+    would save would tell the tenant how another's prompts begin."""
+    kv = KvStreams(2, chunk_tokens=C, any_prefix=True)
+    kv.place(1, tokens(10), scope=b"tenant a")
+    kv.computed(1, tokens(8))
+    kv.release(1)
+    assert kv.best_reuse(tokens(10), b"tenant b") == 0
+    assert kv.best_reuse(tokens(10), b"tenant a") == 8
+    assert kv.place(2, tokens(10), scope=b"tenant b").reused == 0
+
+
+def test_with_saves_on_what_a_free_stream_kept_is_saved_before_it_is_lost():
+    """With the prefix cache on, each operation that overwrites a free stream's kept tokens
+    comes after a Save of them (in their scope); tokens kept in place, or too few, are not saved."""
+    kv = KvStreams(2, chunk_tokens=C, any_prefix=True, save_from=6)
+    kv.place(1, tokens(10, start=100), scope=b"a")
+    kv.computed(1, tokens(8, start=100))
+    kv.release(1)
+    # Another prompt takes stream 0: its 8 kept tokens are saved, then trimmed away.
+    placed = kv.place(2, tokens(10, start=200), scope=b"a")
+    assert placed.ops == (Save(0, tuple(tokens(8, start=100)), b"a"), Trim(0, 0))
+    kv.computed(2, tokens(8, start=200))
+    kv.release(2)
+    # A prompt that reuses all it kept loses nothing: no save.
+    again = kv.place(3, [*tokens(8, start=200), 1, 2, 3], scope=b"a")
+    assert again.ops == (Trim(0, 8),)
+    # ... and one that reuses part of it loses the rest: the whole start is saved first.
+    kv.computed(3, [1, 2, 3])
+    kv.release(3)
+    part = kv.place(4, [*tokens(6, start=200), 9, 9, 9], scope=b"a")
+    assert part.ops == (Save(0, (*tokens(8, start=200), 1, 2, 3), b"a"), Trim(0, 6))
+    # A stream reclaimed for a restore, and every free stream when the context closes.
+    kv.computed(4, [9, 9, 9])
+    kv.release(4)
+    assert kv.reclaim(0) == (Save(0, (*tokens(6, start=200), 9, 9, 9), b"a"),)
+    assert kv.holds(0) == [] and kv.reclaim(0) == ()
+    kv.restored(1, tokens(7, start=300), b"b")
+    assert kv.kept() == (Save(1, tuple(tokens(7, start=300)), b"b"),)
+
+
+def test_with_saves_on_a_copy_into_a_free_stream_saves_what_it_kept_first():
+    kv = KvStreams(3, chunk_tokens=C, any_prefix=True, save_from=4)
+    for seq in range(3):
+        kv.place(seq, tokens(6, start=10 * seq), scope=b"a")
+        kv.computed(seq, tokens(5, start=10 * seq))
+    kv.release(0)
+    # Sequence 2 moves down into stream 0: what stream 0 kept is saved before the copy.
+    assert kv.moves({1, 2}) == (Save(0, tuple(tokens(5)), b"a"), Copy(2, 0))
+    assert kv.holds(0) == tokens(5, start=20) and kv.scope_of(0) == b"a"
