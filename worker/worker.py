@@ -45,12 +45,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.db.tables import JobKind
 from gpuq.fleet import workers as control
+from gpuq.fleet.prefix_cache_stats import PrefixCacheStats
 from gpuq.jobs import fair
 from gpuq.jobs.queues import worker_queue_names
 from gpuq.jobs.reconciler import redis_age_s
 from gpuq.queue_names import parse_queue_name
 from gpuq.redis_keys import (
     CANCEL_FLAG_TTL_S,
+    PREFIX_CACHE_FIELD,
     RUN_ALONE_KEY,
     SLOTS_BUSY_FIELD,
     SLOTS_FIELD,
@@ -102,6 +104,7 @@ class GpuqWorker(SimpleWorker):
         queue_refresh_interval_s: float = 5.0,
         job_timeout_s: float = 3600.0,
         slots: int = 1,
+        prefix_cache_stats: Callable[[], PrefixCacheStats] | None = None,
         connection: Redis,
         **kwargs: Any,  # RQ's other Worker options, passed on
     ) -> None:
@@ -112,6 +115,7 @@ class GpuqWorker(SimpleWorker):
         self._on_idle = on_idle
         self._unload_model = unload_model
         self._flush_outcomes = flush_outcomes
+        self._prefix_cache_stats = prefix_cache_stats
         self._servable = list_servable()
         self._loaded_elsewhere: frozenset[str] = frozenset()
         self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
@@ -689,14 +693,21 @@ class GpuqWorker(SimpleWorker):
         self._last_heartbeat_mono = now
         if pipeline is not None:
             super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
+            self._publish_prefix_cache(pipeline)
             return
         try:
             with self.connection.pipeline(transaction=False) as pipe:
                 super().heartbeat(timeout or self.worker_ttl, pipeline=pipe)
+                self._publish_prefix_cache(pipe)
                 if pipe.execute()[0]:  # HSET created last_heartbeat: the hash was gone
                     self._register_again()
         except RedisError as exc:
             self.redis_health.failed("sending its heartbeat", exc)
+
+    def _publish_prefix_cache(self, pipe: Pipeline) -> None:
+        """Its prefix cache's figures, for /metrics and the dashboard, with each heartbeat."""
+        if self._prefix_cache_stats is not None:
+            pipe.hset(self.key, PREFIX_CACHE_FIELD, self._prefix_cache_stats().to_json())
 
     def check_for_suspension(self, burst: bool) -> None:
         # RQ asks Redis on every loop; once a second is enough to honour `rq suspend`.

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.schemas.common import Strict
+from gpuq.fleet.prefix_cache_stats import PrefixCacheStats
 from gpuq.fleet.workers import LiveWorker, WorkerState
 
 
@@ -34,6 +35,11 @@ class WorkerPublic(BaseModel):
         "back under a new name with jobs_done at 0, and this says so (GET /v1/events?kind=crashed)"
     )
     drained_by: list[Literal["worker", "host"]] = Field(description="whose drain flag holds it: its own, its host's")
+    prefix_cache: PrefixCacheStats | None = Field(
+        None,
+        description="its prefix cache (prompt starts kept in host RAM and on disk beyond its KV slots), as it last "
+        "published at a heartbeat; null before its first",
+    )
 
     @classmethod
     def of(cls, worker: LiveWorker, running_jobs: list[str], restarts: int = 0) -> WorkerPublic:
@@ -58,6 +64,7 @@ class WorkerPublic(BaseModel):
             jobs_done=worker.jobs_done,
             restarts=restarts,
             drained_by=[who for who, on in flags if on],
+            prefix_cache=worker.prefix_cache,
         )
 
 

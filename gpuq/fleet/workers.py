@@ -26,6 +26,7 @@ from redis import Redis
 from rq.utils import utcparse
 from rq.worker import Worker
 
+from gpuq.fleet.prefix_cache_stats import PrefixCacheStats
 from gpuq.redis_keys import (
     CANCEL_FLAG_TTL_S,
     DEVICE_FIELD,
@@ -33,6 +34,7 @@ from gpuq.redis_keys import (
     GPUS_FIELD,
     HOST_FIELD,
     LOADED_FIELD,
+    PREFIX_CACHE_FIELD,
     RQ_WORKER_PREFIX,
     SLOT_FIELD,
     SLOTS_BUSY_FIELD,
@@ -78,6 +80,7 @@ class LiveWorker:
     drained_by_host: bool  # its host's flag
     slots: int = 1  # jobs it runs together at most (GPUQ_WORKER_SLOTS)
     slots_busy: int = 0  # jobs running on it now, as it last published
+    prefix_cache: PrefixCacheStats | None = None  # as it last published (None: it has published none)
 
     @property
     def drain_requested(self) -> bool:
@@ -156,6 +159,7 @@ def live_workers(redis: Redis) -> list[LiveWorker]:
                 drained_by_host=host in drained_hosts,
                 slots=slots,
                 slots_busy=slots_busy,
+                prefix_cache=PrefixCacheStats.from_json(_text(fields, PREFIX_CACHE_FIELD)),
             )
         )
     return workers

@@ -46,6 +46,7 @@ from redis.client import Pipeline
 
 from gpuq.db.tables import Gpu, utcnow
 from gpuq.fleet import telemetry
+from gpuq.fleet.prefix_cache_stats import TIERS, PrefixCacheStats
 from gpuq.fleet.workers import live_workers
 from gpuq.queue_names import Priority, band_name
 from gpuq.redis_keys import (
@@ -207,6 +208,8 @@ class Snapshot:
     inventory: Sequence[Gpu] = ()  # every GPU some supervisor recorded (SQL)
     # The job at the front of each tenant's queue of a band (each tenant's oldest waiting).
     queue_front: dict[QueueKey, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # (host, slot) -> each live worker's prefix cache figures there, as it last published them
+    prefix_caches: dict[tuple[str, str], list[PrefixCacheStats]] = dataclasses.field(default_factory=dict)
     redis_up: bool = True
 
     @classmethod
@@ -258,13 +261,16 @@ def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequ
     live = telemetry.read(redis, [g.uuid for g in gpus])
     workers: dict[tuple[str, str], int] = defaultdict(int)
     slots: dict[tuple[str, str, str], tuple[int, int]] = defaultdict(lambda: (0, 0))
+    caches: dict[tuple[str, str], list[PrefixCacheStats]] = defaultdict(list)
     for worker in live_workers(redis):  # one pipelined read of every worker's hash
         workers[(worker.host, worker.rq_state or "unknown")] += 1
         slot = (worker.host, worker.slot, ",".join(worker.gpu_uuids))
         total, busy = slots[slot]
         slots[slot] = (total + worker.slots, busy + worker.slots_busy)
+        if worker.prefix_cache is not None:
+            caches[(worker.host, worker.slot)].append(worker.prefix_cache)
     gpu_readings = [(g, live[g.uuid]) for g in gpus if g.uuid in live]
-    return Snapshot(counters, depth, gpu_readings, dict(workers), dict(slots), gpus, front)
+    return Snapshot(counters, depth, gpu_readings, dict(workers), dict(slots), gpus, front, dict(caches))
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[str, str]) -> CounterMetricFamily:
@@ -423,6 +429,7 @@ class _SnapshotCollector(Collector):
             workers.add_metric([host, state], n)
         yield workers
         yield from _slot_families(s.slots)
+        yield from _prefix_cache_families(s.prefix_caches)
 
 
 def _slot_families(slots: dict[tuple[str, str, str], tuple[int, int]]) -> Iterator[Metric]:
@@ -435,6 +442,39 @@ def _slot_families(slots: dict[tuple[str, str, str], tuple[int, int]]) -> Iterat
         busy.add_metric(list(key), running)
     yield total
     yield busy
+
+
+def _prefix_cache_families(caches: dict[tuple[str, str], list[PrefixCacheStats]]) -> Iterator[Metric]:
+    """The workers' prefix caches (host RAM and disk tiers beyond the KV slots), per
+    supervisor slot; counters restart with the worker, as Prometheus expects of counters."""
+    tiered = ["host", "slot", "tier"]
+    size = GaugeMetricFamily("gpuq_prefix_cache_bytes", "prompt starts kept by the prefix cache", labels=tiered)
+    limit = GaugeMetricFamily("gpuq_prefix_cache_limit_bytes", "the prefix cache's bound", labels=tiered)
+    entries = GaugeMetricFamily("gpuq_prefix_cache_entries", "prompt starts kept", labels=tiered)
+    hits = CounterMetricFamily("gpuq_prefix_cache_hits", "prompts whose start a tier restored", labels=tiered)
+    restored = CounterMetricFamily(
+        "gpuq_prefix_cache_restored_tokens", "prompt tokens restored instead of computed", labels=tiered
+    )
+    evictions = CounterMetricFamily("gpuq_prefix_cache_evictions", "starts dropped for room", labels=tiered)
+    misses = CounterMetricFamily(
+        "gpuq_prefix_cache_misses", "prompts neither tier could serve beyond a KV slot", labels=["host", "slot"]
+    )
+    saves = CounterMetricFamily(
+        "gpuq_prefix_cache_saves", "starts saved as their slot was reclaimed", labels=["host", "slot"]
+    )
+    for (host, slot), stats in sorted(caches.items()):
+        for tier in TIERS:
+            labels = [host, slot, tier]
+            figures = [c.tier(tier) for c in stats]
+            size.add_metric(labels, sum(f.bytes for f in figures))
+            limit.add_metric(labels, sum(f.limit_bytes for f in figures))
+            entries.add_metric(labels, sum(f.entries for f in figures))
+            hits.add_metric(labels, sum(f.hits for f in figures))
+            restored.add_metric(labels, sum(f.tokens_restored for f in figures))
+            evictions.add_metric(labels, sum(f.evictions for f in figures))
+        misses.add_metric([host, slot], sum(c.misses for c in stats))
+        saves.add_metric([host, slot], sum(c.saves for c in stats))
+    yield from (size, limit, entries, hits, restored, evictions, misses, saves)
 
 
 def render(

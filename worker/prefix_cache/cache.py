@@ -18,10 +18,10 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from gpuq.fleet.prefix_cache_stats import PrefixCacheStats, Tier
 from worker.prefix_cache.disk import DiskTier
 from worker.prefix_cache.entry import Entry, indexable
 from worker.prefix_cache.key import CacheKey
@@ -29,7 +29,6 @@ from worker.prefix_cache.ram import RamTier
 
 log = logging.getLogger(__name__)
 
-Tier = Literal["ram", "disk"]
 GIB = 1 << 30
 # GPUQ_WORKER_PREFIX_CACHE_RAM_BYTES=-1: a quarter of the host's available memory at the worker's
 # start, shared among the host's workers, at most 8 GiB each (llama-server's --cache-ram default).
@@ -65,33 +64,6 @@ class Found:
     entry: Entry
     tokens: int  # prompt tokens its cells cover: restore, then keep ``tokens`` positions
     tier: Tier
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixCacheStats:
-    """For ``/metrics`` and the worker's dashboard card."""
-
-    ram_bytes: int
-    ram_limit_bytes: int
-    ram_entries: int
-    ram_evictions: int
-    disk_enabled: bool
-    disk_bytes: int
-    disk_limit_bytes: int
-    disk_entries: int
-    disk_evictions: int
-    disk_damaged: int  # files found corrupt, truncated or of another format, deleted
-    disk_writes_dropped: int  # saves the writer could not keep up with
-    hits_ram: int
-    hits_disk: int
-    misses: int
-    tokens_restored_ram: int
-    tokens_restored_disk: int
-    restore_failures: int  # bytes llama.cpp refused (counted as misses by the caller)
-    saves: int
-
-    def as_dict(self) -> dict[str, int | bool]:
-        return asdict(self)
 
 
 class PrefixCache:

@@ -43,7 +43,10 @@ function stateCell(w) {
   );
 }
 
-// Each loaded model with the button that unloads it from this worker.
+const mib = (bytes) => `${Math.round(bytes / 2 ** 20)} MiB`;
+
+// Each loaded model with the button that unloads it from this worker; beneath, its prefix
+// cache: prompt starts kept in host RAM (and on disk) beyond its slots, and how often they served.
 function modelsCell(w) {
   const name = encodeURIComponent(w.name);
   const lines = w.loaded_models.map((m) =>
@@ -54,7 +57,15 @@ function modelsCell(w) {
       button("Unload", post(`/v1/workers/${name}/unload`, { model: m }), { title: `unload ${m} from this worker` }),
     ),
   );
-  return el("td", { class: "list" }, ...lines);
+  return el("td", { class: "list" }, ...lines, ...prefixCacheLine(w.prefix_cache));
+}
+
+function prefixCacheLine(c) {
+  if (!c || (!c.ram_limit_bytes && !c.disk_enabled)) return [];
+  const disk = c.disk_enabled ? ` · disk ${plural(c.disk_entries, "start")}, ${mib(c.disk_bytes)}` : "";
+  const text = `prefix cache: ${plural(c.ram_entries, "start")}, ${mib(c.ram_bytes)} of ${mib(c.ram_limit_bytes)}${disk}`;
+  const served = `${plural(c.hits_ram + c.hits_disk, "hit")}, ${c.misses} ${c.misses === 1 ? "miss" : "misses"}`;
+  return [el("span", { class: "small prefix-cache muted", title: served }, `${text}; ${served}`)];
 }
 
 // Every job running on the worker, one short link a line (the full id is its title).
