@@ -44,7 +44,12 @@ def _request(tokens, sampling):
 
 
 def _ctx(model):
-    return model.decoder._runner._ctx.ctx  # the decoder's llama_context_p (wiring will hand it to the cache)
+    return model.decoder._runner._ctx.ctx  # the decoder's llama_context_p
+
+
+def _scope(model):
+    """The cache scope ``LoadedModel.prepare`` gives a job without an owner (as ``generate`` sends)."""
+    return namespace_salt(model.fingerprint, cache_scope(None, shared=False))
 
 
 def _key(model_path, *, any_prefix=True):
@@ -94,7 +99,7 @@ def test_a_start_restored_from_ram_into_another_stream_gives_the_text_it_was_com
             assert restore_stream(_ctx(model), 2, found.entry.data, keep=found.tokens)
         cache.restored(found, ok=True)
         restored += found.tokens
-        model.decoder.kv.restored(2, prompt[: found.tokens])  # what the wiring tells KvStreams
+        model.decoder.kv.restored(2, prompt[: found.tokens], _scope(model))  # what the wiring tells KvStreams
         got = generate(model, _request(prompt, SAMPLING[name]))  # takes stream 0, copied from stream 2
         assert got == expected, (i, name)
         assert got.cached_tokens == found.tokens
@@ -116,7 +121,7 @@ def test_a_start_restored_from_disk_into_a_fresh_context_gives_the_same_text(mod
     assert restore_stream(_ctx(model), 0, found.entry.data, keep=len(held))
     assert save_stream(_ctx(model), 0, keep=len(held)) == data  # the cells came back bit for bit ...
     assert restore_stream(_ctx(model), 0, found.entry.data, keep=found.tokens)  # ... then cut where the prompt needs
-    model.decoder.kv.restored(0, prompt[: found.tokens])
+    model.decoder.kv.restored(0, prompt[: found.tokens], _scope(model))
     for name in ("greedy", "seeded"):
         got = generate(model, _request(prompt, SAMPLING[name]))
         assert got == cold[(1, name)] and got.cached_tokens == found.tokens
@@ -141,7 +146,7 @@ def test_with_whole_chunk_reuse_a_restored_start_gives_the_text_it_was_computed_
     found = cache.lookup(_key(model_path, any_prefix=False), prompt, limit=len(prompt) - 1, unit=PREFILL_CHUNK_TOKENS)
     assert found is not None and found.tokens == len(held)
     assert restore_stream(_ctx(fresh), 1, found.entry.data, keep=found.tokens)
-    fresh.decoder.kv.restored(1, prompt[: found.tokens])
+    fresh.decoder.kv.restored(1, prompt[: found.tokens], _scope(fresh))
     got = generate(fresh, _request(prompt, GREEDY))
     assert got == cold and got.cached_tokens == len(held)
     assert cache.lookup(_key(model_path), prompt, limit=len(prompt) - 2) is None  # not under any-prefix's key
