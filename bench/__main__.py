@@ -317,12 +317,14 @@ def bench_peer(args: argparse.Namespace) -> None:
     for round_ in range(1, args.rounds + 1):
         for k in args.slots:
             for name, prompts in peer.WORKLOADS.items():
-                sides = [("gpuq", True, True), ("llama-server", True, True)]
+                sides = [("gpuq", True, True, True), ("llama-server", True, True, True)]
                 if args.flash_attn_off:  # both ways side by side: the ratio is not across runs
-                    sides.append(("gpuq, flash attn off", True, False))
+                    sides.append(("gpuq, flash attn off", True, False, True))
                 if name == "W2" and round_ == 1:
-                    sides.append(("gpuq, reuse off", False, True))  # slow (every prompt whole): once
-                for side, reuse, flash_attn in sides:
+                    sides.append(("gpuq, reuse off", False, True, True))  # slow (every prompt whole): once
+                if name == "W3" and round_ == 1:
+                    sides.append(("gpuq, RAM tier off", True, True, False))  # the slots alone: once
+                for side, reuse, flash_attn, prefix_cache in sides:
                     with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
                         if side == "llama-server":
                             run = peer.run_llama_server(binary, prompts, slots=k, threads=args.threads, workdir=workdir)
@@ -336,6 +338,7 @@ def bench_peer(args: argparse.Namespace) -> None:
                                 threads=args.threads,
                                 reuse=reuse,
                                 flash_attn=flash_attn,
+                                prefix_cache=prefix_cache,
                             )
                     runs.setdefault((name, side, k), []).append(run)
                     print(
@@ -352,7 +355,7 @@ def _print_peer_summary(args: argparse.Namespace, runs: dict[tuple[str, str, int
 
     print(
         f"\npeer: 64 jobs a workload, greedy, {peer.MAX_TOKENS} tokens, {args.threads} threads, "
-        f"median of {args.rounds} rounds (reuse off: one round); flash attention on both sides, their "
+        f"median of {args.rounds} rounds (reuse off, RAM tier off: one round); flash attention on both sides, their "
         f"default (gpuq's also off, as 'gpuq, flash attn off', with --flash-attn-off)"
     )
     print("  K  workload  side                  jobs/s   tok/s")
@@ -362,13 +365,16 @@ def _print_peer_summary(args: argparse.Namespace, runs: dict[tuple[str, str, int
     for k in args.slots:
         gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
         print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
+        gain = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "gpuq, RAM tier off", k))
+        print(f"  K={k}: W3 gpuq with the prefix cache's RAM tier / without {gain:.2f}x (target >= 3x)")
         if args.flash_attn_off:
             w1 = jobs_s(("W1", "gpuq, flash attn off", k)) / jobs_s(("W1", "llama-server", k))
             w2 = jobs_s(("W2", "gpuq, flash attn off", k)) / jobs_s(("W2", "llama-server", k))
             print(f"  K={k}: gpuq's flash attention off: W1 gpuq/llama-server {w1:.2f}x, W2 {w2:.2f}x")
         w1 = jobs_s(("W1", "gpuq", k)) / jobs_s(("W1", "llama-server", k))
         w2 = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "llama-server", k))
-        print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 gpuq/llama-server {w2:.2f}x")
+        w3 = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "llama-server", k))
+        print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 {w2:.2f}x, W3 gpuq/llama-server {w3:.2f}x")
 
 
 def bench_decoder_steps(args: argparse.Namespace) -> None:

@@ -7,12 +7,17 @@ is on, as it is by default. Two workloads of 64 jobs, greedy, 64 tokens each:
 
 * **W1**: distinct ~30-token prompts (``bench.batching.PROMPTS``);
 * **W2**: prompts sharing a ~450-token few-shot start, each ending in its own question (a
-  batch eval's shape).
+  batch eval's shape);
+* **W3**: 8 prompt families, each its own ~450-token few-shot start (the same pairs in
+  another order, under its own heading), 8 questions each, interleaved as a batch file often
+  is: more starts than slots, so only a cache beyond the slots (llama-server's ``--cache-ram``,
+  gpuq's prefix cache) keeps them.
 
 gpuq gets each workload as one bulk submission to one worker with ``GPUQ_WORKER_SLOTS=K``;
 llama-server gets K concurrent clients, each taking the next prompt when its last answer
 came. The clock runs from the first submission to the last answer (gpuq: the last recorded
-finish). W2 also runs through gpuq with prompt reuse off. Both sides run with their default,
+finish). W2 also runs through gpuq with prompt reuse off, W3 with the prefix cache's RAM tier
+off (the slots alone). Both sides run with their default,
 flash attention on where the backend has it; gpuq also with it off with ``--flash-attn-off``.
 """
 
@@ -60,7 +65,23 @@ _FEW_SHOT = "".join(
     ]
 )
 W2 = [f"{_FEW_SHOT}Question: In one sentence, what is special about {subject}?\nAnswer:" for subject in W1]
-WORKLOADS = {"W1": W1, "W2": W2}
+FAMILIES = 8
+
+
+def family_start(family: int) -> str:
+    """Family ``family``'s few-shot start: its own heading and the pairs rotated, so no two
+    families share more than a few tokens."""
+    pairs = _FEW_SHOT.split("\n\n")[:-1]
+    shift = family * len(pairs) // FAMILIES
+    return f"Quiz {family + 1}.\n\n" + "".join(f"{p}\n\n" for p in pairs[shift:] + pairs[:shift])
+
+
+W3 = [
+    f"{family_start(f)}Question: In one sentence, what is special about {W1[q * FAMILIES + f]}?\nAnswer:"
+    for q in range(len(W1) // FAMILIES)
+    for f in range(FAMILIES)
+]
+WORKLOADS = {"W1": W1, "W2": W2, "W3": W3}
 
 
 @dataclass(frozen=True)
@@ -192,6 +213,7 @@ def run_gpuq(
     reuse: bool,
     gpus: str | None = None,
     flash_attn: bool = True,
+    prefix_cache: bool = True,
 ) -> Run:
     body = {"kind": "generate", "model": BUNDLED_MODEL_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0}
     jobs = [body | {"prompt": p, "top_p": 1.0, "seed": 7} for p in prompts]
@@ -200,6 +222,8 @@ def run_gpuq(
         "GPUQ_WORKER_SLOTS": str(slots),
         "GPUQ_WORKER_PROMPT_CACHE": "true" if reuse else "false",
         "GPUQ_WORKER_FLASH_ATTN": "true" if flash_attn else "false",
+        # its default (-1: a share of the host's memory), or off: the slots alone
+        "GPUQ_WORKER_PREFIX_CACHE_RAM_BYTES": "-1" if prefix_cache else "0",
     }
     started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings, gpus=gpus)
     elapsed = (max(datetime.fromisoformat(j["finished_at"]) for j in done) - started).total_seconds()

@@ -57,7 +57,7 @@ def _model(path: str, threads: int, *, prompt_cache: bool = True) -> LoadedModel
 
 def _ctx(model: LoadedModel) -> Any:
     assert model.decoder is not None
-    return model.decoder._runner._ctx.ctx  # the decoder's llama_context_p (the wiring will hand it to the cache)
+    return model.decoder._runner._ctx.ctx  # the decoder's llama_context_p
 
 
 def _first_token(model: LoadedModel, tokens: list[int]) -> tuple[float, int]:
@@ -88,7 +88,7 @@ def _restored_first_token(
     restore_ms = (time.perf_counter() - restore_started) * 1000
     cache.restored(found, ok=ok)
     assert ok
-    model.decoder.kv.restored(1, tokens[: found.tokens])
+    model.decoder.kv.restored(1, tokens[: found.tokens], key.namespace)  # the scope prepare gives the job
     rest_ms, token = _first_token(model, tokens)
     lookup_ms = (restore_started - started) * 1000
     return lookup_ms + restore_ms + rest_ms, lookup_ms, restore_ms, token, found.tokens
