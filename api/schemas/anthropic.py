@@ -100,7 +100,7 @@ class MessageBatchOptions(BaseModel):
 
 
 class MessageBatchCreate(MessageBatchOptions):
-    """``POST /v1/messages/batches``'s body, as the OpenAPI document declares it."""
+    """Up to 100,000 Messages requests, each named by its custom_id, run as one batch."""
 
     requests: list[MessageBatchRequest] = Field(min_length=1, max_length=MAX_REQUESTS)
 
