@@ -214,6 +214,17 @@ def test_a_message_batch_body_sent_in_chunks_is_read_as_one(client):
     assert [j["priority"] for j in client.get("/v1/jobs").json()["data"]] == ["high"] * 3
 
 
+def test_a_chunked_message_batch_body_over_the_limit_is_a_413_leaving_no_spooled_part(settings, admin_key, session):
+    body = _raw({"requests": requests(40)})
+    chunks = (body[i : i + 512] for i in range(0, len(body), 512))  # no Content-Length: counted as it is read
+    small = settings.model_copy(update={"max_upload_bytes": 4096})
+    with TestClient(create_app(small), headers={"x-api-key": admin_key}) as c:
+        response = c.post("/v1/messages/batches", content=chunks, headers={"Content-Type": "application/json"})
+    assert "larger than 4096 bytes" in anthropic_error(response, 413, "request_too_large")
+    session.expire_all()
+    assert session.query(Batch).count() == 0 and list((settings.data_dir / "files").glob("*")) == []
+
+
 @both_databases
 def test_a_message_batch_runs_as_gpuq_jobs_is_canceled_ended_read_and_deleted(client, session, redis, settings):
     hook = "http://hooks.example/hook"
