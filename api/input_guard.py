@@ -8,7 +8,9 @@ store it, so the same request would mean different things on the two databases.
 
 It is an app-wide dependency (``FastAPI(dependencies=...)``): FastAPI has parsed a JSON
 body by the time dependencies run, and ``request.json()`` returns that parse again; and
-only a body whose bytes hold a ``\\u0000`` escape or many brackets is walked at all.
+only a body whose bytes hold a ``\\u0000`` escape or many brackets is walked at all. A
+Message Batch's body is the exception: its route streams it to disk and makes the same
+checks as it reads it (gpuq/batches/message_batch_body.py), so it is never held whole here.
 Headers need no check: HTTP servers refuse NUL in them.
 """
 
@@ -32,6 +34,7 @@ from gpuq.json_checks import (
     too_deep,
 )
 
+MESSAGE_BATCHES = "/v1/messages/batches"
 # The drop-in routes answer a bad value 400, as OpenAI and Ollama do; gpuq's own say 422.
 _DROP_IN = ("/api/", "/v1/chat/", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
 
@@ -48,6 +51,8 @@ def _refuse_surrogate(request: Request, where: str, param: str) -> None:
 async def _check_json_body(request: Request) -> None:
     if "json" not in request.headers.get("content-type", ""):
         return  # not JSON: form uploads check their own fields (file names: gpuq/batches/files.py)
+    if request.method == "POST" and request.url.path == MESSAGE_BATCHES:
+        return  # read by its route as it streams, never whole, and checked there (gpuq/batches/message_batch_body.py)
     raw = await request.body()
     surrogate = may_hold_surrogate(raw)
     if not (NUL_ESCAPE in raw or surrogate or may_be_too_deep(raw)):

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from api.errors import ERROR_DESCRIPTIONS, OLLAMA_PREFIX, is_anthropic
-from api.schemas.anthropic import AnthropicErrorBody
+from api.schemas.anthropic import AnthropicErrorBody, MessageBatchCreate
 from api.schemas.common import ErrorBody, OllamaErrorBody
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
@@ -88,7 +88,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in _FASTAPI_ERROR_SCHEMAS:
         schemas.pop(name, None)
-    for model in (ErrorBody, OllamaErrorBody, AnthropicErrorBody):
+    # MessageBatchCreate: a body its route reads itself, as it streams (openapi_extra names it).
+    for model in (ErrorBody, OllamaErrorBody, AnthropicErrorBody, MessageBatchCreate):
         definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(definition.pop("$defs", {}))
         schemas[model.__name__] = definition

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from api import calls
@@ -26,14 +27,14 @@ from api.schemas.anthropic import (
     CountTokensCreate,
     InputTokens,
     MessageBatch,
-    MessageBatchCreate,
     MessageBatchDeleted,
     MessageBatches,
+    MessageBatchOptions,
     MessageCreate,
 )
 from gpuq import store
 from gpuq.auth.access import Caller
-from gpuq.batches import message_batches
+from gpuq.batches import message_batch_body, message_batches
 from gpuq.batches import service as batches
 from gpuq.batches.anthropic_format import MESSAGES
 from gpuq.batches.anthropic_messages import message
@@ -50,6 +51,7 @@ from gpuq.dropin.call import (
 )
 from gpuq.errors import RequestError
 from gpuq.jobs.limits import admit_sync, precheck, tokenising_turn
+from gpuq.jobs.request import refusal
 from gpuq.jobs.submit import model_tokenizer
 from gpuq.streams.events import ended_badly
 
@@ -73,6 +75,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         429: "the key is over one of its limits (Retry-After)",
         500: "the job failed (its error is the message)",
         503: "the job queue (Redis) is unavailable",
+        507: "the server's disk is full; nothing was stored",
     }
     return {s: {"model": AnthropicErrorBody, "description": described[s]} for s in statuses}
 
@@ -162,47 +165,71 @@ async def _object(request: Request, db: SessionDep, batch: Batch) -> MessageBatc
     )
 
 
-@router.post("/messages/batches", response_model=MessageBatch, responses=_errors(404, 429, 503))
-async def create_message_batch(
-    body: MessageBatchCreate, request: Request, db: SessionDep, state: StateDep, caller: CallerDep
-) -> MessageBatch:
+# The body is read by the route as it streams (gpuq/batches/message_batch_body.py), not by
+# FastAPI: the document still says what it is.
+_BATCH_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/MessageBatchCreate"}}},
+    }
+}
+
+
+@router.post(
+    "/messages/batches", response_model=MessageBatch, responses=_errors(404, 429, 503, 507), openapi_extra=_BATCH_BODY
+)
+async def create_message_batch(request: Request, db: SessionDep, state: StateDep, caller: CallerDep) -> MessageBatch:
     """Run up to 100,000 Messages requests as one gpuq batch. Every request is checked first;
-    a bad one refuses the batch (400, naming its index and custom_id) and nothing is created."""
-    await state.check_webhook_url(body.webhook_url)
-    count = len(body.requests)
-    # A key over its limits is refused before its requests are checked (spending nothing).
-    await precheck(db, state.redis, caller, queued_jobs=count, submissions=1)
+    a bad one refuses the batch (400, naming its index and custom_id) and nothing is created.
+    The body is streamed to disk and its requests read one at a time, never held whole."""
+    directory = files_dir(state.settings.data_dir)
+    body = await message_batch_body.spool(request.stream(), directory)
+    try:
+        outline = await to_thread.run_sync(message_batch_body.outline, body)
+        options = _options(outline.fields)
+        await state.check_webhook_url(options.webhook_url)
+        count = outline.requests
+        # A key over its limits is refused before its requests are checked (spending nothing).
+        await precheck(db, state.redis, caller, queued_jobs=count, submissions=1)
 
-    def start() -> str:
-        requests = [r.model_dump() for r in body.requests]
-        file = message_batches.store_requests(requests, files_dir(state.settings.data_dir))
-        file.owner = caller.owner
-        with state.sync_sessions() as session:
-            save_upload(session, file)
-            try:
-                return batches.start_batch(
-                    session,
-                    state.redis,
-                    input_file_id=file.id,
-                    endpoint=MESSAGES,
-                    completion_window="24h",  # Anthropic's: a batch expires a day after its creation
-                    metadata=None,
-                    priority=body.priority,
-                    timeout_s=state.settings.job_timeout_s,
-                    webhook_url=str(body.webhook_url) if body.webhook_url else None,
-                    owner=caller.owner,
-                    api_key_id=caller.key_id,
-                    admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=count, submissions=1),
-                ).id
-            except BaseException as exc:
-                session.rollback()
-                delete_stored_file(session, file)  # a refused batch leaves nothing behind
-                if isinstance(exc, RequestError):  # its lines are the requests, counted from 0
-                    raise RequestError(exc.status, _requests_named(exc.message), param=exc.param) from None
-                raise
+        def start() -> str:
+            file = message_batches.store_requests(message_batch_body.requests(body), directory)
+            file.owner = caller.owner
+            with state.sync_sessions() as session:
+                save_upload(session, file)
+                try:
+                    return batches.start_batch(
+                        session,
+                        state.redis,
+                        input_file_id=file.id,
+                        endpoint=MESSAGES,
+                        completion_window="24h",  # Anthropic's: a batch expires a day after its creation
+                        metadata=None,
+                        priority=options.priority,
+                        timeout_s=state.settings.job_timeout_s,
+                        webhook_url=str(options.webhook_url) if options.webhook_url else None,
+                        owner=caller.owner,
+                        api_key_id=caller.key_id,
+                        admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=count, submissions=1),
+                    ).id
+                except BaseException as exc:
+                    session.rollback()
+                    delete_stored_file(session, file)  # a refused batch leaves nothing behind
+                    if isinstance(exc, RequestError):  # its lines are the requests, counted from 0
+                        raise RequestError(exc.status, _requests_named(exc.message), param=exc.param) from None
+                    raise
 
-    batch_id = await to_thread.run_sync(start)
+        batch_id = await to_thread.run_sync(start)
+    finally:
+        body.unlink(missing_ok=True)
     return await _object(request, db, await _message_batch(db, caller, batch_id))
+
+
+def _options(fields: dict[str, Any]) -> MessageBatchOptions:
+    try:
+        return MessageBatchOptions.model_validate(fields)
+    except ValidationError as exc:
+        raise refusal(exc) from None
 
 
 def _requests_named(message: str) -> str:

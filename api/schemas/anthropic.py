@@ -23,6 +23,7 @@ __all__ = [
     "MessageBatch",
     "MessageBatchCreate",
     "MessageBatchDeleted",
+    "MessageBatchOptions",
     "MessageBatches",
     "MessageCreate",
 ]
@@ -87,13 +88,21 @@ class MessageBatchRequest(BaseModel):
     params: dict[str, Any] = Field(description="a Messages request (POST /v1/messages's body), not streamed")
 
 
-class MessageBatchCreate(BaseModel):
+class MessageBatchOptions(BaseModel):
+    """A Message Batch's fields beside its requests (the route reads the requests one at a
+    time, gpuq/batches/message_batch_body.py)."""
+
     model_config = ConfigDict(extra="forbid")
-    requests: list[MessageBatchRequest] = Field(min_length=1, max_length=MAX_REQUESTS)
     priority: PriorityName = Field(
         "low", validate_default=True, description="gpuq extension: batches default below interactive jobs"
     )
     webhook_url: HttpUrl | None = Field(None, description="gpuq extension: POSTed a signed event when it ends")
+
+
+class MessageBatchCreate(MessageBatchOptions):
+    """Up to 100,000 Messages requests, each named by its custom_id, run as one batch."""
+
+    requests: list[MessageBatchRequest] = Field(min_length=1, max_length=MAX_REQUESTS)
 
 
 class MessageBatchRequestCounts(BaseModel):

@@ -29,7 +29,8 @@ from gpuq.jobs.request import (
 )
 
 # Accepted and ignored: they change nothing gpuq does (identifiers, storage; service tiers on
-# embeddings, which OpenAI's embeddings API does not have; chat and completions honour them).
+# embeddings, which OpenAI's embeddings API does not have, chat and completions honour them;
+# parallel_tool_calls where there are no tools, chat honours it).
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
 
 
@@ -158,6 +159,7 @@ class ChatCompletionCreate(_Sampling):
     tool_choice: str | dict[str, Any] | None = Field(
         None, description='none, auto (default), required or {"type": "function", "function": {"name": ...}}'
     )
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call (default: several may)")
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     logprobs: bool | None = Field(None, description="each answer token's log-probability (choices[].logprobs.content)")
@@ -189,7 +191,8 @@ class ChatCompletionCreate(_Sampling):
         if not any(m["content"] or m.get("tool_calls") for m in messages):
             raise RequestError(400, "messages are all empty: at least one needs content", param="messages")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.params(messages=messages, logprobs=logprobs, **tool_fields(self.tools, self.tool_choice))
+        tools = tool_fields(self.tools, self.tool_choice, parallel=self.parallel_tool_calls is not False)
+        return self.params(messages=messages, logprobs=logprobs, **tools)
 
 
 class CompletionCreate(_Sampling):

@@ -277,9 +277,10 @@ def _assistant(blocks: list[dict[str, Any]], i: int) -> dict[str, Any]:
 
 
 def _tools(tools: list[dict[str, Any]] | None, choice: dict[str, Any] | None) -> dict[str, Any]:
-    """Anthropic's tools and tool_choice as OpenAI's, which the job's request stores."""
+    """Anthropic's tools and tool_choice as OpenAI's, which the job's request stores
+    (``disable_parallel_tool_use`` as ``parallel_tool_calls: false``)."""
     functions = [_function(tool, i) for i, tool in enumerate(tools or [])]
-    return tool_fields(functions or None, _choice(choice))
+    return tool_fields(functions or None, _choice(choice), parallel=not _one_call(choice))
 
 
 def _function(tool: Any, i: int) -> dict[str, Any]:
@@ -300,6 +301,14 @@ def _function(tool: Any, i: int) -> dict[str, Any]:
     if isinstance(tool.get("description"), str):
         function["description"] = tool["description"]
     return {"type": "function", "function": function}
+
+
+def _one_call(choice: dict[str, Any] | None) -> bool:
+    disable = (choice or {}).get("disable_parallel_tool_use", False)
+    if not isinstance(disable, bool):
+        where = "tool_choice.disable_parallel_tool_use"
+        raise RequestError(400, f"{where}: Input should be a valid boolean", param=where)
+    return disable
 
 
 def _choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:

@@ -41,7 +41,7 @@ def content(job: Job, text: str, finish: str | None, stop: str | None) -> tuple[
     readings) and stop reason ``tool_use``."""
     tools = (job.request or {}).get("tools")
     if tools:
-        rest, calls = tool_calls.parse(text, tools)
+        rest, calls = tool_calls.parse(text, tools, parallel=tool_calls.parallel(job.request))
         if calls:
             blocks: list[dict[str, Any]] = [{"type": "text", "text": rest}] if rest else []
             blocks += [

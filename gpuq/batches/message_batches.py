@@ -34,6 +34,7 @@ from gpuq.batches.anthropic_messages import batch_result
 from gpuq.batches.files import PURPOSE_BATCH, jsonl_line, new_file_id
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, JobStatus, utcnow
 from gpuq.errors import RequestError
+from gpuq.json_checks import nul_location, nul_message
 from gpuq.private_files import open_private
 
 MAX_REQUESTS = 100_000  # Anthropic's limit on a Message Batch
@@ -65,6 +66,9 @@ def _problem(index: int, request: Any, seen: set[str]) -> str | None:
     unknown = sorted(set(request) - {"custom_id", "params"})
     if unknown:
         return f"{where}.{unknown[0]}: Extra inputs are not permitted"
+    nul = nul_location(request.get("params"), "params")
+    if nul is not None:
+        return f"{where}: {nul_message(f'`{nul}`')}"
     try:
         parse_params(request.get("params"))
     except ValueError as exc:

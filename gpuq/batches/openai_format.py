@@ -92,6 +92,7 @@ class ChatBody(_Sampling):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def request(self) -> JobParams:
         messages = [
@@ -102,9 +103,8 @@ class ChatBody(_Sampling):
             raise ValueError("body.top_logprobs needs body.logprobs: true")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         schema = output_schema(self.response_format)
-        return self.params(
-            messages=messages, json_schema=schema, logprobs=logprobs, **tool_fields(self.tools, self.tool_choice)
-        )
+        tools = tool_fields(self.tools, self.tool_choice, parallel=self.parallel_tool_calls is not False)
+        return self.params(messages=messages, json_schema=schema, logprobs=logprobs, **tools)
 
 
 def chat_message(
@@ -165,7 +165,7 @@ def chat_choice(job: Job, text: str, finish: str) -> tuple[dict[str, Any], str]:
     calls read from its text (``tool_calls``, finish reason ``tool_calls``)."""
     tools = (job.request or {}).get("tools")
     if tools:
-        content, calls = tool_calls.parse(text, tools)
+        content, calls = tool_calls.parse(text, tools, parallel=tool_calls.parallel(job.request))
         if calls:
             message = {"role": "assistant", "content": content, "tool_calls": openai_calls(job.id, calls)}
             return message, "tool_calls"

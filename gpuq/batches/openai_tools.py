@@ -11,11 +11,12 @@ from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
 
 
-def tool_fields(tools: list[dict[str, Any]] | None, choice: Any) -> dict[str, Any]:
+def tool_fields(tools: list[dict[str, Any]] | None, choice: Any, *, parallel: bool = True) -> dict[str, Any]:
     """OpenAI's ``tools`` and ``tool_choice`` as a job's request stores them: ``none`` leaves
     the tools out (the template does not offer them, the reply is not read for calls);
     ``required`` and a named function are enforced while sampling (a 400 naming the keyword
-    a function's parameters use that the engine cannot enforce)."""
+    a function's parameters use that the engine cannot enforce); not ``parallel``: at most
+    one call is read from the reply (gpuq/jobs/tool_calls.py)."""
     if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
         choice = {"type": "function", "function": {"name": choice.get("name")}}  # the Responses API's spelling
     named = isinstance(choice, dict) and isinstance(tool_calls.function(choice).get("name"), str)
@@ -28,14 +29,10 @@ def tool_fields(tools: list[dict[str, Any]] | None, choice: Any) -> dict[str, An
         if choice not in (None, "none", "auto"):
             raise RequestError(400, "tool_choice requires a function but no tools are given", param="tool_choice")
         return {}
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or tool.get("type", "function") != "function" or not fn.get("name"):
-            raise RequestError(
-                400, f'tools[{i}] is not a function tool ({{"type": "function", "function": {{"name": ...}}}})',
-                param=f"tools[{i}]",
-            )  # fmt: skip
+    _check_functions(tools)
     fields: dict[str, Any] = {"tools": tools}
+    if not parallel:
+        fields["parallel_tool_calls"] = False
     if choice not in (None, "auto"):
         fields["tool_choice"] = choice
         wanted = tool_calls.function(choice).get("name") if isinstance(choice, dict) else None
@@ -45,6 +42,16 @@ def tool_fields(tools: list[dict[str, Any]] | None, choice: Any) -> dict[str, An
         if forced is not None:
             enforceable(forced, "tools")
     return fields
+
+
+def _check_functions(tools: list[dict[str, Any]]) -> None:
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or tool.get("type", "function") != "function" or not fn.get("name"):
+            raise RequestError(
+                400, f'tools[{i}] is not a function tool ({{"type": "function", "function": {{"name": ...}}}})',
+                param=f"tools[{i}]",
+            )  # fmt: skip
 
 
 def openai_calls(job_id: str, calls: list[tool_calls.ToolCall]) -> list[dict[str, Any]]:

@@ -172,7 +172,7 @@ class ResponseCreate(BaseModel):
             "logprobs": (self.top_logprobs or 0) if LOGPROBS in (self.include or ()) else None,
         }
         chosen = OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None}
-        tools = tool_fields(_chat_tools(self.tools), self.tool_choice)
+        tools = tool_fields(_chat_tools(self.tools), self.tool_choice, parallel=self.parallel_tool_calls is not False)
         return generation(**chosen, messages=messages, json_schema=schema, response=fields, **tools)
 
 
@@ -293,7 +293,7 @@ def output_items(job: Job, outcome: Outcome) -> list[dict[str, Any]]:
     )
     tools = (job.request or {}).get("tools")
     if tools and outcome.status == JobStatus.SUCCEEDED:
-        content, calls = tool_calls.parse(outcome.text, tools)
+        content, calls = tool_calls.parse(outcome.text, tools, parallel=tool_calls.parallel(job.request))
         if calls:
             items = [message_item(message_id(job.id), "assistant", content, status=status)] if content else []
             suffix = job.id.removeprefix(JOB_PREFIX)
@@ -379,7 +379,7 @@ def conversation(job: Job) -> list[dict[str, Any]]:
     answer: dict[str, Any] = {"role": "assistant", "content": outcome.text}
     tools = (job.request or {}).get("tools")
     if tools:
-        content, calls = tool_calls.parse(outcome.text, tools)
+        content, calls = tool_calls.parse(outcome.text, tools, parallel=tool_calls.parallel(job.request))
         if calls:
             answer = {"role": "assistant", "content": content or "", "tool_calls": openai_calls(job.id, calls)}
     return [*messages, answer]

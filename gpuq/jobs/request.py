@@ -167,6 +167,9 @@ class GenerationParams(JobParams):
     tool_choice: Literal["auto", "required"] | dict[str, Any] | None = Field(
         None, description='auto (the default), required, or {"type": "function", "function": {"name": ...}}'
     )
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one tool call, the first, is read from the reply (None: several may be)"
+    )
     response: ResponseFields | None = Field(None, description="a POST /v1/responses call's own fields")
 
     @model_validator(mode="after")

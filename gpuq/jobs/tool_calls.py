@@ -15,7 +15,13 @@ models, the way llama.cpp's server and vLLM's parsers do:
 Only a call naming one of the request's tools counts: an answer that merely is JSON stays
 an answer. ``tool_choice`` ``required`` or a named function is enforced while sampling, with
 :func:`forced_schema`, so that even a model that has never seen a tool answers with a valid
-call (compact JSON, the plain format that :func:`parse` reads).
+call (compact JSON, the plain format that :func:`parse` reads): one call, never several.
+
+A request that asks for no parallel calls (OpenAI's ``parallel_tool_calls: false``,
+Anthropic's ``disable_parallel_tool_use``) gets at most one: a forced call is one by its
+schema, and a reply the model was free to write (``auto``) is read for its first call only,
+the text after it dropped (as vLLM does), so that every reading of the job (the answer, its
+stream, a later turn built on it) has the same single call.
 """
 
 from __future__ import annotations
@@ -72,8 +78,19 @@ def forced_schema(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> 
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
-def parse(text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[ToolCall]]:
-    """(the reply's text outside its calls, or None if there is none; its calls)."""
+def parallel(request: dict[str, Any] | None) -> bool:
+    """Whether a job's request lets its reply hold several calls (unless it said no, it does)."""
+    return (request or {}).get("parallel_tool_calls") is not False
+
+
+def parse(text: str, tools: list[dict[str, Any]], *, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+    """(the reply's text outside its calls, or None if there is none; its calls: only the
+    first unless ``parallel``)."""
+    content, calls = _parse(text, tools)
+    return content, calls if parallel else calls[:1]
+
+
+def _parse(text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[ToolCall]]:
     known = set(names(tools))
     if "<tool_call>" in text:
         calls = [call for body in _HERMES.findall(text) for call in _calls(body, known)]
@@ -99,14 +116,15 @@ def with_calls(request: dict[str, Any], result: dict[str, Any] | None) -> dict[s
     tools = request.get("tools")
     if not tools or not result or "text" not in result:
         return result
-    shown = result | _read(result, tools)
+    several = parallel(request)
+    shown = result | _read(result, tools, several)
     if isinstance(result.get("choices"), list):
-        shown["choices"] = [c | _read(c, tools) if isinstance(c, dict) else c for c in result["choices"]]
+        shown["choices"] = [c | _read(c, tools, several) if isinstance(c, dict) else c for c in result["choices"]]
     return shown
 
 
-def _read(sample: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
-    content, calls = parse(str(sample.get("text", "")), tools)
+def _read(sample: dict[str, Any], tools: list[dict[str, Any]], several: bool) -> dict[str, Any]:
+    content, calls = parse(str(sample.get("text", "")), tools, parallel=several)
     return {"content": content, "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls]}
 
 

@@ -165,6 +165,66 @@ def test_a_message_batch_with_a_bad_request_is_refused_whole_naming_it(client, r
     assert list((settings.data_dir / "files").glob("*")) == [] and redis_job_keys(redis) == []
 
 
+def _raw(body: dict) -> bytes:
+    return json.dumps(body).encode()
+
+
+DEEP = b'{"requests": [{"custom_id": "a", "params": ' + b"[" * 80 + b"]" * 80 + b"}]}"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"requests": [{"custom_id": "a", "params": ', "the request body is not valid JSON (parse error: premature"),
+        (b'{"requests": [] } trailing', "not valid JSON (parse error: trailing garbage"),
+        (b"", "not valid JSON"),
+        (b'[{"custom_id": "a"}]', 'the request body is a JSON object: {"requests": ['),
+        (_raw({"priority": "low"}), "requests: Field required"),
+        (_raw({"requests": {"custom_id": "a"}}), "requests: Input should be a valid list"),
+        (b'{"requests": [], "requests": []}', "requests: give it once"),
+        (_raw({"requests": requests(1), "priority": "urgent"}), "priority: unknown priority 'urgent'"),
+        (_raw({"requests": requests(1), "priority": ["low"]}), "priority: "),
+        (_raw({"requests": requests(1), "webhook_url": "not a url"}), "webhook_url: Input should be a valid URL"),
+        (_raw({"requests": requests(1), "frobnicate": {"a": 1}}), "frobnicate: Extra inputs are not permitted"),
+        (DEEP, "the request body is nested more than 64 levels deep"),
+        (
+            _raw({"requests": requests(1, system="a\x00b")}),
+            "requests[0] (custom_id 'r0'): `params.system` contains a NUL character",
+        ),
+        (b'{"requests": [{"custom_id": "a", "params": {"system": "\\udfff"}}]}', "a lone UTF-16 surrogate"),
+    ],
+)
+def test_a_message_batch_body_that_cannot_be_read_is_a_400_leaving_nothing(
+    client, session, redis, settings, body, message
+):
+    response = client.post("/v1/messages/batches", content=body, headers={"Content-Type": "application/json"})
+    assert message in anthropic_error(response, 400)
+    session.expire_all()
+    assert session.query(Batch).count() == 0 and session.query(File).count() == 0
+    assert list((settings.data_dir / "files").glob("*")) == [] and redis_job_keys(redis) == []
+
+
+def test_a_message_batch_body_sent_in_chunks_is_read_as_one(client):
+    """No Content-Length (chunked transfer, as a client streaming a large body sends it)."""
+    body = _raw({"webhook_url": "http://hooks.example/hook", "requests": requests(3), "priority": "high"})
+    chunks = (body[i : i + 7] for i in range(0, len(body), 7))  # keys and strings cut across chunks
+    created = client.post("/v1/messages/batches", content=chunks, headers={"Content-Type": "application/json"})
+    assert created.status_code == 200, created.text
+    assert created.json()["request_counts"]["processing"] == 3
+    assert [j["priority"] for j in client.get("/v1/jobs").json()["data"]] == ["high"] * 3
+
+
+def test_a_chunked_message_batch_body_over_the_limit_is_a_413_leaving_no_spooled_part(settings, admin_key, session):
+    body = _raw({"requests": requests(40)})
+    chunks = (body[i : i + 512] for i in range(0, len(body), 512))  # no Content-Length: counted as it is read
+    small = settings.model_copy(update={"max_upload_bytes": 4096})
+    with TestClient(create_app(small), headers={"x-api-key": admin_key}) as c:
+        response = c.post("/v1/messages/batches", content=chunks, headers={"Content-Type": "application/json"})
+    assert "larger than 4096 bytes" in anthropic_error(response, 413, "request_too_large")
+    session.expire_all()
+    assert session.query(Batch).count() == 0 and list((settings.data_dir / "files").glob("*")) == []
+
+
 @both_databases
 def test_a_message_batch_runs_as_gpuq_jobs_is_canceled_ended_read_and_deleted(client, session, redis, settings):
     hook = "http://hooks.example/hook"

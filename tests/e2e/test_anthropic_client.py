@@ -120,6 +120,30 @@ def test_a_tool_use_round_trip_with_the_tool_forced(system, client):
     assert rendered[2] == {"role": "tool", "content": "Sunny, 24 degrees.", "tool_call_id": call.id}
 
 
+def test_disable_parallel_tool_use_gives_at_most_one_tool_use_block(client):
+    # The conversation's earlier answer was two calls as a JSON array; greedy, the small model
+    # writes it again (tool_choice auto: the reply is the model's own).
+    question = "What is the weather in Paris and in Rome?"
+    two_calls = json.dumps([{"name": "get_weather", "arguments": {"city": city}} for city in ("Paris", "Rome")])
+    asked_again = [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": two_calls},
+        {"role": "user", "content": question},
+    ]
+
+    def cities(message) -> list[str]:
+        return [block.input["city"] for block in message.content if block.type == "tool_use"]
+
+    ask = {"model": MODEL, "max_tokens": 80, "messages": asked_again, "tools": [WEATHER], **GREEDY}
+    assert cities(client.messages.create(**ask)) == ["Paris", "Rome"]  # what the model writes, asked nothing
+    one = {"type": "auto", "disable_parallel_tool_use": True}
+    single = client.messages.create(**ask, tool_choice=one)
+    assert cities(single) == ["Paris"] and single.stop_reason == "tool_use"
+    with client.messages.stream(**ask, tool_choice=one) as stream:
+        streamed = stream.get_final_message()
+    assert cities(streamed) == ["Paris"]
+
+
 def test_a_message_batch_is_created_polled_until_ended_and_read_by_custom_id(client):
     asks = {f"q{i}": f"Say the number {i}." for i in range(3)}
     batch = client.messages.batches.create(

@@ -148,3 +148,31 @@ def test_unstored_responses_and_refusals_raise_the_clients_own_errors(client):
     with pytest.raises(openai.BadRequestError, match="function tools only") as built_in:
         client.responses.create(model=MODEL, input="Hi.", tools=[{"type": "web_search"}])
     assert built_in.value.param == "tools[0]"
+
+
+# A reply the model is free to write (tool_choice auto) that holds two calls: the conversation's
+# earlier answer was two calls as a JSON array, and the small model, greedy, writes it again.
+TWO_CITIES = "What is the weather in Paris and in Rome?"
+TWO_CALLS = json.dumps([{"name": "get_weather", "arguments": {"city": city}} for city in ("Paris", "Rome")])
+ASKED_AGAIN = [
+    {"role": "user", "content": TWO_CITIES},
+    {"role": "assistant", "content": TWO_CALLS},
+    {"role": "user", "content": TWO_CITIES},
+]
+
+
+def test_parallel_tool_calls_false_gives_at_most_one_function_call(system, client):
+    def cities(**extra) -> list[str]:
+        response = client.responses.create(
+            model=MODEL, input=ASKED_AGAIN, tools=[WEATHER], max_output_tokens=80, temperature=0, **extra
+        )
+        return [json.loads(item.arguments)["city"] for item in response.output if item.type == "function_call"]
+
+    assert cities() == ["Paris", "Rome"]  # what the model writes, asked nothing
+    assert cities(parallel_tool_calls=False) == ["Paris"]
+    with client.responses.stream(
+        model=MODEL, input=ASKED_AGAIN, tools=[WEATHER], max_output_tokens=80, temperature=0, parallel_tool_calls=False
+    ) as stream:
+        final = stream.get_final_response()
+    assert final.parallel_tool_calls is False
+    assert [json.loads(i.arguments)["city"] for i in final.output if i.type == "function_call"] == ["Paris"]

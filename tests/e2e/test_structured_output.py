@@ -133,6 +133,60 @@ def test_a_named_function_is_the_one_called_and_none_offers_no_tools(system, cli
     assert "tools" not in _job_of(system, plain.id)["request"]
 
 
+# A reply the model is free to write (tool_choice auto) that holds two calls: the conversation's
+# earlier answer was two calls as a JSON array, and the small model, greedy, writes it again.
+TWO_CITIES = "What is the weather in Paris and in Rome?"
+TWO_CALLS = json.dumps([{"name": "get_weather", "arguments": {"city": city}} for city in ("Paris", "Rome")])
+CITY_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ASKED_AGAIN = [
+    {"role": "user", "content": TWO_CITIES},
+    {"role": "assistant", "content": TWO_CALLS},
+    {"role": "user", "content": TWO_CITIES},
+]
+GREEDY = {"temperature": 0, "max_tokens": 80}
+
+
+def _cities(message) -> list[str]:
+    return [json.loads(call.function.arguments)["city"] for call in message.tool_calls or []]
+
+
+def test_parallel_tool_calls_false_gives_at_most_one_call_streamed_or_not(system, client):
+    both = client.chat.completions.create(model=MODEL, messages=ASKED_AGAIN, tools=[CITY_WEATHER], **GREEDY)
+    assert _cities(both.choices[0].message) == ["Paris", "Rome"]  # what the model writes, asked nothing
+
+    one = client.chat.completions.create(
+        model=MODEL, messages=ASKED_AGAIN, tools=[CITY_WEATHER], parallel_tool_calls=False, **GREEDY
+    )
+    assert _cities(one.choices[0].message) == ["Paris"] and one.choices[0].finish_reason == "tool_calls"
+    job = _job_of(system, one.id)
+    assert job["request"]["parallel_tool_calls"] is False
+    assert len(json.loads(job["result"]["text"])) == 2  # the model wrote both again; the first is read
+    assert [call["arguments"]["city"] for call in job["result"]["tool_calls"]] == ["Paris"]  # gpuq's jobs API too
+    with client.chat.completions.stream(
+        model=MODEL, messages=ASKED_AGAIN, tools=[CITY_WEATHER], parallel_tool_calls=False, **GREEDY
+    ) as stream:
+        streamed = stream.get_final_completion()
+    assert _cities(streamed.choices[0].message) == ["Paris"]
+
+    # A forced call is one call by its schema, whatever the conversation before it.
+    forced = client.chat.completions.create(
+        model=MODEL,
+        messages=ASKED_AGAIN,
+        tools=[CITY_WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        **GREEDY,
+    )
+    assert len(forced.choices[0].message.tool_calls or []) == 1
+
+
 def test_ollamas_format_and_tools_with_its_own_client(system):
     client = ollama.Client(host=system.url, headers={"Authorization": f"Bearer {system.processes.admin_key}"})
     schema = Person.model_json_schema()

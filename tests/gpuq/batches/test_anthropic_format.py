@@ -11,6 +11,7 @@ from gpuq.batches.anthropic_format import MessageCreate, parse_params
 from gpuq.batches.anthropic_messages import message
 from gpuq.db.tables import Job
 from gpuq.dropin import anthropic
+from gpuq.errors import RequestError
 from gpuq.streams.events import Delta, End, Event, Start
 
 MODEL = "smollm2-135m"
@@ -81,6 +82,23 @@ def test_a_required_tool_choice_is_enforced_while_sampling(choice, stored):
         | {"tool_choice": choice}
     ).to_request()
     assert params.tool_choice == stored and params.output_schema is not None
+
+
+@pytest.mark.parametrize("kind", ["auto", "any"])
+def test_disable_parallel_tool_use_is_at_most_one_call_read_from_the_reply(kind):
+    ask = {"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}], "tools": [TOOL]}
+    one = MessageCreate.model_validate(ask | {"tool_choice": {"type": kind, "disable_parallel_tool_use": True}})
+    assert one.to_request().stored()["parallel_tool_calls"] is False
+    several = MessageCreate.model_validate(ask | {"tool_choice": {"type": kind, "disable_parallel_tool_use": False}})
+    assert "parallel_tool_calls" not in several.to_request().stored()
+    bad = MessageCreate.model_validate(ask | {"tool_choice": {"type": kind, "disable_parallel_tool_use": "yes"}})
+    with pytest.raises(RequestError, match=r"tool_choice\.disable_parallel_tool_use: Input should be a valid boolean"):
+        bad.to_request()
+    two_calls = [{"name": "weather", "arguments": {"city": city}} for city in ("Paris", "Rome")]
+    answer = job(json.dumps(two_calls), tools=True)
+    assert [b["input"]["city"] for b in message(answer)["content"]] == ["Paris", "Rome"]
+    answer.request = answer.request | {"parallel_tool_calls": False}
+    assert [b["input"]["city"] for b in message(answer)["content"]] == ["Paris"]
 
 
 def test_an_output_format_is_the_schema_the_answer_must_match():

@@ -6,7 +6,7 @@ import json
 import jsonschema
 import pytest
 
-from gpuq.jobs.tool_calls import ToolCall, forced_schema, parse
+from gpuq.jobs.tool_calls import ToolCall, forced_schema, parse, with_calls
 
 WEATHER = {
     "type": "function",
@@ -52,6 +52,30 @@ def test_a_reply_in_each_familys_format_gives_its_calls(reply, content, calls):
     assert got_calls == calls
     if calls or content is not None:
         assert got_content == (content if calls else reply)
+
+
+TIME_CALL = '{"name": "get_time", "arguments": {}}'
+PARIS_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize(
+    ("reply", "content"),
+    [
+        (f"Let me look.\n<tool_call>{PARIS_CALL}</tool_call>\n<tool_call>{TIME_CALL}</tool_call>", "Let me look."),
+        (f"[TOOL_CALLS] [{PARIS_CALL}, {TIME_CALL}]", None),
+        (f"[{PARIS_CALL}, {TIME_CALL}]", None),
+    ],
+)
+def test_a_request_that_wants_no_parallel_calls_reads_only_the_first(reply, content):
+    assert parse(reply, TOOLS) == (content, [PARIS, ToolCall("get_time", {})])
+    assert parse(reply, TOOLS, parallel=False) == (content, [PARIS])
+    # As the jobs API shows a finished job: each sample's calls, as its request asked.
+    request = {"messages": [], "tools": TOOLS, "parallel_tool_calls": False}
+    shown = with_calls(request, {"text": reply, "choices": [{"text": reply}]})
+    assert shown is not None and shown["tool_calls"] == shown["choices"][0]["tool_calls"]
+    assert shown["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    several = with_calls({**request, "parallel_tool_calls": True}, {"text": reply})
+    assert several is not None and len(several["tool_calls"]) == 2
 
 
 def test_required_is_a_call_of_any_tool_and_a_named_choice_only_that_one():
