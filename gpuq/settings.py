@@ -133,6 +133,12 @@ class Settings(BaseSettings):
         description="one prefix cache for all tenants of a model; false (the default): each tenant's cached starts "
         "are its own, so no tenant learns from timing how another's prompts start",
     )
+    worker_preemption: bool = Field(
+        True,
+        description="with every slot decoding, a waiting job of a higher priority parks the least urgent, newest "
+        "sequence (its KV to host memory) and runs at once; the parked one resumes where it stopped, its text "
+        "unchanged; false: priority orders the queue only",
+    )
     log_level: str = Field(
         "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"
     )

@@ -187,6 +187,7 @@ def _run_worker(
         queue_refresh_interval_s=settings.worker_refresh_interval_s,
         job_timeout_s=settings.job_timeout_s,
         slots=settings.slots_for(on_gpu=device.on_gpu),
+        preemption=settings.worker_preemption,
         prefix_cache_stats=prefix_cache.stats,
         connection=redis,
     )

@@ -25,7 +25,9 @@ admits requests, moves streams before a step (``KvStreams``), and runs plan, run
 
 With a prefix cache (``prefix_tier.py``), a stream's start is saved before its cells are lost,
 and a new prompt's start restored from host RAM or disk when a tier keeps more of it than the
-streams do.
+streams do. A request that outranks decoding sequences when no stream is free has them parked
+for it (``parking.py``): their cells to host memory, resumed exactly where they stopped once
+a stream is free again.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from worker.decoding.commit import Commit
 from worker.decoding.constraint import SequenceConstraint
 from worker.decoding.kv_streams import KvOp, KvStreams
 from worker.decoding.logprobs import TokenLogprob
+from worker.decoding.parking import Parking
 from worker.decoding.plan import Live, StepPlan, ThrowawayRows, plan_step
 from worker.decoding.prefix_tier import PrefixTier
-from worker.decoding.results import Finished, Piece
+from worker.decoding.results import PARKED_CELLS_REFUSED, Finished, Piece
 from worker.decoding.sampler import Sampling, sampler_chain
 from worker.decoding.sequences import Request, Sequence, Sequences, State
 from worker.decoding.text import CompletionText
@@ -124,6 +127,7 @@ class BatchDecoder:
             is_eog=lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token)),
             bos=self._bos,
         )
+        self._parking = Parking(self._runner, self.kv, self._seqs, self._apply)
         self._ids = itertools.count()
         self.last_plan: StepPlan | None = None  # what the last step decoded
         # Streams the next step frees for sure: sequences whose next token is their last by
@@ -138,10 +142,11 @@ class BatchDecoder:
         first (a model unloaded between two cron runs finds them again)."""
         if self._tier is not None and not self._abandoned:
             self._tier.keep(self._runner, self.kv.kept())
-        for seq in [*self._seqs.live.values(), *self._seqs.waiting.values()]:
+        for seq in [*self._seqs.live.values(), *self._seqs.waiting.values(), *self._seqs.parked.values()]:
             seq.sampler.close()
         self._seqs.live.clear()
         self._seqs.waiting.clear()
+        self._seqs.parked.clear()
         self._seqs.requests.clear()
         self._runner.close()
 
@@ -158,8 +163,34 @@ class BatchDecoder:
     @property
     def free_slots(self) -> int:
         """KV streams free for new sequences (a request of ``n`` samples needs ``n``): those
-        free, less one for each sample waiting for its request's prompt."""
-        return self.kv.free - len(self._seqs.waiting)
+        free, less one for each sample waiting for its request's prompt and one for each
+        parked sequence (it resumes first)."""
+        return self.kv.free - len(self._seqs.waiting) - len(self._seqs.parked)
+
+    def free_slots_for(self, priority: int) -> int:
+        """KV streams free for a request of ``priority``: a parked sequence as urgent as it or
+        more resumes first; one less urgent waits for it."""
+        parked_first = sum(1 for s in self._seqs.parked.values() if s.request.priority <= priority)
+        return self.kv.free - len(self._seqs.waiting) - parked_first
+
+    def parkable(self, priority: int) -> int:
+        """How many decoding sequences a request of ``priority`` could have parked for it."""
+        return len(self._parking.victims(priority))
+
+    def park_for(self, priority: int, streams: int) -> int:
+        """Parks up to ``streams`` decoding sequences less urgent than ``priority`` (the least
+        urgent, newest first; ``parking.py``); how many it parked. Between steps only."""
+        return self._parking.park_for(priority, streams)
+
+    @property
+    def parks(self) -> int:
+        """Sequences parked for more urgent requests since the context was made."""
+        return self._parking.parks
+
+    @property
+    def resumes(self) -> int:
+        """... and resumed."""
+        return self._parking.resumes
 
     @property
     def active(self) -> int:
@@ -200,6 +231,7 @@ class BatchDecoder:
         echo: bool = False,
         constraint: SequenceConstraint | None = None,
         scope: bytes = b"",
+        priority: int = 1,
     ) -> int:
         """Adds a request; its prompt goes in from the next step. Needs ``n`` free slots.
         Returns how many prompt tokens it takes from the cache: a stream's of its ``scope``
@@ -208,13 +240,15 @@ class BatchDecoder:
         also handed out piece by piece (``take_pieces``). ``logprobs``: each sampled token's
         log-probability and its ``logprobs`` best alternatives; with ``echo`` the prompt's
         too, so its prompt is decoded whole (no cache: reused cells have no logits). A
-        ``constraint`` masks each of its samples' logits to what its grammar allows."""
+        ``constraint`` masks each of its samples' logits to what its grammar allows.
+        ``priority``: its job's (lower is more urgent), which decides who is parked for whom."""
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
             raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.n_ctx_per_seq}")
-        if n < 1 or n > self.free_slots:
-            raise ValueError(f"a request of {n} samples needs {n} free slots; {self.free_slots} are free")
+        free = self.free_slots_for(priority)
+        if n < 1 or n > free:
+            raise ValueError(f"a request of {n} samples needs {n} free slots; {free} are free")
         if key in self._seqs.requests:
             raise ValueError(f"{key} is already decoding here")
         # create_completion's rule: the completion is cut where the context ends.
@@ -230,6 +264,8 @@ class BatchDecoder:
             deadline=deadline,
             stream=stream,
             admitted=self._seqs.next_admission(),
+            priority=priority,
+            scope=scope,
             logprobs=logprobs,
             echo=echo and logprobs is not None,
         )
@@ -284,6 +320,7 @@ class BatchDecoder:
     def step(self) -> list[Finished]:
         """One step for every live sequence; returns the requests that ended."""
         finished = self._commit.cut_off(time.monotonic())
+        finished += self._resume_parked()
         if self._seqs.live:
             self._move_down()
             self._order_waiting()
@@ -302,6 +339,16 @@ class BatchDecoder:
             if seq.state is State.DECODING and len(seq.completion) + 1 >= seq.request.max_tokens
         )
         return finished
+
+    def _resume_parked(self) -> list[Finished]:
+        """Parked sequences back into the streams free now; a request whose cells llama.cpp
+        refused (never seen: the bytes come from this very context) fails."""
+        lost = self._parking.resume_waiting()
+        return [
+            self._commit.fail(seq.request, PARKED_CELLS_REFUSED)
+            for seq in lost
+            if seq.request.key in self._seqs.requests
+        ]
 
     def _run(self, plan: StepPlan) -> list[Finished]:
         """Each planned batch decoded, then committed before the next is decoded."""
