@@ -118,6 +118,7 @@ class LoadedModel:
         any_prefix: bool | None = None,
         prefix_cache: PrefixCache | None = None,
         shared_tenants: bool = False,
+        strict_priority: bool | None = None,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -143,6 +144,8 @@ class LoadedModel:
             else any_prefix,
             prefix_cache=prefix_cache,
             gpu_layers=gpu_layers,
+            # On the CPU a step's cost grows with its rows: an urgent sequence decodes alone.
+            strict_priority=gpu_layers == 0 if strict_priority is None else strict_priority,
         )
 
     def close(self) -> None:

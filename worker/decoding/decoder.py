@@ -68,6 +68,9 @@ FLASH_ATTN_CHUNK_TOKENS = 63
 # other attention kernels than a pass of its own rows), and whole-chunk reuse needs each
 # chunk in one pass.
 SHORT_TAIL_TOKENS = 8
+# With strict priority, a sequence waits at most this many steps (about 10 s here) for more
+# urgent ones, so a stream of urgent work cannot stop it for good.
+MAX_WAITING_STEPS = 512
 
 
 class BatchDecoder:
@@ -86,11 +89,15 @@ class BatchDecoder:
         any_prefix: bool = False,
         prefix_cache: PrefixCache | None = None,
         gpu_layers: int = 0,
+        strict_priority: bool = False,
     ) -> None:
         import llama_cpp
 
         self.slots = slots
         self.n_ctx_per_seq = n_ctx_per_seq
+        # While a more urgent sequence is live, less urgent ones skip their steps (on the CPU a
+        # step's cost grows with its rows, so the urgent one then decodes as fast as alone).
+        self.strict_priority = strict_priority
         if flash_attn and any_prefix:
             chunk_tokens = min(chunk_tokens, FLASH_ATTN_CHUNK_TOKENS)
         self.chunk_tokens = chunk_tokens
@@ -324,8 +331,11 @@ class BatchDecoder:
         if self._seqs.live:
             self._move_down()
             self._order_waiting()
+            stepping = self._stepping()
+            for seq in self._seqs.live.values():
+                seq.waited_steps += seq not in stepping
             plan = plan_step(
-                self._views(),
+                self._views(stepping),
                 chunk_tokens=self.chunk_tokens,
                 aligned=not self.kv.any_prefix,
                 short_tail=SHORT_TAIL_TOKENS if self._flash_attn and self.kv.any_prefix else 0,
@@ -335,10 +345,20 @@ class BatchDecoder:
             self.last_plan = plan
         self.freed_next_step = sum(
             1
-            for seq in self._seqs.live.values()
+            for seq in self._stepping()
             if seq.state is State.DECODING and len(seq.completion) + 1 >= seq.request.max_tokens
         )
         return finished
+
+    def _stepping(self) -> list[Sequence]:
+        """The live sequences that step: all of them, or with strict priority those of the most
+        urgent requests live and those that have waited ``MAX_WAITING_STEPS`` (the others wait,
+        their cells in their streams)."""
+        live = list(self._seqs.live.values())
+        if not self.strict_priority or not live:
+            return live
+        top = min(seq.request.priority for seq in live)
+        return [seq for seq in live if seq.request.priority == top or seq.waited_steps >= MAX_WAITING_STEPS]
 
     def _resume_parked(self) -> list[Finished]:
         """Parked sequences back into the streams free now; a request whose cells llama.cpp
@@ -364,7 +384,7 @@ class BatchDecoder:
                 break
         return finished
 
-    def _views(self) -> list[Live]:
+    def _views(self, sequences: Iterable[Sequence]) -> list[Live]:
         stream_of = self.kv.stream_of
         return [
             Live(
@@ -377,7 +397,7 @@ class BatchDecoder:
                 position=seq.position,
                 prompt_logits=seq.request.echo,
             )
-            for seq in self._seqs.live.values()
+            for seq in sequences
         ]
 
     def _throwaway_rows(self) -> ThrowawayRows | None:

@@ -60,6 +60,7 @@ class Sequence:
     parked_reusable: list[int] = field(default_factory=list)
     parked_since: float | None = None
     parks: int = 0  # times it was parked
+    waited_steps: int = 0  # steps it skipped for more urgent sequences (strict priority)
     resumes: int = 0  # ... and resumed
     parked_s: float = 0.0  # time spent parked
 

@@ -29,9 +29,16 @@ def _low(name: str, **extra) -> dict:
     return LOWS[name] | {"max_tokens": LOW_TOKENS, "stop": [], "logprobs": 2} | extra
 
 
-def _model(model_path) -> LoadedModel:
+def _model(model_path, *, strict: bool = True) -> LoadedModel:
     return LoadedModel(
-        model_path, n_ctx=N_CTX, embedding=False, threads=THREADS, gpu_layers=0, slots=SLOTS, prompt_cache=True
+        model_path,
+        n_ctx=N_CTX,
+        embedding=False,
+        threads=THREADS,
+        gpu_layers=0,
+        slots=SLOTS,
+        prompt_cache=True,
+        strict_priority=strict,
     )
 
 
@@ -45,15 +52,26 @@ def never_parked(model_path):
     return {key: finished.generation for key, finished in done.items()}
 
 
-def _step_until_done(decoder, done: dict[str, Finished], pieces: list) -> None:
+def _step_until_done(decoder, done: dict[str, Finished], pieces: list, beside_urgent: list | None = None) -> None:
+    """Steps until every request ended; ``beside_urgent``: how many sequences each step decoded
+    or prefilled while the urgent request was live."""
     while decoder.active:
+        urgent_live = "urgent" in decoder.live_keys()
         for finished in decoder.step():
             done[finished.key] = finished
         pieces += decoder.take_pieces()
+        if urgent_live and beside_urgent is not None:
+            plan = decoder.last_plan
+            beside_urgent.append(
+                len({r.sequence for r in plan.rows} | {c.sequence for c in (*plan.chunks, *plan.beside)})
+            )
 
 
-def test_parked_sequences_resume_with_the_texts_they_give_never_parked(model_path, never_parked):
-    model = _model(model_path)
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "park-only"])
+def test_parked_sequences_resume_with_the_texts_they_give_never_parked(model_path, never_parked, strict):
+    """Strict priority (the CPU's default): while the urgent request is live it decodes alone;
+    park only (a GPU's): beside the low request that kept its stream."""
+    model = _model(model_path, strict=strict)
     decoder = model.decoder
     admit(model, "greedy", _low("greedy"), priority=LOW)
     admit(model, "seeded", _low("seeded", events="tokens"), priority=LOW)
@@ -67,9 +85,11 @@ def test_parked_sequences_resume_with_the_texts_they_give_never_parked(model_pat
     assert decoder.park_for(HIGH, 1) == 1
     assert decoder.free_slots_for(HIGH) == 1 and decoder.free_slots == 0  # the parked one resumes first
     admit(model, "urgent", URGENT, priority=HIGH)
-    _step_until_done(decoder, done, pieces)
+    stepping: list[int] = []
+    _step_until_done(decoder, done, pieces, stepping)
     model.close()
 
+    assert set(stepping) == ({1} if strict else {2})  # the urgent one alone, or beside the greedy one
     assert done["urgent"].generation == never_parked["urgent"]
     for name in LOWS:
         generation = done[name].generation
@@ -85,7 +105,7 @@ def test_parked_sequences_resume_with_the_texts_they_give_never_parked(model_pat
 
 
 def test_a_parked_sequence_goes_before_less_urgent_work_and_is_parked_at_most_twice(model_path):
-    model = _model(model_path)
+    model = _model(model_path, strict=False)  # the low and the normal request decode side by side
     decoder = model.decoder
     admit(model, "low", _low("greedy"), priority=LOW)
     admit(model, "normal", _low("seeded"), priority=NORMAL)
