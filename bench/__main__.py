@@ -588,18 +588,17 @@ def bench_fairness(args: argparse.Namespace) -> None:
 
 def bench_preempt(args: argparse.Namespace) -> None:
     """K slots decoding long low-priority answers, then a short high-priority job
-    (bench/preempt.py): preemption on against off, interleaved rounds on fresh state."""
-    sides: dict[bool, list[preempt.Side]] = {True: [], False: []}
+    (bench/preempt.py): preemption off, park and strict, interleaved rounds on fresh state."""
+    sides: dict[str, list[preempt.Side]] = {mode: [] for mode in preempt.MODES}
     k = args.preempt_slots
     for round_ in range(1, args.rounds + 1):
-        for on in (False, True):
+        for mode in preempt.MODES:
             with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
-                side = preempt.run(db, redis_url, workdir, preemption=on, slots=k, max_tokens=args.preempt_max_tokens)
-            sides[on].append(side)
+                side = preempt.run(db, redis_url, workdir, mode=mode, slots=k, max_tokens=args.preempt_max_tokens)
+            sides[mode].append(side)
             print(
-                f"round {round_} preemption {'on ' if on else 'off'}: high job {side.busy_s:.2f} s beside {k} low "
-                f"({side.idle_s:.2f} s idle); low jobs {side.lows_busy_s:.1f} s ({side.lows_alone_s:.1f} s alone), "
-                f"parked {side.parked_ms} ms",
+                f"round {round_} {mode:<6}: high job {side.busy_s:.2f} s beside {k} low ({side.idle_s:.2f} s idle); "
+                f"low jobs {side.lows_busy_s:.1f} s ({side.lows_alone_s:.1f} s alone), parked {side.parked_ms} ms",
                 flush=True,
             )
     print(
@@ -608,19 +607,18 @@ def bench_preempt(args: argparse.Namespace) -> None:
         f"median of {args.rounds} rounds"
     )
     ratios = {}
-    for on in (False, True):
-        runs = sides[on]
+    for mode in preempt.MODES:
+        runs = sides[mode]
         latency = median(s.busy_s / s.idle_s for s in runs)
         lows = median(s.lows_busy_s / (s.lows_alone_s + s.urgent_run_s) for s in runs)
-        ratios[on] = (latency, lows)
+        ratios[mode] = (latency, lows)
         print(
-            f"  preemption {'on ' if on else 'off'}  high job {median(s.busy_s for s in runs):6.2f} s "
-            f"= {latency:6.2f}x idle ({median(s.idle_s for s in runs):.2f} s)   "
-            f"low jobs {lows:.3f}x (alone + the high job's run)"
+            f"  {mode:<6}  high job {median(s.busy_s for s in runs):6.2f} s = {latency:6.2f}x idle "
+            f"({median(s.idle_s for s in runs):.2f} s)   low jobs {lows:.3f}x (alone + the high job's run)"
         )
     print(
-        f"preempt: K={k} high job {ratios[True][0]:.2f}x idle (off: {ratios[False][0]:.2f}x), "
-        f"low jobs {ratios[True][1]:.3f}x   (targets: <= 1.5x; <= 1.1x)"
+        f"preempt: K={k} high job {ratios['strict'][0]:.2f}x idle strict, {ratios['park'][0]:.2f}x park, "
+        f"{ratios['off'][0]:.2f}x off; low jobs {ratios['strict'][1]:.3f}x strict   (targets: <= 1.5x; <= 1.1x)"
     )
 
 

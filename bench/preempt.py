@@ -1,10 +1,11 @@
 """Preemption by priority (issue 41 item 4): K slots decoding long low-priority answers, then
 one short high-priority job, on one worker.
 
-Two sides, same jobs, same worker, one after the other on fresh state: preemption on (the
-default: the high job parks the least urgent, newest sequence and runs at once,
-``worker/decoding/parking.py``) and off (``GPUQ_WORKER_PREEMPTION=false``: priority orders the
-queue only, so the high job waits for a slot). Each side measures, with the model loaded:
+Three sides, same jobs, same worker, one after the other on fresh state, one per
+``GPUQ_WORKER_PREEMPTION``: ``off`` (priority orders the queue only, so the high job waits for
+a slot), ``park`` (the high job parks the least urgent, newest sequence and runs at once beside
+the others, ``worker/decoding/parking.py``) and ``strict`` (that, and the others wait while it
+decodes: the CPU's default). Each side measures, with the model loaded:
 
 * the high job alone on the idle worker (submission to finish, from the jobs table);
 * the K low jobs alone, start to last finish;
@@ -105,8 +106,11 @@ def _span(rows: list) -> float:
     return (max(r.finished_at for r in rows) - start).total_seconds()
 
 
-def run(database_url: str, redis_url: str, workdir: Path, *, preemption: bool, slots: int, max_tokens: int) -> Side:
-    settings = {"GPUQ_WORKER_SLOTS": str(slots), "GPUQ_WORKER_PREEMPTION": str(preemption).lower()}
+MODES = ("off", "park", "strict")
+
+
+def run(database_url: str, redis_url: str, workdir: Path, *, mode: str, slots: int, max_tokens: int) -> Side:
+    settings = {"GPUQ_WORKER_SLOTS": str(slots), "GPUQ_WORKER_PREEMPTION": mode}
     processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
     jobs = _Jobs(database_url)
     try:
