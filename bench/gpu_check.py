@@ -267,6 +267,7 @@ def check_seeded(uuid: str) -> Row:
     import threading
 
     from bench.peer import W2
+    from gpuq.jobs.generation_params import GenerationParams
     from gpuq.registry.bundled import require_bundled_model_path
     from worker.engine import LoadedModel
 
@@ -286,7 +287,7 @@ def check_seeded(uuid: str) -> Row:
         while pending or decoder.active:
             while pending and decoder.free_slots:
                 key, request = pending.pop(0)
-                model.prepare(key, request, threading.Event()).admit()
+                model.prepare(key, GenerationParams.model_validate(request), threading.Event()).admit()
             for finished in decoder.step():
                 assert finished.generation is not None, finished.error
                 done[finished.key] = finished.generation.text

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs.generation_params import GenerationParams
 from worker.batching import GenerationRun, Started
 from worker.catalog import ModelInfo
 from worker.decoding import FLASH_ATTN_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS, Finished, Generation
@@ -70,7 +71,8 @@ def admit(
     model: LoadedModel, key: str, request: dict[str, Any], cancel: threading.Event | None = None, **kw: Any
 ) -> int:
     """Admits one request; returns the prompt tokens it took from the cache."""
-    return model.prepare(key, request, cancel or threading.Event(), kw.get("deadline")).admit()
+    params = GenerationParams.model_validate(request)
+    return model.prepare(key, params, cancel or threading.Event(), kw.get("deadline")).admit()
 
 
 def run_together(
