@@ -129,7 +129,7 @@ def test_no_producer_can_ask_for_an_admins_keep_alive():
 def test_a_read_back_request_is_frozen():
     params = GenerationParams.from_stored({"prompt": "x", "max_tokens": 4})
     with pytest.raises(ValidationError):
-        params.n = 200  # type: ignore[misc]
+        params.n = 200
 
 
 def test_embedding_and_noop_rows_read_back_typed():
