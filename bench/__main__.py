@@ -20,6 +20,7 @@ from bench import (
     invariance,
     model_swap,
     peer,
+    preempt,
     restore,
     scoring,
     soak,
@@ -585,6 +586,44 @@ def bench_fairness(args: argparse.Namespace) -> None:
     print(f"  fair / FIFO throughput {fair_rate / fifo:.3f}x   (targets: B's last after <= 16 of A's; >= 0.95x)")
 
 
+def bench_preempt(args: argparse.Namespace) -> None:
+    """K slots decoding long low-priority answers, then a short high-priority job
+    (bench/preempt.py): preemption on against off, interleaved rounds on fresh state."""
+    sides: dict[bool, list[preempt.Side]] = {True: [], False: []}
+    k = args.preempt_slots
+    for round_ in range(1, args.rounds + 1):
+        for on in (False, True):
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                side = preempt.run(db, redis_url, workdir, preemption=on, slots=k, max_tokens=args.preempt_max_tokens)
+            sides[on].append(side)
+            print(
+                f"round {round_} preemption {'on ' if on else 'off'}: high job {side.busy_s:.2f} s beside {k} low "
+                f"({side.idle_s:.2f} s idle); low jobs {side.lows_busy_s:.1f} s ({side.lows_alone_s:.1f} s alone), "
+                f"parked {side.parked_ms} ms",
+                flush=True,
+            )
+    print(
+        f"\npreempt: {k} slots decoding low jobs of {args.preempt_max_tokens} tokens, one high job of "
+        f"{preempt.URGENT_TOKENS} tokens {preempt.DECODING_S:.0f} s into them, one worker, "
+        f"median of {args.rounds} rounds"
+    )
+    ratios = {}
+    for on in (False, True):
+        runs = sides[on]
+        latency = median(s.busy_s / s.idle_s for s in runs)
+        lows = median(s.lows_busy_s / (s.lows_alone_s + s.urgent_run_s) for s in runs)
+        ratios[on] = (latency, lows)
+        print(
+            f"  preemption {'on ' if on else 'off'}  high job {median(s.busy_s for s in runs):6.2f} s "
+            f"= {latency:6.2f}x idle ({median(s.idle_s for s in runs):.2f} s)   "
+            f"low jobs {lows:.3f}x (alone + the high job's run)"
+        )
+    print(
+        f"preempt: K={k} high job {ratios[True][0]:.2f}x idle (off: {ratios[False][0]:.2f}x), "
+        f"low jobs {ratios[True][1]:.3f}x   (targets: <= 1.5x; <= 1.1x)"
+    )
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -609,6 +648,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "invariance": bench_invariance,
     "restore": bench_restore,
     "fairness": bench_fairness,
+    "preempt": bench_preempt,
 }
 
 
@@ -661,6 +701,8 @@ def main() -> None:
     parser.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
     parser.add_argument("--fairness-max-tokens", type=int, default=8, help="fairness: each job's max_tokens")
     parser.add_argument("--fairness-slots", type=int, default=4, help="fairness: K, the worker's slots")
+    parser.add_argument("--preempt-slots", type=int, default=4, help="preempt: K, the worker's slots")
+    parser.add_argument("--preempt-max-tokens", type=int, default=256, help="preempt: each low job's max_tokens")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):

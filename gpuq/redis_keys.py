@@ -205,4 +205,5 @@ METRICS_LOADS = f"{PREFIX}:metrics:loads"  # model -> loads
 METRICS_QUEUE_WAIT = f"{PREFIX}:metrics:queue_wait"  # histogram by model, kind
 METRICS_RUN = f"{PREFIX}:metrics:run"  # histogram by model, kind
 METRICS_LOAD_TIME = f"{PREFIX}:metrics:load_time"  # histogram by model
+METRICS_PARKING = f"{PREFIX}:metrics:parking"  # model, "parked" or "resumed" -> sequences
 METRICS_RESTARTS = f"{PREFIX}:metrics:restarts"  # host, supervisor slot -> workers restarted

@@ -133,6 +133,14 @@ class Settings(BaseSettings):
         description="one prefix cache for all tenants of a model; false (the default): each tenant's cached starts "
         "are its own, so no tenant learns from timing how another's prompts start",
     )
+    worker_preemption: Literal["auto", "park", "strict", "off"] = Field(
+        "auto",
+        description="park: with every slot decoding, a waiting job of a higher priority parks the least urgent, "
+        "newest sequence (its KV to host memory) and runs at once, the parked one resuming where it stopped, its "
+        "text unchanged; strict: that, and while a more urgent sequence decodes the less urgent ones wait (on a "
+        "CPU a step's cost grows with its rows); auto: strict on the CPU, park on a GPU; off: priority orders "
+        "the queue only",
+    )
     log_level: str = Field(
         "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"
     )

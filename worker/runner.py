@@ -55,6 +55,8 @@ class _Running:
     tokens_at_start: int = 0  # the decoder's token count when it joined
     decoder: BatchDecoder | None = None
     generation: Generation | None = None
+    parks: int = 0  # its sequences parked for more urgent jobs, and resumed (for /metrics)
+    resumes: int = 0
     _measured: Measurement | None = None
 
     def decoded(self) -> int:
@@ -185,7 +187,15 @@ class JobRunner:
             spec = _spec(model, embedding=False)
             loaded, running.outcome.load_ms = self._load(spec)
             running.spec, running.keep_alive = spec, params.keep_alive
-            prepared = loaded.prepare(claimed.id, params, cancel, deadline, claimed.prompt_ids, owner=claimed.owner)
+            prepared = loaded.prepare(
+                claimed.id,
+                params,
+                cancel,
+                deadline,
+                claimed.prompt_ids,
+                owner=claimed.owner,
+                priority=claimed.priority,
+            )
             running.outcome.prompt_tokens, running.decoder = len(prepared.tokens), prepared.decoder
         except HandBack as exc:
             self._hand_back_or_settle(running, exc)
@@ -248,6 +258,8 @@ class JobRunner:
         else:
             assert running.decoder is not None
             self._record_generation(finished.generations, outcome, running.decoder)
+            running.parks = sum(g.parks for g in finished.generations)
+            running.resumes = sum(g.resumes for g in finished.generations)
             running.generation = finished.generations[0]
             # Only what this job had llama.cpp compute: prompt tokens taken from a KV stream
             # cost nothing, and were paid for by the job that computed them.
@@ -355,7 +367,7 @@ class JobRunner:
         if measured.energy_j is not None or measured.gpu_seconds is not None:
             outcome.energy_share = round(running.share, 4)
         end = _end(outcome, running.generation) if wants_end(running.params.events) else None
-        self._writer.submit(outcome, _finished(running.claimed, outcome), end)
+        self._writer.submit(outcome, _finished(running, outcome), end)
 
     def _hand_back_or_settle(self, running: _Running, exc: HandBack) -> None:
         self._hand_back_or_fail(running.claimed, running.outcome, exc)
@@ -398,12 +410,14 @@ class JobRunner:
         outcome.cached_tokens = first.cached_tokens
         outcome.cached_ram_tokens = first.cached_ram_tokens
         outcome.cached_disk_tokens = first.cached_disk_tokens
+        outcome.parked_ms = max(g.parked_ms for g in generations)  # samples parked apart: the longest wait
         if all(g.finish_reason == "cancelled" for g in generations):
             outcome.status = JobStatus.CANCELLED
 
 
-def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
+def _finished(running: _Running, outcome: store.Outcome) -> FinishedJob:
     """What the metrics count for this job, once its outcome is written."""
+    claimed = running.claimed
     wait_s = (claimed.started_at - claimed.created_at).total_seconds() if claimed.created_at else None
     return FinishedJob(
         model=claimed.model,
@@ -412,6 +426,8 @@ def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
         queue_wait_s=wait_s,
         run_s=outcome.run_ms / 1000 if outcome.run_ms is not None else None,
         completion_tokens=outcome.completion_tokens,
+        parks=running.parks,
+        resumes=running.resumes,
     )
 
 

@@ -106,6 +106,7 @@ class GpuqWorker(SimpleWorker):
         queue_refresh_interval_s: float = 5.0,
         job_timeout_s: float = 3600.0,
         slots: int = 1,
+        preemption: bool = True,
         prefix_cache_stats: Callable[[], PrefixCacheStats] | None = None,
         connection: Redis,
         **kwargs: Any,  # RQ's other Worker options, passed on
@@ -125,6 +126,7 @@ class GpuqWorker(SimpleWorker):
         self._queue_refresh_interval_s = queue_refresh_interval_s
         self.job_timeout_s = job_timeout_s
         self.slots = slots
+        self.preemption = preemption
         super().__init__(
             [Queue(name, connection=connection) for name in worker_queue_names(self._servable)],
             name=runner.worker_name,
@@ -432,6 +434,20 @@ class GpuqWorker(SimpleWorker):
         except RedisError as exc:
             self.redis_health.failed("taking more jobs", exc)
         return None
+
+    def waiting_priority(self, model: str, kind: str) -> int | None:
+        """The priority of the job the fair pick would give next, if it is ``model``'s for
+        ``kind``, left in its queue (a run with every slot taken decides from it whether to
+        park for it); None otherwise, or while Redis does not answer."""
+        try:
+            found = self._picker().peek()
+        except RedisError as exc:
+            self.redis_health.failed("looking at the queues", exc)
+            return None
+        if found is None:
+            return None
+        queue_model, queue_kind, priority = parse_queue_name(found[0])
+        return int(priority) if (queue_model, queue_kind) == (model, kind) else None
 
     def put_back(self, job: Job, queue: Queue) -> None:
         try:

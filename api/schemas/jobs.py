@@ -186,6 +186,11 @@ class JobSummary(BaseModel):
     cached_disk_tokens: int | None = Field(
         None, description="of cached_tokens, those restored from the worker's prefix cache on disk"
     )
+    parked_ms: int | None = Field(
+        None,
+        description="milliseconds the job's generation waited parked (its KV in host memory, its slot given to a "
+        "more urgent job) before it resumed where it stopped; 0 when it never was",
+    )
     worker: str | None
     device: str | None
     attempts: int
@@ -286,6 +291,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "cached_tokens": job.cached_tokens,
         "cached_ram_tokens": job.cached_ram_tokens,
         "cached_disk_tokens": job.cached_disk_tokens,
+        "parked_ms": job.parked_ms,
         "worker": job.worker,
         "device": job.device,
         "attempts": job.attempts or 0,
