@@ -233,7 +233,7 @@ def check_samples(spec: JobSpec, limit: SampleLimit, index: int | None = None) -
     )
 
 
-async def read_sample_limit(redis: Redis, fleet: Fleet, *, worker_slots: int) -> SampleLimit:
+async def _read_sample_limit(redis: Redis, fleet: Fleet, *, worker_slots: int) -> SampleLimit:
     """The fleet's sample limit now (one read of the live workers' hashes); a 503 if Redis does not answer."""
     try:
         workers = await to_thread.run_sync(live_workers, redis)
@@ -292,7 +292,7 @@ async def submit_jobs(
     for i, spec in enumerate(specs):
         check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
     if any(s.kind == JobKind.GENERATE and s.generation.n > 1 for s in specs):  # n = 1 fits every worker
-        limit = await read_sample_limit(redis, fleet, worker_slots=worker_slots)
+        limit = await _read_sample_limit(redis, fleet, worker_slots=worker_slots)
         for i, spec in enumerate(specs):
             check_samples(spec, limit, i if len(specs) > 1 else None)
     admitted = False  # the key's limits are applied once: a retry after a race only has fewer jobs
