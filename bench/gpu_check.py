@@ -295,6 +295,7 @@ def check_seeded(uuid: str) -> Row:
     import threading
 
     from bench.peer import W2
+    from gpuq.jobs.generation_params import GenerationParams
     from gpuq.registry.bundled import require_bundled_model_path
     from worker.engine import LoadedModel
 
@@ -314,7 +315,7 @@ def check_seeded(uuid: str) -> Row:
         while pending or decoder.active:
             while pending and decoder.free_slots:
                 key, request = pending.pop(0)
-                model.prepare(key, request, threading.Event()).admit()
+                model.prepare(key, GenerationParams.model_validate(request), threading.Event()).admit()
             for finished in decoder.step():
                 assert finished.generation is not None, finished.error
                 done[finished.key] = finished.generation.text
@@ -345,6 +346,7 @@ def check_preemption() -> Row:
     import threading
 
     from bench.peer import W2
+    from gpuq.jobs.generation_params import GenerationParams
     from gpuq.registry.bundled import require_bundled_model_path
     from worker.engine import LoadedModel
 
@@ -362,13 +364,14 @@ def check_preemption() -> Row:
         decoder = model.decoder
         assert decoder is not None
         for key, request in lows.items():
-            model.prepare(key, request, threading.Event(), priority=2).admit()
+            model.prepare(key, GenerationParams.model_validate(request), threading.Event(), priority=2).admit()
         done: dict[str, str] = {}
         for step in range(200):
             if step == 20 and park:
                 parked = decoder.park_for(0, 2)
                 for i in range(parked):
-                    model.prepare(f"urgent{i}", urgent, threading.Event(), priority=0).admit()
+                    params = GenerationParams.model_validate(urgent)
+                    model.prepare(f"urgent{i}", params, threading.Event(), priority=0).admit()
             for finished in decoder.step():
                 assert finished.generation is not None, finished.error
                 done[finished.key] = finished.generation.text

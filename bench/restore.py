@@ -25,6 +25,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
 from gpuq.registry.bundled import require_bundled_model_path
 from worker.decoding import FLASH_ATTN_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS
@@ -73,7 +74,7 @@ def _first_token(model: LoadedModel, tokens: list[int]) -> tuple[float, int]:
     assert decoder is not None
     started = time.perf_counter()
     request = {"prompt_token_ids": tokens, "max_tokens": 1, "temperature": 0.0, "stop": []}
-    model.prepare("one", request, threading.Event()).admit()
+    model.prepare("one", GenerationParams.model_validate(request), threading.Event()).admit()
     while True:
         for finished in decoder.step():
             assert finished.generation is not None
@@ -116,7 +117,7 @@ def run(*, rounds: int, threads: int, gpu_layers: int = 0) -> Figures:
     path = str(require_bundled_model_path())
     figures = Figures()
     prefill = _model(path, threads, prompt_cache=False, gpu_layers=gpu_layers)
-    tokens = prefill.prompt_tokens({"prompt": PROMPT})
+    tokens = prefill.prompt_tokens(GenerationParams(prompt=PROMPT))
     figures.prompt_tokens = len(tokens)
     layout = KvLayout(
         type_k=1,

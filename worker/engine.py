@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, request_tokens, unpack_prompt_ids, vocabulary_file_tag
-from gpuq.jobs.request import GenerationParams
 from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
 from gpuq.streams.events import TOKENS
 from worker.decoding import BatchDecoder, DamagedModel, Sampling
@@ -155,13 +155,13 @@ class LoadedModel:
         else:
             self.llm.close()
 
-    def prompt_tokens(self, request: dict[str, Any]) -> list[int]:
-        return request_tokens(request, self.model.tokenize, self.formatter)
+    def prompt_tokens(self, params: GenerationParams) -> list[int]:
+        return request_tokens(params, self.model.tokenize, self.formatter)
 
     def prepare(
         self,
         key: str,
-        request: dict[str, Any],
+        params: GenerationParams,
         cancel: threading.Event,
         deadline: float | None = None,
         prompt_ids: bytes | None = None,
@@ -172,14 +172,14 @@ class LoadedModel:
         built them with this model's file; else tokenised here), its output schema, if any,
         compiled (beside the engine: the vocabulary is only read, and llama.cpp's tokenizer
         and llguidance's compiler release the GIL), and its cache scope: the tenant ``owner``'s
-        own, unless this model's cache is shared. ``priority``: the job's, for parking."""
+        own, unless this model's cache is shared. ``priority``: the job's, for parking.
+        ``params`` are not validated again: the API did (gpuq/jobs/request.py)."""
         assert self.decoder is not None, "an embedding model does not generate"
-        params = GenerationParams.model_validate(request)
         schema = params.output_schema
         constraint = self.vocabulary.constraint(schema) if schema is not None else None
         tokens = unpack_prompt_ids(self.file_tag, prompt_ids)
         if tokens is None:
-            tokens = self.prompt_tokens(request)
+            tokens = self.prompt_tokens(params)
         scope = namespace_salt(self.fingerprint, cache_scope(owner, shared=self.shared_tenants))
         return Prepared(key, params, tokens, cancel, deadline, self.decoder, constraint, scope, priority)
 

@@ -15,11 +15,11 @@ from gpuq.db.tables import Job, JobKind, JobRun
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
+from gpuq.jobs.generation_params import GenerationParams, generation
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
     MAX_STOP_SEQUENCES,
     ChatMessage,
-    GenerationParams,
     JobParams,
     KeepAlive,
     MaxTokens,
@@ -31,7 +31,6 @@ from gpuq.jobs.request import (
     Temperature,
     TopK,
     embedding,
-    generation,
 )
 from gpuq.jobs.snippet import snippet
 from gpuq.jobs.submit import JobSpec
@@ -56,7 +55,7 @@ class JobBase(Strict):
             kind=kind,
             model=self.model,
             priority=self.priority,
-            request=request.stored(),
+            params=request,
             idempotency_key=self.idempotency_key,
         )
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.queue_names import parse_queue_name
 from worker.batching import GenerationRun, Started
 from worker.catalog import ModelInfo
@@ -72,8 +73,9 @@ def admit(
 ) -> int:
     """Admits one request (at ``priority``, normal unless given); returns the prompt tokens it
     took from the cache."""
+    params = GenerationParams.model_validate(request)
     prepared = model.prepare(
-        key, request, cancel or threading.Event(), kw.get("deadline"), priority=kw.get("priority", 1)
+        key, params, cancel or threading.Event(), kw.get("deadline"), priority=kw.get("priority", 1)
     )
     return prepared.admit()
 

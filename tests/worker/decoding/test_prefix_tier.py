@@ -5,6 +5,7 @@ that computed every prompt whole. One tenant never gets another's start."""
 
 import pytest
 
+from gpuq.jobs.generation_params import GenerationParams
 from tests.worker.generation import THREADS, admit, run_together
 from worker.engine import LoadedModel
 from worker.prefix_cache import PrefixCache
@@ -125,7 +126,7 @@ def test_a_fresh_context_restores_a_start_from_disk_and_gives_the_same_text(mode
 def test_a_tenant_never_gets_another_tenants_start_from_a_stream_or_from_ram(model_path):
     cache = PrefixCache(ram_limit_bytes=64 * MIB)
     model = _model(model_path, cache=cache)
-    request = _requests()["r0f0"]
+    request = GenerationParams.model_validate(_requests()["r0f0"])
 
     def cached(owner: str) -> int:
         decoder = model.decoder
@@ -150,7 +151,7 @@ def test_a_tenant_never_gets_another_tenants_start_from_a_stream_or_from_ram(mod
 
 def test_an_admin_may_share_a_models_cache_across_tenants(model_path):
     model = _model(model_path, shared_tenants=True)
-    request = _requests()["r0f0"]
+    request = GenerationParams.model_validate(_requests()["r0f0"])
     decoder = model.decoder
     assert decoder is not None
     assert model.prepare("a", request, _event(), None, owner="acme").admit() == 0
