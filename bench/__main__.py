@@ -318,6 +318,8 @@ def bench_peer(args: argparse.Namespace) -> None:
     for round_ in range(1, args.rounds + 1):
         for k in args.slots:
             for name, prompts in peer.WORKLOADS.items():
+                if name not in args.workloads:
+                    continue
                 sides = [("gpuq", True, True, True), ("llama-server", True, True, True)]
                 if args.flash_attn_off:  # both ways side by side: the ratio is not across runs
                     sides.append(("gpuq, flash attn off", True, False, True))
@@ -363,19 +365,21 @@ def _print_peer_summary(args: argparse.Namespace, runs: dict[tuple[str, str, int
     for (name, side, k), side_runs in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0], item[0][1])):
         tok = median(r.tokens_per_s for r in side_runs)
         print(f"  {k:<2} {name:<9} {side:<20} {jobs_s((name, side, k)):7.2f} {tok:7.1f}")
+    ran = [name for name in peer.WORKLOADS if name in args.workloads]
     for k in args.slots:
-        gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
-        print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
-        gain = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "gpuq, RAM tier off", k))
-        print(f"  K={k}: W3 gpuq with the prefix cache's RAM tier / without {gain:.2f}x (target >= 3x)")
+        if "W2" in ran:
+            gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
+            print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
+        if "W3" in ran:
+            gain = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "gpuq, RAM tier off", k))
+            print(f"  K={k}: W3 gpuq with the prefix cache's RAM tier / without {gain:.2f}x (target >= 3x)")
         if args.flash_attn_off:
-            w1 = jobs_s(("W1", "gpuq, flash attn off", k)) / jobs_s(("W1", "llama-server", k))
-            w2 = jobs_s(("W2", "gpuq, flash attn off", k)) / jobs_s(("W2", "llama-server", k))
-            print(f"  K={k}: gpuq's flash attention off: W1 gpuq/llama-server {w1:.2f}x, W2 {w2:.2f}x")
-        w1 = jobs_s(("W1", "gpuq", k)) / jobs_s(("W1", "llama-server", k))
-        w2 = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "llama-server", k))
-        w3 = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "llama-server", k))
-        print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 {w2:.2f}x, W3 gpuq/llama-server {w3:.2f}x")
+            flash_off = [
+                f"{n} {jobs_s((n, 'gpuq, flash attn off', k)) / jobs_s((n, 'llama-server', k)):.2f}x" for n in ran
+            ]
+            print(f"  K={k}: gpuq's flash attention off, gpuq/llama-server: {', '.join(flash_off)}")
+        ratios = [f"{n} gpuq/llama-server {jobs_s((n, 'gpuq', k)) / jobs_s((n, 'llama-server', k)):.2f}x" for n in ran]
+        print(f"peer: K={k} {', '.join(ratios)}")
 
 
 def bench_decoder_steps(args: argparse.Namespace) -> None:
@@ -671,6 +675,12 @@ def main() -> None:
         type=lambda text: [int(k) for k in text.split(",")],
         default=[1, 4, 8, 16],
         help="batching and worker-memory: the K values to run, comma-separated",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=lambda text: text.split(","),
+        default=["W1", "W2", "W3"],
+        help="peer: the workloads to run, comma-separated",
     )
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
     parser.add_argument(
