@@ -33,8 +33,8 @@ taken at once, and the engine parks decoding sequences less urgent than it to ma
 stopped once a stream frees, before anything less urgent than them is admitted). A parked
 job stays running, in SQL and in RQ: nothing is requeued and no attempt is charged.
 
-The run talks to its worker through ``Host``, a few verbs, so it can be read (and tested)
-without RQ's worker class.
+The run talks to its worker through ``Host``, a few verbs (``worker/run_host.py`` implements
+them for the RQ worker), so it can be read (and tested) without RQ's worker class.
 """
 
 from __future__ import annotations

@@ -182,7 +182,6 @@ def _run_worker(
         model_expiries=cache.expiries,
         on_idle=cache.unload_expired,
         unload_model=cache.unload,  # an admin's unload (POST /v1/models/{name}/unload)
-        flush_outcomes=writer.flush,
         worker_ttl_s=settings.worker_ttl_s,
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
         queue_refresh_interval_s=settings.worker_refresh_interval_s,

@@ -341,7 +341,7 @@ class JobRunner:
             finished_at=utcnow(),
             webhook_url=params.webhook_url,
             owner=claimed.owner,
-            attempt=claimed.attempts,  # written only while the row is still at this attempt
+            run_id=claimed.run_id,  # written only while the row is still in this run
         )
         # Measured around the whole job, model load included; two NVML reads per job (or a
         # sampling thread on GPUs without an energy counter), nothing per token.

@@ -20,7 +20,7 @@ from gpuq.db.tables import (
 )
 from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
-from gpuq.store.job_runs import record_run_end, record_run_start
+from gpuq.store.job_runs import end_run, latest_run, record_run_end, record_run_start
 from gpuq.store.webhooks import new_delivery
 
 
@@ -283,6 +283,7 @@ class ClaimedJob:
     request: dict[str, Any]
     attempts: int
     started_at: datetime
+    run_id: int  # its run's ``job_runs.id``: what fences the run's outcome (see ``Outcome.run_id``)
     owner: str | None = None
     created_at: datetime | None = None  # when it was submitted: queue wait = started_at - created_at
     prompt_ids: bytes | None = None  # the prompt's tokens as the API built them, if it did
@@ -339,14 +340,14 @@ def claim_job(
         "c_gpu_uuid": gpu_uuid,
     }
     row = session.execute(_CLAIM, params).one_or_none()
-    if row is not None:
-        record_run_start(
-            session, job_id=job_id, attempt=row.attempts, worker=worker, host=host, device=device, started_at=now
-        )
-    session.commit()
     if row is None:
+        session.commit()
         return None
-    return _claimed(job_id, row, now)
+    run_id = record_run_start(
+        session, job_id=job_id, attempt=row.attempts, worker=worker, host=host, device=device, started_at=now
+    )
+    session.commit()
+    return _claimed(job_id, row, now, run_id)
 
 
 def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | None:
@@ -363,14 +364,15 @@ def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | No
             Job.created_at,
             Job.started_at,
             Job.prompt_ids,
+            latest_run(_JOBS.c.id).label("run_id"),
         ).where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
     ).one_or_none()
     if row is None:
         return None
-    return _claimed(job_id, row, row.started_at)
+    return _claimed(job_id, row, row.started_at, row.run_id)
 
 
-def _claimed(job_id: str, row: Any, started_at: datetime) -> ClaimedJob:
+def _claimed(job_id: str, row: Any, started_at: datetime, run_id: int) -> ClaimedJob:
     return ClaimedJob(
         job_id,
         row.kind,
@@ -379,6 +381,7 @@ def _claimed(job_id: str, row: Any, started_at: datetime) -> ClaimedJob:
         row.request,
         row.attempts,
         started_at,
+        run_id,
         row.owner,
         row.created_at,
         row.prompt_ids,
@@ -409,18 +412,19 @@ class Outcome:
     gpu_seconds: float | None = None
     energy_j: float | None = None
     energy_share: float | None = None  # < 1 when other jobs shared the GPU (continuous batching)
-    # The attempt that ran it (``ClaimedJob.attempts``): the write is fenced by it, so the
-    # outcome of an earlier run of the job never lands on a later one, even on the same
-    # worker. None writes unfenced (by status and worker only), as outcomes spooled before
-    # the field existed do.
-    attempt: int | None = None
+    # The run that produced it (``ClaimedJob.run_id``, a ``job_runs.id``): the write is fenced
+    # by it, so the outcome of an earlier run of the job never lands on a later one, even on
+    # the same worker, even when the later run has the same attempt number (an admin's
+    # requeue keeps the count, a refund takes it back). None writes unfenced (by status and
+    # worker only), as outcomes spooled before the field existed do.
+    run_id: int | None = None
 
     def params(self) -> dict[str, Any]:
         """The bind parameters of ``_record_outcome``."""
         return {
             "o_id": self.job_id,
             "o_worker": self.worker,
-            "o_attempt": self.attempt,
+            "o_run_id": self.run_id,
             "o_status": self.status.value,
             "o_finished_at": self.finished_at,
             "o_result": self.result,
@@ -446,7 +450,9 @@ def _record_outcome(*, fenced: bool) -> Update:
         _JOBS.c.worker == bindparam("o_worker"),
     ]
     if fenced:
-        held.append(_JOBS.c.attempts == bindparam("o_attempt"))
+        # The job's newest run is the one that produced the outcome: run ids never repeat,
+        # where attempts do (a refund takes one back, an admin's requeue keeps the count).
+        held.append(latest_run(_JOBS.c.id) == bindparam("o_run_id", type_=Integer))
     return (
         update(_JOBS)
         .where(*held)
@@ -477,7 +483,7 @@ _RECORD_OUTCOME = {True: _record_outcome(fenced=True), False: _record_outcome(fe
 
 def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
     """Write final states in one transaction. Only rows still running on that worker, in the
-    attempt that produced the outcome, change: a job the reconciler has meanwhile handed to
+    run that produced the outcome, change: a job the reconciler has meanwhile handed to
     another worker, or queued again and handed back to this one, is not overwritten."""
     return len(record_outcomes_written(session, outcomes))
 
@@ -486,17 +492,21 @@ def record_outcomes_written(session: Session, outcomes: Sequence[Outcome]) -> se
     """``record_outcomes``, returning the ids of the rows it changed (the metrics count only those)."""
     written: set[str] = set()
     for outcome in outcomes:
-        changed = rows_changed(session, _RECORD_OUTCOME[outcome.attempt is not None], outcome.params())
+        changed = rows_changed(session, _RECORD_OUTCOME[outcome.run_id is not None], outcome.params())
         if changed:
             written.add(outcome.job_id)
-            record_run_end(
-                session,
-                outcome.job_id,
-                worker=outcome.worker,
-                outcome=RunOutcome(outcome.status.value),
-                reason=outcome.error,
-                ended_at=outcome.finished_at,
-            )
+            ended = RunOutcome(outcome.status.value)
+            if outcome.run_id is not None:
+                end_run(session, outcome.run_id, outcome=ended, reason=outcome.error, ended_at=outcome.finished_at)
+            else:
+                record_run_end(
+                    session,
+                    outcome.job_id,
+                    worker=outcome.worker,
+                    outcome=ended,
+                    reason=outcome.error,
+                    ended_at=outcome.finished_at,
+                )
         if changed and outcome.webhook_url:  # the event commits with the state it reports
             session.add(
                 new_delivery(

@@ -26,7 +26,8 @@ WEATHER = {
 
 def _finish(session, job_id: str, text: str, *, finish_reason: str = "stop") -> None:
     """The job ends as a worker ends it: claimed, then its outcome recorded."""
-    store.claim_job(session, job_id, worker="w1", device="cpu")
+    claimed = store.claim_job(session, job_id, worker="w1", device="cpu")
+    assert claimed is not None
     outcome = store.Outcome(
         job_id,
         "w1",
@@ -36,7 +37,7 @@ def _finish(session, job_id: str, text: str, *, finish_reason: str = "stop") -> 
         prompt_tokens=30,
         completion_tokens=7,
         cached_tokens=16,
-        attempt=1,
+        run_id=claimed.run_id,
     )
     store.record_outcomes(session, [outcome])
 
