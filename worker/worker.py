@@ -130,6 +130,8 @@ class GpuqWorker(SimpleWorker):
         # Held while the model cache is in use (a job, the idle housekeeping); free only
         # while the worker waits for work, which is when the pub/sub thread may unload.
         self._cache_lock = threading.Lock()
+        # The admin's flags: read by the main thread and by a run's desk (``taking_jobs``),
+        # re-read early when the pub/sub thread sets ``_control_changed``; the worker's own.
         self._control = control.Control()
         self._control_read_at = float("-inf")
         self._control_changed = threading.Event()  # set by pub/sub: re-read the flags now
