@@ -548,8 +548,7 @@ class GpuqWorker(SimpleWorker):
         with self.connection.pipeline(transaction=False) as pipe:
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
             job.set_status(JobStatus.QUEUED, pipeline=pipe)
-            pipe.lpush(queue.key, job.id)
-            fair.note_push(pipe, queue.name)
+            fair.push_front_in(pipe, queue.name, job.id)
             if not self._running:
                 self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))

@@ -9,7 +9,9 @@ submitted with; only its place in Redis changes.
 
 The move is one Lua script (remove from the old queue, push to the new one, note the
 tenant among the new band's flows and ring its bell, update RQ's ``origin``), so a job a
-worker pops meanwhile is never duplicated or lost.
+worker pops meanwhile is never duplicated or lost. A job with a deadline moves from the old
+queue's deadline set to the new one's, so up there it goes by its deadline too (ahead of that
+queue's jobs without one, which an aged job without a deadline leads).
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from gpuq.db.tables import utcnow
 from gpuq.queue_names import Priority, QueueName, band_name, parse_queue
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
+    JOB_DEADLINE_FIELD,
+    JOB_EDF_FIELD,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
+    fair_edf_key,
     fair_flows_key,
     rq_job_key,
     rq_queue_key,
@@ -34,11 +39,19 @@ from gpuq.redis_keys import (
 
 SCAN_DEPTH = 100  # oldest entries looked at per queue and tick
 
+# KEYS: the old queue, the new one, the job's hash, RQ's queue set, the new band's flows and
+# bell, the old queue's deadline set and the new one's. ARGV: the job id, the new queue's name,
+# now, its tenant, the bell's length, the hash fields naming the job's deadline-set member and
+# its deadline.
 _MOVE = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
   redis.call('LPUSH', KEYS[2], ARGV[1])
   redis.call('SADD', KEYS[4], KEYS[2])
   redis.call('HSET', KEYS[3], 'origin', ARGV[2], 'enqueued_at', ARGV[3])
+  local held = redis.call('HMGET', KEYS[3], ARGV[6], ARGV[7])
+  if held[1] and held[2] and redis.call('ZREM', KEYS[7], held[1]) == 1 then
+    redis.call('ZADD', KEYS[8], held[2], held[1])
+  end
   redis.call('SADD', KEYS[5], ARGV[4])
   redis.call('RPUSH', KEYS[6], 1)
   redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[5]) - 1)
@@ -91,7 +104,18 @@ def promote_aged_jobs(redis: Redis, *, aging_s: float, now: datetime | None = No
                 RQ_QUEUES,
                 fair_flows_key(target_band),
                 fair_bell_key(target_band),
+                fair_edf_key(name),
+                fair_edf_key(target),
             ]
-            if move(keys=keys, args=[job_id, target, utcformat(now), parsed.tenant, FAIR_BELL_MAX]):
+            args: list[str | int] = [
+                job_id,
+                target,
+                utcformat(now),
+                parsed.tenant,
+                FAIR_BELL_MAX,
+                JOB_EDF_FIELD,
+                JOB_DEADLINE_FIELD,
+            ]
+            if move(keys=keys, args=args):
                 moved.append(job_id)
     return moved
