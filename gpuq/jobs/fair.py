@@ -316,7 +316,7 @@ if member then
   if rank then return rank end
 end
 local dated = redis.call('ZCARD', edf)
-if dated == 0 then return at end
+if dated == 0 or at == 0 then return dated + at end
 local before = 0
 for _, other in ipairs(redis.call('LRANGE', list, 0, at - 1)) do
   before = before + redis.call('HEXISTS', jobs .. other, field)
