@@ -8,6 +8,7 @@ from pathlib import Path
 from statistics import median
 
 from bench import (
+    admission,
     batch_bench,
     batch_start,
     batching,
@@ -585,6 +586,31 @@ def bench_fairness(args: argparse.Namespace) -> None:
     print(f"  fair / FIFO throughput {fair_rate / fifo:.3f}x   (targets: B's last after <= 16 of A's; >= 0.95x)")
 
 
+def bench_admission(args: argparse.Namespace) -> None:
+    """One tenant's queue of --admission-jobs jobs, without and with deadlines (bench/admission.py),
+    interleaved rounds on fresh state."""
+    sides: dict[bool, list[admission.Side]] = {False: [], True: []}
+    for _ in range(args.rounds):
+        for dated in (False, True):
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, _workdir):
+                sides[dated].append(admission.run(db, redis_url, args.admission_jobs, deadlines=dated))
+    database = "SQLite" if args.database_url is None else args.database_url.split(":", 1)[0]
+    print(f"\nadmission: {args.admission_jobs} queued jobs of one tenant, {database}, median of {args.rounds} rounds")
+    print("  side         enqueue jobs/s   picks jobs/s   position ms   work-waiting query ms   count(*) ms")
+    for dated, name in ((False, "plain"), (True, "deadlines")):
+        runs = sides[dated]
+        print(
+            f"  {name:<11} {median(s.enqueue_per_s for s in runs):15.0f} {median(s.pick_per_s for s in runs):14.0f} "
+            f"{median(s.position_ms for s in runs):13.1f} {median(s.backlog_ms for s in runs):23.1f} "
+            f"{median(s.count_ms for s in runs):13.1f}"
+        )
+    enqueue = {d: median(s.enqueue_per_s for s in runs) for d, runs in sides.items()}
+    picks = {d: median(s.pick_per_s for s in runs) for d, runs in sides.items()}
+    print(
+        f"  deadlines / plain: enqueue {enqueue[True] / enqueue[False]:.2f}x, picks {picks[True] / picks[False]:.2f}x"
+    )
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -609,6 +635,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "invariance": bench_invariance,
     "restore": bench_restore,
     "fairness": bench_fairness,
+    "admission": bench_admission,
 }
 
 
@@ -661,6 +688,7 @@ def main() -> None:
     parser.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
     parser.add_argument("--fairness-max-tokens", type=int, default=8, help="fairness: each job's max_tokens")
     parser.add_argument("--fairness-slots", type=int, default=4, help="fairness: K, the worker's slots")
+    parser.add_argument("--admission-jobs", type=int, default=50_000, help="admission: jobs in the queue")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):

@@ -64,17 +64,14 @@ FAIR_EDF_PREFIX = f"{PREFIX}:fair:edf:"  # + queue name: a zset, below
 
 
 def fair_edf_key(queue: str) -> str:
-    """The jobs with a deadline in one tenant's queue, earliest first: a sorted set scored by
-    the deadline (ms since the epoch), each member the job's id behind a 12-hex-digit sequence
-    number, so equal deadlines keep the order they were queued in. The queue's list still holds
-    every job (``rq info`` and cancels see them all); the pick takes from this set first
-    (``gpuq.jobs.fair``). The job's RQ hash names its member (``JOB_EDF_FIELD``)."""
+    """The jobs with a deadline in one tenant's queue, by deadline: a sorted set of job ids
+    scored by the deadline (ms since the epoch). The queue's list holds every job in the order
+    the pick gives them out, its deadline jobs first; this set says where a new one goes
+    among them (``gpuq.jobs.enqueue``, ``gpuq.jobs.fair``)."""
     return FAIR_EDF_PREFIX + queue
 
 
-FAIR_EDF_SEQ_KEY = f"{PREFIX}:fair:edf-seq"  # the counter behind those sequence numbers
-JOB_EDF_FIELD = "gpuq_edf"  # in RQ's job hash: the job's member of its queue's deadline set
-JOB_DEADLINE_FIELD = "gpuq_deadline"  # ... and its score (the deadline, ms since the epoch)
+JOB_DEADLINE_FIELD = "gpuq_deadline"  # in RQ's job hash: the job's deadline (ms since the epoch), if it has one
 FAIR_WEIGHTS_KEY = f"{PREFIX}:fair:weights"  # tenant segment -> weight (1 when absent); rebuilt from SQL
 
 

@@ -15,14 +15,11 @@ from redis import Redis
 from rq.utils import now as rq_now
 from rq.utils import utcformat
 
-from gpuq.jobs.fair import EDF_SEQ_DIGITS
 from gpuq.jobs.queues import JOB_FUNC
 from gpuq.queue_names import QueueEntry, parse_queue
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
-    FAIR_EDF_SEQ_KEY,
     JOB_DEADLINE_FIELD,
-    JOB_EDF_FIELD,
     RQ_JOB_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
@@ -36,42 +33,71 @@ FAILURE_TTL_S = 7 * 24 * 3600
 SCRIPT_CHUNK = 2000  # jobs per script call
 
 
-# Writes RQ's job hash (the fields of ``rq.job.Job.to_dict`` a worker reads) and pushes the
-# id, for many jobs of one queue in one call, inside Redis; a job with a deadline also joins
-# the queue's deadline set (its member, numbered in queueing order, and its deadline noted in
-# its hash); then adds the queue's tenant to its band's flows and rings the band's bell once
-# per job (up to its length), so the fair pick sees the queue and idle workers wake
-# (``gpuq.jobs.fair``). ARGV from 10: each job's id and deadline (ms; '' for none).
+# Writes RQ's job hash (the fields of ``rq.job.Job.to_dict`` a worker reads) and queues the id,
+# for many jobs of one queue in one call, inside Redis; then adds the queue's tenant to its
+# band's flows and rings the band's bell once per job (up to its length), so the fair pick
+# sees the queue and idle workers wake (``gpuq.jobs.fair``). ARGV from 9: each job's id and
+# deadline (ms; '' for none).
+#
+# The list is kept in the order the pick gives jobs out: jobs with a deadline first, earliest
+# first, then the others, each part in queueing order. Jobs without one are pushed at the end.
+# Those with one are merged in: the list from the first place where one of them goes (the
+# deadline jobs due after the earliest new one, then the jobs without a deadline) is taken
+# off, merged with them, and pushed back; so the cost is the length of that tail, which is
+# nothing in the usual case of a batch's lines (one deadline, later than those waiting, and no
+# jobs without one behind them), and the pick stays one LPOP.
 _ENQUEUE = """
 local origin, now, timeout, failure_ttl, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local tenant, bell_max, edf_field, deadline_field = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
-redis.call('SADD', KEYS[2], KEYS[1])
-local dated = 0
-for i = 11, #ARGV, 2 do
-  if ARGV[i] ~= '' then dated = dated + 1 end
+local tenant, bell_max, deadline_field = ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local list, edf = KEYS[1], KEYS[6]
+local function push(ids, first, last)
+  for s = first, last, 1000 do
+    redis.call('RPUSH', list, unpack(ids, s, math.min(s + 999, last)))
+  end
 end
-local seq = 0
-if dated > 0 then seq = redis.call('INCRBY', KEYS[7], dated) - dated end
-for i = 10, #ARGV, 2 do
+redis.call('SADD', KEYS[2], list)
+local plain, dated = {}, {}
+for i = 9, #ARGV, 2 do
   local id, deadline = ARGV[i], ARGV[i + 1]
   redis.call('HSET', KEYS[3] .. id, 'data', data, 'created_at', now, 'enqueued_at', now,
              'origin', origin, 'status', 'queued', 'description', 'gpuq ' .. id, 'timeout', timeout,
              'result_ttl', 0, 'failure_ttl', failure_ttl)
-  if deadline ~= '' then
-    seq = seq + 1
-    local member = string.format('%0SEQx', seq) .. id
-    redis.call('HSET', KEYS[3] .. id, edf_field, member, deadline_field, deadline)
-    redis.call('ZADD', KEYS[6], deadline, member)
+  if deadline == '' then
+    table.insert(plain, id)
+  else
+    redis.call('HSET', KEYS[3] .. id, deadline_field, deadline)
+    table.insert(dated, {tonumber(deadline), #dated, id, deadline})
   end
-  redis.call('RPUSH', KEYS[1], id)
 end
-local count = (#ARGV - 9) / 2
+if #dated > 0 then
+  table.sort(dated, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  local from = redis.call('ZCOUNT', edf, '-inf', dated[1][1])
+  local later = redis.call('ZRANGE', edf, from, -1, 'WITHSCORES')
+  local tail = redis.call('LRANGE', list, from, -1)
+  if from == 0 then redis.call('DEL', list) else redis.call('LTRIM', list, 0, from - 1) end
+  local merged, i, j = {}, 1, 1
+  local held = #later / 2
+  while i <= held or j <= #dated do
+    if j > #dated or (i <= held and tonumber(later[2 * i]) <= dated[j][1]) then
+      table.insert(merged, tail[i])
+      i = i + 1
+    else
+      table.insert(merged, dated[j][3])
+      redis.call('ZADD', edf, dated[j][4], dated[j][3])
+      j = j + 1
+    end
+  end
+  for k = held + 1, #tail do table.insert(merged, tail[k]) end
+  push(merged, 1, #merged)
+end
+push(plain, 1, #plain)
+local count = (#ARGV - 8) / 2
 redis.call('SADD', KEYS[4], tenant)
 local rings = math.min(count, bell_max)
 for i = 1, rings do redis.call('RPUSH', KEYS[5], 1) end
 redis.call('LTRIM', KEYS[5], 0, bell_max - 1)
 return count
-""".replace("SEQ", str(EDF_SEQ_DIGITS))
+"""
 
 
 def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int) -> None:
@@ -102,7 +128,6 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
                 fair_flows_key(band),
                 fair_bell_key(band),
                 fair_edf_key(name),
-                FAIR_EDF_SEQ_KEY,
             ]
             for start in range(0, len(ids), 2 * SCRIPT_CHUNK):
                 args: list[str | int | bytes] = [
@@ -113,7 +138,6 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
                     call,
                     parsed.tenant,
                     FAIR_BELL_MAX,
-                    JOB_EDF_FIELD,
                     JOB_DEADLINE_FIELD,
                 ]
                 args.extend(ids[start : start + 2 * SCRIPT_CHUNK])
@@ -121,23 +145,13 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
         pipe.execute()
 
 
-# KEYS: the queue's list, the job's hash, the queue's deadline set. ARGV: the job id, the hash's
-# field naming its member of that set.
-_REMOVE = """
-local member = redis.call('HGET', KEYS[2], ARGV[2])
-if member then redis.call('ZREM', KEYS[3], member) end
-redis.call('LREM', KEYS[1], 0, ARGV[1])
-redis.call('DEL', KEYS[2])
-"""
-
-
 def remove_queued(redis: Redis, entries: Iterable[QueueEntry]) -> None:
     """Take jobs out of their queues, and out of their deadline sets (cancelled before a worker
     took them). A tenant's queue left empty stays among its band's flows until the next pick
     passes over it."""
-    script = redis.register_script(_REMOVE)
     with redis.pipeline(transaction=True) as pipe:
         for e in entries:
-            keys = [rq_queue_key(e.queue), rq_job_key(e.job_id), fair_edf_key(e.queue)]
-            script(keys=keys, args=[e.job_id, JOB_EDF_FIELD], client=pipe)
+            pipe.lrem(rq_queue_key(e.queue), 0, e.job_id)
+            pipe.zrem(fair_edf_key(e.queue), e.job_id)
+            pipe.delete(rq_job_key(e.job_id))
         pipe.execute()

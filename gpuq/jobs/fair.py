@@ -14,10 +14,12 @@ queue, of jobs of no tenant) by start-time fair queuing (stride scheduling):
   weight, and a tenant that arrives behind another's 50,000 jobs waits about one round.
 
 Within a tenant's queue, jobs with a deadline go first, earliest deadline first (equal ones in
-the order they were queued), then the others in the order they were queued. The queue's list
-holds every job, as RQ expects; the deadline jobs are also in a sorted set beside it
-(``gpuq.redis_keys.fair_edf_key``), from which the pick takes first, removing the same id from
-the list. A tenant's deadlines thus order its own jobs and never buy it a larger share.
+the order they were queued), then the others in the order they were queued. The queue's RQ list
+is kept in that order (a job with a deadline is merged in at its place when it is queued,
+``gpuq.jobs.enqueue``), so the pick still pops the list's front and a position is still the
+job's index in it; a sorted set beside the list (``gpuq.redis_keys.fair_edf_key``) holds the
+deadlines of its deadline jobs, to find where a new one goes. A tenant's deadlines thus order
+its own jobs and never buy it a larger share.
 
 Priorities stay strict: the worker's ordered list of bands (``gpuq.jobs.queues``) is walked
 in order and the first band with a job gives it. Idle workers block (``BLPOP``) on their
@@ -47,8 +49,6 @@ from gpuq.redis_keys import (
     FAIR_EDF_PREFIX,
     FAIR_WEIGHTS_KEY,
     JOB_DEADLINE_FIELD,
-    JOB_EDF_FIELD,
-    RQ_JOB_PREFIX,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
@@ -69,32 +69,22 @@ def stride(weight: int) -> int:
     return QUANTUM // max(1, min(weight, MAX_WEIGHT))
 
 
-EDF_SEQ_DIGITS = 12  # the hexadecimal sequence number in front of a deadline set's members
-
-# The front of one tenant's queue: its earliest deadline, else its list's first job. A member
-# whose id is no longer in the list (removed behind gpuq's back) is dropped on the way.
-_FRONT = """
-local function front(list, edf, pop)
-  while true do
-    local first = redis.call('ZRANGE', edf, 0, 0)
-    if #first == 0 then break end
-    local id = string.sub(first[1], SEQ + 1)
-    if not pop then return id end
-    redis.call('ZREM', edf, first[1])
-    if redis.call('LREM', list, 1, id) == 1 then return id end
-  end
-  if pop then return redis.call('LPOP', list) end
-  return redis.call('LINDEX', list, 0)
+# Puts a job at index ``at`` of a list (a job's place among its queue's deadline jobs, or at
+# the front of the others): the list stays the order the pick gives jobs out in.
+INSERT_AT = """
+local function insert_at(list, at, id)
+  if at == 0 then return redis.call('LPUSH', list, id) end
+  local before = redis.call('LINDEX', list, at - 1)
+  if not before then return redis.call('RPUSH', list, id) end
+  return redis.call('LINSERT', list, 'AFTER', before, id)
 end
-""".replace("SEQ", str(EDF_SEQ_DIGITS))
+"""
 
 # KEYS: the weights hash, then per band its flows set, passes hash and bell.
 # ARGV: mode ('pop', 'peek'), accepted band numbers (',1,3,' or '' for all), quantum, RQ's
 # queue prefix, the deadline sets' prefix, then each band's name. Returns {queue name, job id}
 # or false.
-_PICK = (
-    _FRONT
-    + """
+_PICK = """
 local mode, accept, quantum, prefix, edf_prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local bands = (#KEYS - 1) / 3
 for b = 1, bands do
@@ -120,8 +110,9 @@ for b = 1, bands do
       if accept ~= '' and not string.find(accept, ',' .. b .. ',', 1, true) then return false end
       local name = band
       if best ~= '' then name = band .. ':' .. best end
-      if mode == 'peek' then return {name, front(prefix .. name, edf_prefix .. name, false)} end
-      local id = front(prefix .. name, edf_prefix .. name, true)
+      if mode == 'peek' then return {name, redis.call('LINDEX', prefix .. name, 0)} end
+      local id = redis.call('LPOP', prefix .. name)
+      redis.call('ZREM', edf_prefix .. name, id)
       local w = tonumber(redis.call('HGET', KEYS[1], best) or '1')
       if w < 1 then w = 1 end
       redis.call('HSET', passes, best, string.format('%.0f', best_at + math.floor(quantum / w)),
@@ -135,7 +126,6 @@ if mode == 'pop' and accept == '' then
 end
 return false
 """
-)
 
 # A consistent snapshot of one band for positions: V, then per tenant its queue's length,
 # pass (or '') and weight (or ''); ARGV[3], a tenant to include even with no jobs waiting.
@@ -208,21 +198,31 @@ def note_push(pipe: Pipeline, queue: str) -> None:
     pipe.ltrim(fair_bell_key(band), 0, FAIR_BELL_MAX - 1)
 
 
-# KEYS: the queue's list, the job's hash, the queue's deadline set. ARGV: the job id, then the
-# hash's fields naming its member of that set and its deadline.
-_PUSH_FRONT = """
-redis.call('LPUSH', KEYS[1], ARGV[1])
-local held = redis.call('HMGET', KEYS[2], ARGV[2], ARGV[3])
-if held[1] and held[2] then redis.call('ZADD', KEYS[3], held[2], held[1]) end
+# KEYS: the queue's list, the job's hash, the queue's deadline set. ARGV: the job id, the hash's
+# deadline field. Back in front of the jobs due later (or, without a deadline, in front of the
+# others without one).
+_PUSH_FRONT = (
+    INSERT_AT
+    + """
+local deadline = redis.call('HGET', KEYS[2], ARGV[2])
+local at
+if deadline then
+  at = redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. deadline)
+  redis.call('ZADD', KEYS[3], deadline, ARGV[1])
+else
+  at = redis.call('ZCARD', KEYS[3])
+end
+insert_at(KEYS[1], at, ARGV[1])
 """
+)
 
 
 def push_front_in(pipe: Pipeline, queue: str, job_id: str) -> None:
-    """In the caller's pipeline: back to the front of its queue (a job popped and not run), a
-    job with a deadline back in its queue's deadline set, at its own place there."""
+    """In the caller's pipeline: back to the front of its queue (a job popped and not run): of
+    its deadline jobs, when it has a deadline (before those due later), else of the others."""
     script = pipe.register_script(_PUSH_FRONT)
     keys = [rq_queue_key(queue), rq_job_key(job_id), fair_edf_key(queue)]
-    script(keys=keys, args=[job_id, JOB_EDF_FIELD, JOB_DEADLINE_FIELD], client=pipe)
+    script(keys=keys, args=[job_id, JOB_DEADLINE_FIELD], client=pipe)
     note_push(pipe, queue)
 
 
@@ -303,59 +303,11 @@ def band_state(redis: Redis, band: str, *, tenant: str = "") -> BandState:
     return BandState(vtime, flows)
 
 
-# KEYS: a queue's list and deadline set. ARGV: the job id, the hash field naming a job's member
-# of the set, RQ's job prefix. The job's index in the order its queue gives jobs out (its
-# deadline jobs first), or -1 when it is not in the list.
-_INDEX = """
-local list, edf, id, field, jobs = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
-local at = redis.call('LPOS', list, id)
-if not at then return -1 end
-local member = redis.call('HGET', jobs .. id, field)
-if member then
-  local rank = redis.call('ZRANK', edf, member)
-  if rank then return rank end
-end
-local dated = redis.call('ZCARD', edf)
-if dated == 0 or at == 0 then return dated + at end
-local before = 0
-for _, other in ipairs(redis.call('LRANGE', list, 0, at - 1)) do
-  before = before + redis.call('HEXISTS', jobs .. other, field)
-end
-return dated + at - before
-"""
-
-# KEYS: a queue's list and deadline set. ARGV: how many, the hash field naming a job's member of
-# the set, RQ's job prefix. The first jobs the queue gives out, in that order.
-_FIRST = """
-local list, edf, k, field, jobs = KEYS[1], KEYS[2], tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local out = {}
-for _, member in ipairs(redis.call('ZRANGE', edf, 0, k - 1)) do table.insert(out, string.sub(member, SEQ + 1)) end
-if #out >= k then return out end
-for _, id in ipairs(redis.call('LRANGE', list, 0, k - 1 + #out)) do
-  if #out >= k then break end
-  if redis.call('HEXISTS', jobs .. id, field) == 0 then table.insert(out, id) end
-end
-return out
-""".replace("SEQ", str(EDF_SEQ_DIGITS))
-
-
-def index_in_queue(redis: Redis, queue: str, job_id: str) -> int | None:
-    """How many of its queue's jobs its pick gives out before this one (deadline jobs first),
-    or None when it is not in that queue."""
-    found = redis.register_script(_INDEX)(
-        keys=[rq_queue_key(queue), fair_edf_key(queue)], args=[job_id, JOB_EDF_FIELD, RQ_JOB_PREFIX]
-    )
-    return None if int(cast(int, found)) < 0 else int(cast(int, found))
-
-
 def first_in_queue(redis: Redis, queue: str, count: int) -> list[str]:
     """The first ``count`` jobs its queue gives out, in that order."""
     if count <= 0:
         return []
-    raw = redis.register_script(_FIRST)(
-        keys=[rq_queue_key(queue), fair_edf_key(queue)], args=[count, JOB_EDF_FIELD, RQ_JOB_PREFIX]
-    )
-    return [i.decode() for i in cast(list[bytes], raw)]
+    return [i.decode() for i in cast(list[bytes], redis.lrange(rq_queue_key(queue), 0, count - 1))]
 
 
 def place_for(redis: Redis, queue: str, deadline_ms: int | None) -> int:

@@ -255,10 +255,7 @@ def _find(redis: Redis, job_id: str, model: str, kind: str, owner: str | None) -
     if found is None:
         return None
     priority, name, tenant = places[found]
-    index = fair.index_in_queue(redis, name, job_id)
-    if index is None:
-        return None  # taken meanwhile
-    return name, jobs_ahead(redis, model, kind, priority, tenant, index)
+    return name, jobs_ahead(redis, model, kind, priority, tenant, int(raw[found]))
 
 
 def _not_queued(job: Job) -> Position:

@@ -66,9 +66,9 @@ def test_a_job_with_a_deadline_is_shown_with_it_and_goes_first_among_its_tenants
     assert plain["deadline"] is None and later["deadline"] is not None
     shown = client.get(f"/v1/jobs/{sooner['id']}").json()
     assert datetime.fromisoformat(shown["deadline"]) == datetime.fromisoformat(sooner["deadline"])
-    assert queued_ids(redis, NORMAL) == [plain["id"], later["id"], sooner["id"]]  # the list: as queued
+    # The queue's list is the order they are given out in: deadlines first, earliest first.
+    assert queued_ids(redis, NORMAL) == [sooner["id"], later["id"], plain["id"]]
     assert redis.zcard(fair_edf_key(NORMAL)) == 2
-    # ... and the order they are given out in: deadlines first, earliest first.
     places = {j["id"]: client.get(f"/v1/jobs/{j['id']}/position").json() for j in (plain, later, sooner)}
     assert [places[j["id"]]["position"] for j in (sooner, later, plain)] == [0, 1, 2]
     assert places[plain["id"]]["deadline"] is None and places[sooner["id"]]["deadline"] is not None

@@ -9,7 +9,7 @@ from datetime import timedelta
 from redis import Redis
 
 from gpuq.db.tables import utcnow
-from gpuq.jobs import fair
+from gpuq.jobs import enqueue, fair
 from gpuq.jobs.aging import promote_aged_jobs
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
 from gpuq.queue_names import Priority, QueueEntry, band_name, queue_name
@@ -225,9 +225,25 @@ def test_a_tenants_jobs_with_a_deadline_go_first_earliest_first_equal_ones_in_qu
     assert redis.zcard(fair_edf_key(f"{NORMAL}:alice")) == 0  # nothing left behind
 
 
-def test_the_queues_list_still_holds_every_job_so_rq_and_cancels_see_them(redis):
+def test_deadline_jobs_queued_in_chunks_are_merged_into_a_queue_of_both_kinds(redis, monkeypatch):
+    monkeypatch.setattr(enqueue, "SCRIPT_CHUNK", 3)  # several script calls for one queue
+    enqueue_jobs(
+        redis, [dated("alice", "d20", 20), dated("alice", "old", None), dated("alice", "d40", 40)], timeout_s=60
+    )
+    arriving = [dated("alice", f"new{i}", [50, 10, 40, None, 20, 10, 5][i]) for i in range(7)]
+
+    enqueue_jobs(redis, arriving, timeout_s=60)
+
+    assert [j.removeprefix("alice-") for j in take_all(redis, [NORMAL])] == [
+        *["new6", "new1", "new5", "d20", "new4", "d40", "new2", "new0"],  # by deadline; equal ones as queued
+        *["old", "new3"],
+    ]
+
+
+def test_the_queues_list_holds_every_job_in_the_order_they_are_given_out(redis):
+    """So RQ's tools count them all, a cancel is one LREM, and a position is an index."""
     enqueue_jobs(redis, [dated("alice", "plain", None), dated("alice", "d5", 5)], timeout_s=60)
-    assert redis.lrange(rq_queue_key(f"{NORMAL}:alice"), 0, -1) == [b"alice-plain", b"alice-d5"]
+    assert redis.lrange(rq_queue_key(f"{NORMAL}:alice"), 0, -1) == [b"alice-d5", b"alice-plain"]
 
     remove_queued(redis, [dated("alice", "d5", 5)])  # cancelled before a worker took it
 
@@ -282,16 +298,9 @@ def test_positions_with_deadlines_are_the_order_jobs_leave_in(redis):
         tenant: [x.decode() for x in redis.lrange(rq_queue_key(f"{NORMAL}:{tenant}" if tenant else NORMAL), 0, -1)]
         for tenant in state.flows
     }
-    predicted = {}
-    for tenant, ids in waiting.items():
-        queue = f"{NORMAL}:{tenant}" if tenant else NORMAL
-        for job in ids:
-            index = fair.index_in_queue(redis, queue, job)
-            assert index is not None
-            predicted[job] = state.jobs_ahead(tenant, index)
-    firsts = {t: fair.first_in_queue(redis, f"{NORMAL}:{t}" if t else NORMAL, 100) for t in state.flows}
+    predicted = {job: state.jobs_ahead(tenant, i) for tenant, ids in waiting.items() for i, job in enumerate(ids)}
 
     order = take_all(redis, [NORMAL])
 
     assert {job: order.index(job) for job in order} == predicted
-    assert [firsts[tenant][i] for tenant, i in state.order()] == order  # each queue's own order, by the pick's rule
+    assert [waiting[tenant][i] for tenant, i in state.order()] == order

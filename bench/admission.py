@@ -1,0 +1,105 @@
+"""Admission by work (issue 42 item 4): what deadlines and token counts cost the queue.
+
+One tenant's queue of ``jobs`` waiting generation jobs, on a real Redis and database, two
+sides measured one after the other on fresh state:
+
+* **plain**: jobs without a deadline, the queue as it was before deadlines (one RQ list);
+* **deadlines**: every job with one (as a batch's lines have), so each also joins the
+  queue's deadline set and the pick takes from that set.
+
+Reported for each: the enqueue (one ``enqueue_jobs`` call, the batch path) and the picks of
+every job (``fair.Picker.take``) in jobs per second; and, with the queue full, a position
+behind all of them (its Redis and SQL halves, tokens counted from the rows) and the scrape's
+query of the work waiting (``gpuq/stats/backlog.py``, every queued row summed) in
+milliseconds, beside a plain ``count(*)`` of the queued rows as the floor such a query
+cannot beat.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from redis import Redis
+from sqlalchemy import func, select
+
+from gpuq import store
+from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.db.tables import Job, JobStatus, utcnow
+from gpuq.jobs import fair
+from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.position import job_position
+from gpuq.queue_names import Priority, QueueEntry, band_name
+from gpuq.registry.bundled import BUNDLED_MODEL_NAME
+from gpuq.stats.backlog import queued_tokens
+
+OWNER = "acme"
+CHUNK = 5000  # rows a statement
+
+
+@dataclass(frozen=True)
+class Side:
+    enqueue_per_s: float
+    pick_per_s: float
+    position_ms: float
+    backlog_ms: float
+    count_ms: float
+
+
+def _rows(n: int, *, deadlines: bool) -> list[store.NewJob]:
+    soon = utcnow() + timedelta(hours=24)
+    ids = store.new_job_ids(n)
+    return [
+        store.NewJob(
+            id=job_id,
+            kind="generate",
+            model=BUNDLED_MODEL_NAME,
+            priority=Priority.LOW,
+            request={"prompt": "x", "max_tokens": 64, "n": 1},
+            request_hash="",
+            prompt_tokens=100 + i % 50,
+            owner=OWNER,
+            deadline=soon + timedelta(seconds=i % 7) if deadlines else None,
+        )
+        for i, job_id in enumerate(ids)
+    ]
+
+
+def _ms(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    for _ in range(5):
+        call()
+    return (time.perf_counter() - start) / 5 * 1000
+
+
+def run(database_url: str, redis_url: str, jobs: int, *, deadlines: bool) -> Side:
+    redis = Redis.from_url(redis_url)
+    engine = sync_engine(database_url)
+    try:
+        with sync_sessions(engine)() as session:
+            new = _rows(jobs, deadlines=deadlines)
+            for start in range(0, jobs, CHUNK):
+                store.insert_jobs(session, new[start : start + CHUNK])
+            entries = [QueueEntry.of(j) for j in new]
+            began = time.perf_counter()
+            enqueue_jobs(redis, entries, timeout_s=600)
+            enqueued = time.perf_counter() - began
+
+            last = session.get_one(Job, new[-1].id)
+            position_ms = _ms(lambda: job_position(session, redis, last))
+            backlog_ms = _ms(lambda: queued_tokens(session))
+            count_ms = _ms(lambda: session.scalar(select(func.count()).where(Job.status == JobStatus.QUEUED)))
+
+            picker = fair.Picker(redis, [band_name(BUNDLED_MODEL_NAME, "generate", Priority.LOW)])
+            began = time.perf_counter()
+            taken = 0
+            while picker.take() is not None:
+                taken += 1
+            picked = time.perf_counter() - began
+            assert taken == jobs, f"picked {taken} of {jobs}"
+        return Side(jobs / enqueued, jobs / picked, position_ms, backlog_ms, count_ms)
+    finally:
+        engine.dispose()
+        redis.close()
