@@ -587,28 +587,31 @@ def bench_fairness(args: argparse.Namespace) -> None:
 
 
 def bench_admission(args: argparse.Namespace) -> None:
-    """One tenant's queue of --admission-jobs jobs, without and with deadlines (bench/admission.py),
-    interleaved rounds on fresh state."""
-    sides: dict[bool, list[admission.Side]] = {False: [], True: []}
+    """One tenant's queue of --admission-jobs jobs, without deadlines, with one, and with 7
+    interleaved (bench/admission.py), interleaved rounds on fresh state."""
+    kinds = {0: "plain", 1: "one deadline", 7: "7 deadlines"}
+    sides: dict[int, list[admission.Side]] = {k: [] for k in kinds}
     for _ in range(args.rounds):
-        for dated in (False, True):
+        for deadlines in kinds:
             with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, _workdir):
-                sides[dated].append(admission.run(db, redis_url, args.admission_jobs, deadlines=dated))
+                sides[deadlines].append(admission.run(db, redis_url, args.admission_jobs, deadlines=deadlines))
     database = "SQLite" if args.database_url is None else args.database_url.split(":", 1)[0]
     print(f"\nadmission: {args.admission_jobs} queued jobs of one tenant, {database}, median of {args.rounds} rounds")
-    print("  side         enqueue jobs/s   picks jobs/s   position ms   work-waiting query ms   count(*) ms")
-    for dated, name in ((False, "plain"), (True, "deadlines")):
-        runs = sides[dated]
+    print("  side           enqueue jobs/s   picks jobs/s   position ms   work-waiting query ms   count(*) ms")
+    for deadlines, name in kinds.items():
+        runs = sides[deadlines]
         print(
-            f"  {name:<11} {median(s.enqueue_per_s for s in runs):15.0f} {median(s.pick_per_s for s in runs):14.0f} "
+            f"  {name:<13} {median(s.enqueue_per_s for s in runs):15.0f} {median(s.pick_per_s for s in runs):14.0f} "
             f"{median(s.position_ms for s in runs):13.1f} {median(s.backlog_ms for s in runs):23.1f} "
             f"{median(s.count_ms for s in runs):13.1f}"
         )
     enqueue = {d: median(s.enqueue_per_s for s in runs) for d, runs in sides.items()}
     picks = {d: median(s.pick_per_s for s in runs) for d, runs in sides.items()}
-    print(
-        f"  deadlines / plain: enqueue {enqueue[True] / enqueue[False]:.2f}x, picks {picks[True] / picks[False]:.2f}x"
-    )
+    for deadlines in (1, 7):
+        print(
+            f"  {kinds[deadlines]} / plain: enqueue {enqueue[deadlines] / enqueue[0]:.2f}x, "
+            f"picks {picks[deadlines] / picks[0]:.2f}x"
+        )
 
 
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {

@@ -1,11 +1,14 @@
 """Admission by work (issue 42 item 4): what deadlines and token counts cost the queue.
 
-One tenant's queue of ``jobs`` waiting generation jobs, on a real Redis and database, two
+One tenant's queue of ``jobs`` waiting generation jobs, on a real Redis and database, three
 sides measured one after the other on fresh state:
 
 * **plain**: jobs without a deadline, the queue as it was before deadlines (one RQ list);
-* **deadlines**: every job with one (as a batch's lines have), so each also joins the
-  queue's deadline set and the pick takes from that set.
+* **one deadline**: every job with the same one, as a batch's lines have: each chunk of them
+  goes at the end of the queue's deadline jobs, where nothing is behind it;
+* **7 deadlines**: deadlines a second apart, the job ``i`` due ``i % 7`` seconds after the
+  first: the worst case of the merge (``gpuq/jobs/enqueue.py``), each chunk's earliest job
+  going in front of nearly every job already queued.
 
 Reported for each: the enqueue (one ``enqueue_jobs`` call, the batch path) and the picks of
 every job (``fair.Picker.take``) in jobs per second; and, with the queue full, a position
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from redis import Redis
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
@@ -48,7 +51,7 @@ class Side:
     count_ms: float
 
 
-def _rows(n: int, *, deadlines: bool) -> list[store.NewJob]:
+def _rows(n: int, *, deadlines: int) -> list[store.NewJob]:
     soon = utcnow() + timedelta(hours=24)
     ids = store.new_job_ids(n)
     return [
@@ -61,7 +64,7 @@ def _rows(n: int, *, deadlines: bool) -> list[store.NewJob]:
             request_hash="",
             prompt_tokens=100 + i % 50,
             owner=OWNER,
-            deadline=soon + timedelta(seconds=i % 7) if deadlines else None,
+            deadline=soon + timedelta(seconds=i % deadlines) if deadlines else None,
         )
         for i, job_id in enumerate(ids)
     ]
@@ -74,7 +77,8 @@ def _ms(call: Callable[[], object]) -> float:
     return (time.perf_counter() - start) / 5 * 1000
 
 
-def run(database_url: str, redis_url: str, jobs: int, *, deadlines: bool) -> Side:
+def run(database_url: str, redis_url: str, jobs: int, *, deadlines: int) -> Side:
+    """``deadlines``: how many distinct deadlines the jobs have (0: none)."""
     redis = Redis.from_url(redis_url)
     engine = sync_engine(database_url)
     try:
@@ -99,6 +103,8 @@ def run(database_url: str, redis_url: str, jobs: int, *, deadlines: bool) -> Sid
                 taken += 1
             picked = time.perf_counter() - began
             assert taken == jobs, f"picked {taken} of {jobs}"
+            session.execute(delete(Job))  # a database given with --database-url is not fresh for the next side
+            session.commit()
         return Side(jobs / enqueued, jobs / picked, position_ms, backlog_ms, count_ms)
     finally:
         engine.dispose()
