@@ -37,6 +37,9 @@ class Backlog:
         return self.counted_prompt_tokens + round(self.uncounted * self.mean_prompt_tokens)
 
 
+NOTHING = Backlog(0, 0, 0, 0.0, 0, 0)  # a model with nothing queued: its gauges read 0, not absent
+
+
 def queued_tokens(session: Session, *, now: datetime | None = None) -> dict[str, Backlog]:
     """Each model with queued jobs, and their tokens."""
     now = now or utcnow()
