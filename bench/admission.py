@@ -11,7 +11,9 @@ sides measured one after the other on fresh state:
   going in front of nearly every job already queued.
 
 Reported for each: the enqueue (one ``enqueue_jobs`` call, the batch path) and the picks of
-every job (``fair.Picker.take``) in jobs per second; and, with the queue full, a position
+every job (``fair.Picker.take``) in jobs per second, and Redis's own time in their scripts
+(``INFO commandstats``, reset with ``CONFIG RESETSTAT``: give the benchmark a Redis of its own),
+which the other work on a shared machine does not blur; and, with the queue full, a position
 behind all of them (its Redis and SQL halves, tokens counted from the rows) and the scrape's
 query of the work waiting (``gpuq/stats/backlog.py``, every queued row summed) in
 milliseconds, beside a plain ``count(*)`` of the queued rows as the floor such a query
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import cast
 
 from redis import Redis
 from sqlalchemy import delete, func, select
@@ -32,7 +35,7 @@ from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job, JobStatus, utcnow
 from gpuq.jobs import fair
-from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.enqueue import _ENQUEUE, enqueue_jobs
 from gpuq.jobs.position import job_position
 from gpuq.queue_names import Priority, QueueEntry, band_name
 from gpuq.registry.bundled import BUNDLED_MODEL_NAME
@@ -45,10 +48,19 @@ CHUNK = 5000  # rows a statement
 @dataclass(frozen=True)
 class Side:
     enqueue_per_s: float
+    enqueue_us: float  # Redis's own time a job queued (its scripts, from INFO commandstats)
     pick_per_s: float
+    pick_us: float  # Redis's own time a pick
     position_ms: float
     backlog_ms: float
     count_ms: float
+
+
+def _script_us(redis: Redis) -> float:
+    """Redis's own time in scripts since its counters were last reset (``CONFIG RESETSTAT``),
+    in microseconds: a figure the other processes on a shared machine do not blur."""
+    stats = cast(dict[str, dict[str, float]], redis.info("commandstats"))
+    return sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0.0) for c in ("evalsha", "eval"))
 
 
 def _rows(n: int, *, deadlines: int) -> list[store.NewJob]:
@@ -87,9 +99,12 @@ def run(database_url: str, redis_url: str, jobs: int, *, deadlines: int) -> Side
             for start in range(0, jobs, CHUNK):
                 store.insert_jobs(session, new[start : start + CHUNK])
             entries = [QueueEntry.of(j) for j in new]
+            redis.script_load(_ENQUEUE)  # loaded before the counters are reset: only the calls count
+            redis.config_resetstat()
             began = time.perf_counter()
             enqueue_jobs(redis, entries, timeout_s=600)
             enqueued = time.perf_counter() - began
+            enqueue_us = _script_us(redis) / jobs
 
             last = session.get_one(Job, new[-1].id)
             position_ms = _ms(lambda: job_position(session, redis, last))
@@ -97,15 +112,18 @@ def run(database_url: str, redis_url: str, jobs: int, *, deadlines: int) -> Side
             count_ms = _ms(lambda: session.scalar(select(func.count()).where(Job.status == JobStatus.QUEUED)))
 
             picker = fair.Picker(redis, [band_name(BUNDLED_MODEL_NAME, "generate", Priority.LOW)])
+            picker.peek()  # the script loaded
+            redis.config_resetstat()
             began = time.perf_counter()
             taken = 0
             while picker.take() is not None:
                 taken += 1
             picked = time.perf_counter() - began
+            pick_us = _script_us(redis) / (taken + 1)  # and the last pick, which found nothing
             assert taken == jobs, f"picked {taken} of {jobs}"
             session.execute(delete(Job))  # a database given with --database-url is not fresh for the next side
             session.commit()
-        return Side(jobs / enqueued, jobs / picked, position_ms, backlog_ms, count_ms)
+        return Side(jobs / enqueued, enqueue_us, jobs / picked, pick_us, position_ms, backlog_ms, count_ms)
     finally:
         engine.dispose()
         redis.close()
