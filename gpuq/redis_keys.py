@@ -106,6 +106,7 @@ LOADED_FIELD = "gpuq_loaded"
 DRAIN_FIELD = "gpuq_drain"  # "1" while an admin has drained this worker
 SLOTS_FIELD = "gpuq_slots"  # sequences it decodes together per generation model (GPUQ_WORKER_SLOTS)
 SLOTS_BUSY_FIELD = "gpuq_slots_busy"  # jobs running on it now
+GENERATES_FIELD = "gpuq_generates"  # the models it serves generations of, a JSON list (gpuq.fleet.sample_limit)
 PREFIX_CACHE_FIELD = "gpuq_prefix_cache"  # its prefix cache's figures, JSON (gpuq.fleet.prefix_cache_stats)
 
 # ---------------------------------------------------------------- gpuq's keys
@@ -217,4 +218,5 @@ METRICS_LOADS = f"{PREFIX}:metrics:loads"  # model -> loads
 METRICS_QUEUE_WAIT = f"{PREFIX}:metrics:queue_wait"  # histogram by model, kind
 METRICS_RUN = f"{PREFIX}:metrics:run"  # histogram by model, kind
 METRICS_LOAD_TIME = f"{PREFIX}:metrics:load_time"  # histogram by model
+METRICS_PARKING = f"{PREFIX}:metrics:parking"  # model, "parked" or "resumed" -> sequences
 METRICS_RESTARTS = f"{PREFIX}:metrics:restarts"  # host, supervisor slot -> workers restarted

@@ -151,7 +151,12 @@ class Scheduler:
 
     def fire_schedules(self) -> None:
         with self._sessions() as session:
-            fire_due_schedules(session, self._redis, timeout_s=self.settings.job_timeout_s)
+            fire_due_schedules(
+                session,
+                self._redis,
+                timeout_s=self.settings.job_timeout_s,
+                worker_slots=self.settings.worker_slots,
+            )
 
     def advance_batches(self) -> None:
         with self._sessions() as session:

@@ -118,6 +118,7 @@ def _run_worker(
             any_prefix=None if settings.worker_prompt_reuse == "auto" else settings.worker_prompt_reuse == "any-prefix",
             prefix_cache=prefix_cache,
             shared_tenants=settings.worker_prefix_cache_shared_tenants,
+            strict_priority=None if settings.worker_preemption == "auto" else settings.worker_preemption == "strict",
         )
         memory.cuda_started = device.on_gpu
         return loaded
@@ -187,6 +188,7 @@ def _run_worker(
         queue_refresh_interval_s=settings.worker_refresh_interval_s,
         job_timeout_s=settings.job_timeout_s,
         slots=settings.slots_for(on_gpu=device.on_gpu),
+        preemption=settings.worker_preemption != "off",
         prefix_cache_stats=prefix_cache.stats,
         connection=redis,
     )

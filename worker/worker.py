@@ -21,6 +21,7 @@ lives in SQL can do less than plain RQ:
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -52,6 +53,7 @@ from gpuq.jobs.reconciler import redis_age_s
 from gpuq.queue_names import parse_queue_name
 from gpuq.redis_keys import (
     CANCEL_FLAG_TTL_S,
+    GENERATES_FIELD,
     PREFIX_CACHE_FIELD,
     RUN_ALONE_KEY,
     SLOTS_BUSY_FIELD,
@@ -104,6 +106,7 @@ class GpuqWorker(SimpleWorker):
         queue_refresh_interval_s: float = 5.0,
         job_timeout_s: float = 3600.0,
         slots: int = 1,
+        preemption: bool = True,
         prefix_cache_stats: Callable[[], PrefixCacheStats] | None = None,
         connection: Redis,
         **kwargs: Any,  # RQ's other Worker options, passed on
@@ -123,6 +126,7 @@ class GpuqWorker(SimpleWorker):
         self._queue_refresh_interval_s = queue_refresh_interval_s
         self.job_timeout_s = job_timeout_s
         self.slots = slots
+        self.preemption = preemption
         super().__init__(
             [Queue(name, connection=connection) for name in worker_queue_names(self._servable)],
             name=runner.worker_name,
@@ -135,6 +139,7 @@ class GpuqWorker(SimpleWorker):
         self._last_heartbeat_mono = 0.0
         self._suspension_checked_at = 0.0
         self._published_loaded: str | None = None
+        self._published_generates: str | None = None
         self._running: dict[str, tuple[Job, Execution]] = {}  # job id -> RQ's view of it, while it runs
         # Held while the model cache is in use (a job, the idle housekeeping); free only
         # while the worker waits for work, which is when the pub/sub thread may unload.
@@ -327,6 +332,7 @@ class GpuqWorker(SimpleWorker):
             if servable != self._servable:
                 log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
                 self._servable = servable
+            self._publish_generates()
             self._loaded_elsewhere = self._models_loaded_by_others()
         key = (self._servable, frozenset(self._loaded_models()), self._loaded_elsewhere)
         if key == self._order_key:
@@ -428,6 +434,20 @@ class GpuqWorker(SimpleWorker):
         except RedisError as exc:
             self.redis_health.failed("taking more jobs", exc)
         return None
+
+    def waiting_priority(self, model: str, kind: str) -> int | None:
+        """The priority of the job the fair pick would give next, if it is ``model``'s for
+        ``kind``, left in its queue (a run with every slot taken decides from it whether to
+        park for it); None otherwise, or while Redis does not answer."""
+        try:
+            found = self._picker().peek()
+        except RedisError as exc:
+            self.redis_health.failed("looking at the queues", exc)
+            return None
+        if found is None:
+            return None
+        queue_model, queue_kind, priority = parse_queue_name(found[0])
+        return int(priority) if (queue_model, queue_kind) == (model, kind) else None
 
     def put_back(self, job: Job, queue: Queue) -> None:
         try:
@@ -576,6 +596,16 @@ class GpuqWorker(SimpleWorker):
             pipe.hset(
                 self.key, mapping={control.LOADED_FIELD: loaded, control.GPUS_FIELD: ",".join(self.runner.gpu_uuids)}
             )
+
+    def _publish_generates(self) -> None:
+        """The models this worker serves generations of, on its RQ worker hash, when they
+        changed: the API refuses a job asking for more samples than the slots of every worker
+        serving its model (gpuq/fleet/sample_limit.py). Raises RedisError, and publishes at
+        the next refresh, if Redis does not answer."""
+        generates = json.dumps(sorted({m for m, kind in self._servable if kind == JobKind.GENERATE.value}))
+        if generates != self._published_generates:
+            self.connection.hset(self.key, GENERATES_FIELD, generates)
+            self._published_generates = generates
 
     def _publish_models(self) -> None:
         """Between jobs: the models loaded (a keep_alive may have unloaded one since the last
@@ -754,6 +784,8 @@ class GpuqWorker(SimpleWorker):
                 SLOTS_BUSY_FIELD: 0,
             },
         )
+        self._published_generates = None
+        self._publish_generates()
 
     def bootstrap(
         self,

@@ -135,7 +135,13 @@ async def run_schedule_now(schedule_id: RowId, db: SessionDep, state: StateDep) 
         with state.sync_sessions() as session:
             schedule = store.get_schedule(session, schedule_id)
             assert schedule is not None
-            fired = schedules.run_now(session, state.redis, schedule, timeout_s=state.settings.job_timeout_s)
+            fired = schedules.run_now(
+                session,
+                state.redis,
+                schedule,
+                timeout_s=state.settings.job_timeout_s,
+                worker_slots=state.settings.worker_slots,
+            )
             return ScheduleRunPublic.of(fired, "in_progress" if fired.batch_id else None)
 
     return await to_thread.run_sync(run)

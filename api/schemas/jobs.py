@@ -15,11 +15,11 @@ from gpuq.db.tables import Job, JobKind, JobRun, utcnow
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
+from gpuq.jobs.generation_params import GenerationParams, generation
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
     MAX_STOP_SEQUENCES,
     ChatMessage,
-    GenerationParams,
     JobParams,
     KeepAlive,
     MaxTokens,
@@ -31,7 +31,6 @@ from gpuq.jobs.request import (
     Temperature,
     TopK,
     embedding,
-    generation,
 )
 from gpuq.jobs.snippet import snippet
 from gpuq.jobs.submit import JobSpec
@@ -73,7 +72,7 @@ class JobBase(Strict):
             kind=kind,
             model=self.model,
             priority=self.priority,
-            request=request.stored(),
+            params=request,
             idempotency_key=self.idempotency_key,
             deadline=self.deadline,
         )
@@ -206,6 +205,11 @@ class JobSummary(BaseModel):
     cached_disk_tokens: int | None = Field(
         None, description="of cached_tokens, those restored from the worker's prefix cache on disk"
     )
+    parked_ms: int | None = Field(
+        None,
+        description="milliseconds the job's generation waited parked (its KV in host memory, its slot given to a "
+        "more urgent job) before it resumed where it stopped; 0 when it never was",
+    )
     worker: str | None
     device: str | None
     attempts: int
@@ -307,6 +311,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "cached_tokens": job.cached_tokens,
         "cached_ram_tokens": job.cached_ram_tokens,
         "cached_disk_tokens": job.cached_disk_tokens,
+        "parked_ms": job.parked_ms,
         "worker": job.worker,
         "device": job.device,
         "attempts": job.attempts or 0,

@@ -30,7 +30,8 @@ from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import ANY_OBJECT, enforceable
-from gpuq.jobs.request import OPENAI_DEFAULTS, GenerationParams, ResponseFields, generation
+from gpuq.jobs.generation_params import GenerationParams, generation
+from gpuq.jobs.request import OPENAI_DEFAULTS, ResponseFields
 
 RESPONSES = "/v1/responses"
 RESPONSE_PREFIX = "resp_"

@@ -116,9 +116,17 @@ def store_inline_requests(lines: list[dict[str, Any]], data_dir: Path) -> File:
 
 
 def fire(
-    session: Session, redis: Redis, schedule: Schedule, fire_time: datetime, *, trigger: str, timeout_s: int
+    session: Session,
+    redis: Redis,
+    schedule: Schedule,
+    fire_time: datetime,
+    *,
+    trigger: str,
+    timeout_s: int,
+    worker_slots: int = 0,
 ) -> ScheduleRun | None:
-    """Run the schedule's batch for one tick, unless another scheduler already has."""
+    """Run the schedule's batch for one tick, unless another scheduler already has
+    (``worker_slots``: ``GPUQ_WORKER_SLOTS``, gpuq/fleet/sample_limit.py)."""
     run = ScheduleRun(schedule_id=schedule.id, fire_time=fire_time, trigger=trigger, created_at=utcnow())
     if not store.claim_schedule_run(session, run):
         return None
@@ -135,6 +143,7 @@ def fire(
             metadata={"schedule": schedule.name, "fire_time": fire_time.isoformat(), "trigger": trigger},
             timeout_s=timeout_s,
             owner=schedule.owner,
+            worker_slots=worker_slots,
         )
         batch_id = batch.id
     except RequestError as exc:
@@ -158,7 +167,7 @@ def _paused_for_its_cron(session: Session, schedule: Schedule) -> bool:
 
 
 def fire_due_schedules(
-    session: Session, redis: Redis, *, now: datetime | None = None, timeout_s: int = 3600
+    session: Session, redis: Redis, *, now: datetime | None = None, timeout_s: int = 3600, worker_slots: int = 0
 ) -> list[ScheduleRun]:
     """The scheduler's tick: fire every schedule that is due, once, by its misfire policy."""
     now = now or utcnow()
@@ -169,7 +178,10 @@ def fire_due_schedules(
         latest = _latest_due(schedule, now)
         on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
         if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:
-            run = fire(session, redis, schedule, latest, trigger="cron" if on_time else "catch-up", timeout_s=timeout_s)
+            trigger = "cron" if on_time else "catch-up"
+            run = fire(
+                session, redis, schedule, latest, trigger=trigger, timeout_s=timeout_s, worker_slots=worker_slots
+            )
             if run is not None:
                 runs.append(run)
         else:
@@ -178,8 +190,10 @@ def fire_due_schedules(
     return runs
 
 
-def run_now(session: Session, redis: Redis, schedule: Schedule, *, timeout_s: int) -> ScheduleRun:
-    run = fire(session, redis, schedule, utcnow(), trigger="manual", timeout_s=timeout_s)
+def run_now(
+    session: Session, redis: Redis, schedule: Schedule, *, timeout_s: int, worker_slots: int = 0
+) -> ScheduleRun:
+    run = fire(session, redis, schedule, utcnow(), trigger="manual", timeout_s=timeout_s, worker_slots=worker_slots)
     assert run is not None  # a manual run's fire time is now: unique
     return run
 

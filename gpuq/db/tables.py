@@ -90,6 +90,7 @@ class Job(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer)  # of prompt_tokens, not computed: reused
     cached_ram_tokens: Mapped[int | None] = mapped_column(Integer)  # of cached_tokens, from the prefix cache's RAM
     cached_disk_tokens: Mapped[int | None] = mapped_column(Integer)  # ... and from its disk tier
+    parked_ms: Mapped[int | None] = mapped_column(Integer)  # time parked for more urgent jobs (preemption)
     # The prompt's tokens as the API built them, for the worker; cleared once the job has run.
     prompt_ids: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     load_ms: Mapped[int | None] = mapped_column(Integer)

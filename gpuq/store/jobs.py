@@ -439,6 +439,7 @@ class Outcome:
     cached_tokens: int | None = None  # prompt tokens whose KV was reused, not evaluated
     cached_ram_tokens: int | None = None  # ... of them, restored from the prefix cache's RAM tier
     cached_disk_tokens: int | None = None  # ... or from its disk tier
+    parked_ms: int | None = None  # time its generation waited parked for more urgent jobs
     load_ms: int | None = None
     run_ms: int | None = None
     webhook_url: str | None = None
@@ -468,6 +469,7 @@ class Outcome:
             "o_cached_tokens": self.cached_tokens,
             "o_cached_ram_tokens": self.cached_ram_tokens,
             "o_cached_disk_tokens": self.cached_disk_tokens,
+            "o_parked_ms": self.parked_ms,
             "o_load_ms": self.load_ms,
             "o_run_ms": self.run_ms,
             "o_gpu_seconds": self.gpu_seconds,
@@ -498,6 +500,7 @@ def _record_outcome(*, fenced: bool) -> Update:
             cached_tokens=bindparam("o_cached_tokens"),
             cached_ram_tokens=bindparam("o_cached_ram_tokens"),
             cached_disk_tokens=bindparam("o_cached_disk_tokens"),
+            parked_ms=bindparam("o_parked_ms"),
             load_ms=bindparam("o_load_ms"),
             run_ms=bindparam("o_run_ms"),
             gpu_seconds=bindparam("o_gpu_seconds"),
