@@ -8,6 +8,7 @@ from pathlib import Path
 from statistics import median
 
 from bench import (
+    admission,
     batch_bench,
     batch_start,
     batching,
@@ -590,6 +591,38 @@ def bench_fairness(args: argparse.Namespace) -> None:
     print(f"  fair / FIFO throughput {fair_rate / fifo:.3f}x   (targets: B's last after <= 16 of A's; >= 0.95x)")
 
 
+def bench_admission(args: argparse.Namespace) -> None:
+    """One tenant's queue of --admission-jobs jobs, without deadlines, with one, and with 7
+    interleaved (bench/admission.py), interleaved rounds on fresh state."""
+    kinds = {0: "plain", 1: "one deadline", 7: "7 deadlines"}
+    sides: dict[int, list[admission.Side]] = {k: [] for k in kinds}
+    for _ in range(args.rounds):
+        for deadlines in kinds:
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, _workdir):
+                sides[deadlines].append(admission.run(db, redis_url, args.admission_jobs, deadlines=deadlines))
+    database = "SQLite" if args.database_url is None else args.database_url.split(":", 1)[0]
+    print(f"\nadmission: {args.admission_jobs} queued jobs of one tenant, {database}, median of {args.rounds} rounds")
+    print(
+        "  side          enqueue jobs/s (Redis us/job)   picks/s (Redis us/pick)   position ms   "
+        "work-waiting query ms   count(*) ms"
+    )
+    for deadlines, name in kinds.items():
+        runs = sides[deadlines]
+        print(
+            f"  {name:<13} {median(s.enqueue_per_s for s in runs):14.0f} ({median(s.enqueue_us for s in runs):6.1f})"
+            f"   {median(s.pick_per_s for s in runs):10.0f} ({median(s.pick_us for s in runs):6.1f})"
+            f"   {median(s.position_ms for s in runs):11.1f} {median(s.backlog_ms for s in runs):23.1f} "
+            f"{median(s.count_ms for s in runs):13.1f}"
+        )
+    enqueue = {d: median(s.enqueue_us for s in runs) for d, runs in sides.items()}
+    picks = {d: median(s.pick_us for s in runs) for d, runs in sides.items()}
+    for deadlines in (1, 7):
+        print(
+            f"  {kinds[deadlines]} / plain, Redis's time: enqueue {enqueue[deadlines] / enqueue[0]:.2f}x, "
+            f"pick {picks[deadlines] / picks[0]:.2f}x"
+        )
+
+
 def bench_preempt(args: argparse.Namespace) -> None:
     """K slots decoding long low-priority answers, then a short high-priority job
     (bench/preempt.py): preemption off, park and strict, interleaved rounds on fresh state."""
@@ -650,6 +683,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "invariance": bench_invariance,
     "restore": bench_restore,
     "fairness": bench_fairness,
+    "admission": bench_admission,
     "preempt": bench_preempt,
 }
 
@@ -709,6 +743,7 @@ def main() -> None:
     parser.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
     parser.add_argument("--fairness-max-tokens", type=int, default=8, help="fairness: each job's max_tokens")
     parser.add_argument("--fairness-slots", type=int, default=4, help="fairness: K, the worker's slots")
+    parser.add_argument("--admission-jobs", type=int, default=50_000, help="admission: jobs in the queue")
     parser.add_argument("--preempt-slots", type=int, default=4, help="preempt: K, the worker's slots")
     parser.add_argument("--preempt-max-tokens", type=int, default=256, help="preempt: each low job's max_tokens")
     args = parser.parse_args()

@@ -59,6 +59,19 @@ def fair_bell_key(band: str) -> str:
 
 
 FAIR_BELL_MAX = 256  # tokens kept: idle workers one enqueue wakes at once
+
+FAIR_EDF_PREFIX = f"{PREFIX}:fair:edf:"  # + queue name: a zset, below
+
+
+def fair_edf_key(queue: str) -> str:
+    """The jobs with a deadline in one tenant's queue, by deadline: a sorted set of job ids
+    scored by the deadline (ms since the epoch). The queue's list holds every job in the order
+    the pick gives them out, its deadline jobs first; this set says where a new one goes
+    among them (``gpuq.jobs.enqueue``, ``gpuq.jobs.fair``)."""
+    return FAIR_EDF_PREFIX + queue
+
+
+JOB_DEADLINE_FIELD = "gpuq_deadline"  # in RQ's job hash: the job's deadline (ms since the epoch), if it has one
 FAIR_WEIGHTS_KEY = f"{PREFIX}:fair:weights"  # tenant segment -> weight (1 when absent); rebuilt from SQL
 
 

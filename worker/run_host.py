@@ -312,8 +312,7 @@ class RunHost:
         with worker.connection.pipeline(transaction=False) as pipe:
             worker.cleanup_execution(job, pipeline=pipe, execution=execution)
             job.set_status(JobStatus.QUEUED, pipeline=pipe)
-            pipe.lpush(queue.key, job.id)
-            fair.note_push(pipe, queue.name)
+            fair.push_front_in(pipe, queue.name, job.id)
             if not busy:
                 worker.set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.hset(worker.key, SLOTS_BUSY_FIELD, busy)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
 from gpuq.batches.openai_format import tool_fields
-from gpuq.db.tables import Job, JobKind, JobRun
+from gpuq.db.tables import Job, JobKind, JobRun, utcnow
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
@@ -45,6 +45,23 @@ class JobBase(Strict):
     priority: PriorityName = Field("normal", validate_default=True, description="high, normal or low")
     idempotency_key: str | None = Field(None, min_length=1, max_length=255)
     webhook_url: HttpUrl | None = Field(None, description="POSTed a signed event when the job ends")
+    deadline: datetime | None = Field(
+        None,
+        description="when the job is needed by (ISO 8601 with a time zone): within its priority, its tenant's jobs "
+        "with a deadline run first, earliest first; a job the fleet cannot finish by then at its recent pace is "
+        "refused (429 with Retry-After) and nothing is queued",
+    )
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_ahead(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("give the deadline a time zone, e.g. 2026-01-31T12:00:00Z")
+        if value <= utcnow():
+            raise ValueError(f"the deadline {value.isoformat()} has passed: give a time in the future")
+        return value
 
     def common(self) -> dict[str, Any]:
         """The fields every kind of job's request carries."""
@@ -57,6 +74,7 @@ class JobBase(Strict):
             priority=self.priority,
             params=request,
             idempotency_key=self.idempotency_key,
+            deadline=self.deadline,
         )
 
 
@@ -163,6 +181,7 @@ class JobSummary(BaseModel):
     priority: str
     status: str
     created_at: datetime
+    deadline: datetime | None = Field(None, description="when it is needed by, as submitted (a batch's: its expiry)")
     started_at: datetime | None
     finished_at: datetime | None
     queue_wait_ms: int | None
@@ -281,6 +300,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "priority": Priority(job.priority).label,
         "status": job.status,
         "created_at": job.created_at,
+        "deadline": job.deadline,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
         "queue_wait_ms": job.queue_wait_ms,

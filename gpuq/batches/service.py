@@ -44,6 +44,7 @@ from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.sample_limit import SampleLimit
 from gpuq.fleet.snapshot import Fleet, load_fleet
 from gpuq.fleet.workers import LiveWorker, live_workers
+from gpuq.jobs import admission
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
 from gpuq.jobs.request import EmbeddingParams, JobParams
@@ -320,13 +321,19 @@ def start_batch(
             owner=owner,
         )
         queued: list[tuple[int, QueueEntry]] = []  # small: what Redis needs, by input line
+        # Its lines are needed by its expiry: a batch the fleet cannot finish by then is refused.
+        work = admission.Tally(Priority(priority), owner, batch.expires_at)
 
         def noted(jobs: Iterator[store.NewJob]) -> Iterator[store.NewJob]:
             for j in jobs:
-                queued.append((j.line_number or 0, QueueEntry(j.id, j.model, j.kind, j.priority, j.owner)))
+                entry = QueueEntry(j.id, j.model, j.kind, j.priority, j.owner, batch.expires_at)
+                queued.append((j.line_number or 0, entry))
+                work.add(j)
                 yield j
 
-        store.insert_batch(session, batch, noted(plan.jobs()))
+        store.insert_batch(
+            session, batch, noted(plan.jobs()), before_commit=lambda: work.refuse_if_late(session, redis)
+        )
         try:
             enqueue_jobs(redis, [entry for _line, entry in sorted(queued)], timeout_s=timeout_s)
         except RedisError as exc:

@@ -165,6 +165,7 @@ class ResponseFields(BaseModel):
     text_format: dict[str, Any] | None = Field(None, description="`text.format` as asked, less its schema")
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    service_tier: str | None = Field(None, description="the tier it ran in, as named back (none when not asked)")
     deleted: bool = Field(False, description="DELETE /v1/responses/{id}: its texts are gone")
 
 

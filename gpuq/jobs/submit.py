@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from anyio import to_thread
@@ -30,6 +31,7 @@ from gpuq.fleet.placement import can_ever_run, evaluate, explain_unplaceable, gr
 from gpuq.fleet.sample_limit import SampleLimit
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
 from gpuq.fleet.workers import live_workers
+from gpuq.jobs.admission import Planned, refuse_late_jobs
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.limits import admit, precheck, tokenising_turn
@@ -54,6 +56,7 @@ class JobSpec:
     # The prompt's tokens when the caller counted them already (a drop-in call sizing its
     # max_tokens): a prompt is tokenised once per call.
     counted: Counted | None = field(default=None, compare=False)
+    deadline: datetime | None = None  # when it is needed by (gpuq/jobs/admission.py)
 
     @property
     def request(self) -> dict[str, Any]:
@@ -74,9 +77,10 @@ class JobSpec:
 
     @property
     def request_hash(self) -> str:
-        canonical = json.dumps(
-            [self.kind.value, self.model, self.priority, self.request], sort_keys=True, separators=(",", ":")
-        )
+        parts: list[Any] = [self.kind.value, self.model, self.priority, self.request]
+        if self.deadline is not None:  # the hashes of jobs without one stay as they were
+            parts.append(self.deadline.isoformat())
+        canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -295,6 +299,8 @@ async def submit_jobs(
         limit = await _read_sample_limit(redis, fleet, worker_slots=worker_slots)
         for i, spec in enumerate(specs):
             check_samples(spec, limit, i if len(specs) > 1 else None)
+    if any(s.deadline is not None for s in specs):
+        await refuse_late_jobs(db, redis, [_planned(s, n, caller) for s, n in zip(specs, counts, strict=True)])
     admitted = False  # the key's limits are applied once: a retry after a race only has fewer jobs
     for _attempt in range(IDEMPOTENT_INSERT_ATTEMPTS):
         earlier = await _earlier_jobs(db, specs, caller.owner)
@@ -311,6 +317,7 @@ async def submit_jobs(
                 prompt_ids=None if n is None else n.ids,
                 owner=caller.owner,
                 api_key_id=caller.key_id,
+                deadline=s.deadline,
             )
             for s, n in zip(specs, counts, strict=True)
             if s.idempotency_key is None or s.idempotency_key not in earlier
@@ -329,6 +336,23 @@ async def submit_jobs(
             for s in specs
         ]
     raise RequestError(409, "an idempotency_key in this request keeps being taken by concurrent requests; retry")
+
+
+def _planned(spec: JobSpec, counted: Counted | None, caller: Caller) -> Planned | None:
+    """A job with a deadline as admission judges it; None for one without."""
+    if spec.deadline is None:
+        return None
+    return Planned(
+        model=spec.model,
+        kind=spec.kind.value,
+        priority=spec.priority,
+        owner=caller.owner,
+        deadline=spec.deadline,
+        jobs=1,
+        prompt_tokens=0 if counted is None else counted.tokens,
+        uncounted=1 if counted is None and spec.kind != JobKind.NOOP else 0,
+        completion_budget=store.completion_budget(spec.kind.value, spec.request),
+    )
 
 
 def _keep_alive_rule(spec: JobSpec, caller: Caller) -> JobSpec:

@@ -378,18 +378,26 @@ def _queue_families(s: Snapshot, created: dict[str, datetime], now: datetime) ->
 
 def _backlog_families(backlog: dict[str, Backlog]) -> Iterator[Metric]:
     prompt = GaugeMetricFamily(
-        "gpuq_queued_prompt_tokens", "prompt tokens of the jobs queued (SQL), per model", labels=["model"]
+        "gpuq_queued_prompt_tokens",
+        "prompt tokens of the jobs queued (SQL; a prompt not counted at submission at the model's recent mean), "
+        "per model",
+        labels=["model"],
     )
     completion = GaugeMetricFamily(
         "gpuq_queued_completion_tokens",
         "completion tokens the jobs queued may generate (max_tokens times n, SQL), per model",
         labels=["model"],
     )
+    late = GaugeMetricFamily(
+        "gpuq_queued_jobs_past_deadline", "jobs still queued after their deadline (SQL), per model", labels=["model"]
+    )
     for model, b in sorted(backlog.items()):
         prompt.add_metric([model], b.prompt_tokens)
         completion.add_metric([model], b.completion_tokens)
+        late.add_metric([model], b.past_deadline)
     yield prompt
     yield completion
+    yield late
 
 
 class _SnapshotCollector(Collector):

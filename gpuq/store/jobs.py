@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from gpuq.db.tables import (
     Job,
+    JobKind,
     JobStatus,
     RunOutcome,
     utcnow,
@@ -56,6 +57,15 @@ class NewJob:
     line_number: int | None = None
     owner: str | None = None
     api_key_id: str | None = None
+    deadline: datetime | None = None  # when it is needed by (gpuq/jobs/admission.py)
+
+
+def completion_budget(kind: str, request: dict[str, Any]) -> int:
+    """The most completion tokens a job may generate: a generation's ``max_tokens`` for each of
+    its ``n`` choices; nothing for other kinds."""
+    if kind != JobKind.GENERATE:
+        return 0
+    return int(request.get("max_tokens") or 0) * int(request.get("n") or 1)
 
 
 def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
@@ -71,8 +81,10 @@ def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
             "request_hash": j.request_hash,
             "request": j.request,
             "prompt_tokens": j.prompt_tokens,
+            "completion_budget": completion_budget(j.kind, j.request),
             "prompt_ids": j.prompt_ids,
             "created_at": now,
+            "deadline": j.deadline,
             "attempts": 0,
             "batch_id": j.batch_id,
             "custom_id": j.custom_id,
@@ -222,6 +234,29 @@ def creation_times(session: Session, job_ids: Sequence[str]) -> dict[str, dateti
     return {row.id: row.created_at for row in rows}
 
 
+def completion_budget_sql() -> ColumnElement[int]:
+    """A row's completion budget in SQL: its column, or for a row from before migration 0022
+    (which has none) the same figure read from its request."""
+    request = Job.request
+    from_request = func.coalesce(request["max_tokens"].as_integer(), 0) * func.coalesce(request["n"].as_integer(), 1)
+    return func.coalesce(Job.completion_budget, from_request)
+
+
+WORK_CHUNK_IDS = 2000  # ids per IN list: well under SQLite's limit on bound parameters
+
+
+def work_of_jobs(session: Session, job_ids: Sequence[str]) -> dict[str, tuple[int | None, int]]:
+    """Each job's (prompt tokens counted at submission, or None; completion budget); ids with
+    no row are absent."""
+    found: dict[str, tuple[int | None, int]] = {}
+    budget = completion_budget_sql()
+    for start in range(0, len(job_ids), WORK_CHUNK_IDS):
+        chunk = job_ids[start : start + WORK_CHUNK_IDS]
+        rows = session.execute(select(Job.id, Job.prompt_tokens, budget).where(Job.id.in_(chunk)))
+        found.update({job_id: (prompt, int(done or 0)) for job_id, prompt, done in rows})
+    return found
+
+
 def count_finished_since(session: Session, model: str, kind: str, since: datetime) -> int:
     """Jobs of this model and kind that succeeded or failed at ``since`` or later: the recent pace of its workers."""
     query = select(func.count()).where(
@@ -287,6 +322,7 @@ class ClaimedJob:
     owner: str | None = None
     created_at: datetime | None = None  # when it was submitted: queue wait = started_at - created_at
     prompt_ids: bytes | None = None  # the prompt's tokens as the API built them, if it did
+    deadline: datetime | None = None  # its place when it goes back to its queue
 
 
 # The worker's two statements a job (its claim and its outcome) are built once, on the jobs
@@ -316,6 +352,7 @@ _CLAIM = (
         _JOBS.c.owner,
         _JOBS.c.created_at,
         _JOBS.c.prompt_ids,
+        _JOBS.c.deadline,
     )
 )
 
@@ -364,6 +401,7 @@ def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | No
             Job.created_at,
             Job.started_at,
             Job.prompt_ids,
+            Job.deadline,
             latest_run(_JOBS.c.id).label("run_id"),
         ).where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
     ).one_or_none()
@@ -385,6 +423,7 @@ def _claimed(job_id: str, row: Any, started_at: datetime, run_id: int) -> Claime
         row.owner,
         row.created_at,
         row.prompt_ids,
+        row.deadline,
     )
 
 
@@ -536,12 +575,13 @@ def _job_event(outcome: Outcome) -> dict[str, Any]:
 # ---------------------------------------------------------------- reconciling
 
 
-QUEUE_ENTRY_COLUMNS = (Job.id, Job.model, Job.kind, Job.priority, Job.owner)  # what a QueueEntry is read from
+# What a QueueEntry is read from.
+QUEUE_ENTRY_COLUMNS = (Job.id, Job.model, Job.kind, Job.priority, Job.owner, Job.deadline)
 
 
 def queue_entry(row: Any) -> QueueEntry:
     """A row selected (or returned) with ``QUEUE_ENTRY_COLUMNS``, as the entry that queues it."""
-    return QueueEntry(row.id, row.model, row.kind, row.priority, row.owner)
+    return QueueEntry(row.id, row.model, row.kind, row.priority, row.owner, row.deadline)
 
 
 def queued_jobs_created_before(session: Session, cutoff: datetime) -> list[QueueEntry]:
