@@ -345,9 +345,15 @@ def bench_peer(args: argparse.Namespace) -> None:
                                 prefix_cache=prefix_cache,
                             )
                     runs.setdefault((name, side, k), []).append(run)
+                    slot, ram, disk = run.cached
+                    cached = (
+                        f"; of {run.prompt_tokens} prompt tokens {slot} from a slot, {ram} from RAM, {disk} from disk"
+                        if run.prompt_tokens
+                        else ""
+                    )
                     print(
                         f"round {round_}: K={k} {name} {side}: {run.jobs_per_s:.2f} jobs/s, "
-                        f"{run.tokens_per_s:.1f} tok/s ({run.seconds:.1f} s)",
+                        f"{run.tokens_per_s:.1f} tok/s ({run.seconds:.1f} s){cached}",
                         flush=True,
                     )
     _print_peer_summary(args, runs)

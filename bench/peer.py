@@ -89,6 +89,9 @@ class Run:
     jobs: int
     completion_tokens: int
     seconds: float
+    # gpuq's only: prompt tokens in all, and those taken from a KV slot, the RAM tier and disk
+    prompt_tokens: int = 0
+    cached: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def jobs_per_s(self) -> float:
@@ -227,4 +230,8 @@ def run_gpuq(
     }
     started, done = run_through_gpuq(database_url, redis_url, workdir, jobs, settings=settings, gpus=gpus)
     elapsed = (max(datetime.fromisoformat(j["finished_at"]) for j in done) - started).total_seconds()
-    return Run(len(done), sum(j["completion_tokens"] for j in done), elapsed)
+    ram = sum(j.get("cached_ram_tokens") or 0 for j in done)
+    disk = sum(j.get("cached_disk_tokens") or 0 for j in done)
+    slot = sum(j.get("cached_tokens") or 0 for j in done) - ram - disk
+    prompt = sum(j.get("prompt_tokens") or 0 for j in done)
+    return Run(len(done), sum(j["completion_tokens"] for j in done), elapsed, prompt, (slot, ram, disk))
