@@ -22,6 +22,7 @@ from api.schemas import (
 from gpuq import store
 from gpuq.batches import schedules
 from gpuq.batches import service as batches
+from gpuq.batches.queue_order import Planning
 from gpuq.db.tables import Schedule, utcnow
 from gpuq.errors import RequestError
 
@@ -135,7 +136,13 @@ async def run_schedule_now(schedule_id: RowId, db: SessionDep, state: StateDep) 
         with state.sync_sessions() as session:
             schedule = store.get_schedule(session, schedule_id)
             assert schedule is not None
-            fired = schedules.run_now(session, state.redis, schedule, timeout_s=state.settings.job_timeout_s)
+            fired = schedules.run_now(
+                session,
+                state.redis,
+                schedule,
+                timeout_s=state.settings.job_timeout_s,
+                planning=Planning.of(state.settings),
+            )
             return ScheduleRunPublic.of(fired, "in_progress" if fired.batch_id else None)
 
     return await to_thread.run_sync(run)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from gpuq import store
 from gpuq.batches import service as batches
 from gpuq.batches.files import PURPOSE_BATCH, LineScanner, files_dir, jsonl_line, new_file_id
+from gpuq.batches.queue_order import Planning
 from gpuq.db.tables import File, MisfirePolicy, Schedule, ScheduleRun, utcnow
 from gpuq.errors import RequestError
 from gpuq.private_files import write_private
@@ -116,7 +117,14 @@ def store_inline_requests(lines: list[dict[str, Any]], data_dir: Path) -> File:
 
 
 def fire(
-    session: Session, redis: Redis, schedule: Schedule, fire_time: datetime, *, trigger: str, timeout_s: int
+    session: Session,
+    redis: Redis,
+    schedule: Schedule,
+    fire_time: datetime,
+    *,
+    trigger: str,
+    timeout_s: int,
+    planning: Planning | None = None,
 ) -> ScheduleRun | None:
     """Run the schedule's batch for one tick, unless another scheduler already has."""
     run = ScheduleRun(schedule_id=schedule.id, fire_time=fire_time, trigger=trigger, created_at=utcnow())
@@ -135,6 +143,7 @@ def fire(
             metadata={"schedule": schedule.name, "fire_time": fire_time.isoformat(), "trigger": trigger},
             timeout_s=timeout_s,
             owner=schedule.owner,
+            planning=planning,
         )
         batch_id = batch.id
     except RequestError as exc:
@@ -158,7 +167,12 @@ def _paused_for_its_cron(session: Session, schedule: Schedule) -> bool:
 
 
 def fire_due_schedules(
-    session: Session, redis: Redis, *, now: datetime | None = None, timeout_s: int = 3600
+    session: Session,
+    redis: Redis,
+    *,
+    now: datetime | None = None,
+    timeout_s: int = 3600,
+    planning: Planning | None = None,
 ) -> list[ScheduleRun]:
     """The scheduler's tick: fire every schedule that is due, once, by its misfire policy."""
     now = now or utcnow()
@@ -169,7 +183,8 @@ def fire_due_schedules(
         latest = _latest_due(schedule, now)
         on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
         if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:
-            run = fire(session, redis, schedule, latest, trigger="cron" if on_time else "catch-up", timeout_s=timeout_s)
+            trigger = "cron" if on_time else "catch-up"
+            run = fire(session, redis, schedule, latest, trigger=trigger, timeout_s=timeout_s, planning=planning)
             if run is not None:
                 runs.append(run)
         else:
@@ -178,8 +193,10 @@ def fire_due_schedules(
     return runs
 
 
-def run_now(session: Session, redis: Redis, schedule: Schedule, *, timeout_s: int) -> ScheduleRun:
-    run = fire(session, redis, schedule, utcnow(), trigger="manual", timeout_s=timeout_s)
+def run_now(
+    session: Session, redis: Redis, schedule: Schedule, *, timeout_s: int, planning: Planning | None = None
+) -> ScheduleRun:
+    run = fire(session, redis, schedule, utcnow(), trigger="manual", timeout_s=timeout_s, planning=planning)
     assert run is not None  # a manual run's fire time is now: unique
     return run
 

@@ -326,6 +326,10 @@ class Batch(Base):
     expired_at: Mapped[datetime | None]
     cancelling_at: Mapped[datetime | None]
     cancelled_at: Mapped[datetime | None]
+    # Its queue order's plan (gpuq/batches/planning.py); null where nothing was planned.
+    planned_lines: Mapped[int | None] = mapped_column(Integer)  # generation lines queued by the plan
+    planned_groups: Mapped[int | None] = mapped_column(Integer)  # starts two lines or more share
+    planned_lanes: Mapped[int | None] = mapped_column(Integer)  # lanes interleaved: a worker's slots
 
     __table_args__ = (
         Index("ix_batches_status", "status"),

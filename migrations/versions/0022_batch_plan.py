@@ -1,0 +1,31 @@
+"""Batches: what planning their queue order did (generation lines planned, the starts they
+share, the lanes interleaved)
+
+Revision ID: 0022_batch_plan
+Revises: 0021_cache_tiers
+Create Date: 2026-12-08
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0022_batch_plan"
+down_revision = "0021_cache_tiers"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("batches") as batch:
+        batch.add_column(sa.Column("planned_lines", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("planned_groups", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("planned_lanes", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("batches") as batch:
+        batch.drop_column("planned_lanes")
+        batch.drop_column("planned_groups")
+        batch.drop_column("planned_lines")
