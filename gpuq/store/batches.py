@@ -158,12 +158,12 @@ def batch_line_counts(session: Session, batch_id: str) -> dict[str, int]:
 
 def batch_prompt_tokens(session: Session, batch_id: str) -> tuple[int, int]:
     """(prompt tokens, of them taken from a cache) of the batch's generation jobs that ran."""
-    row = session.execute(
-        select(func.coalesce(func.sum(Job.prompt_tokens), 0), func.coalesce(func.sum(Job.cached_tokens), 0)).where(
+    prompt, cached = session.execute(
+        select(func.sum(Job.prompt_tokens), func.sum(Job.cached_tokens)).where(
             Job.batch_id == batch_id, Job.cached_tokens.is_not(None)
         )
     ).one()
-    return int(row[0]), int(row[1])
+    return int(prompt or 0), int(cached or 0)
 
 
 def batch_jobs(session: Session, batch_id: str) -> Iterator[Job]:
