@@ -79,13 +79,16 @@ class QueuePlan(BaseModel):
 
     lines: int = Field(description="generation lines queued by the plan, grouped by the starts their prompts share")
     groups: int = Field(description="starts that two lines or more share (each line under the longest it shares)")
-    lanes: int = Field(description="groups queued side by side: a worker's slots, so each computes its start once")
+    slots: int = Field(
+        description="the slots of the workers serving the model, all together, it was planned for: a line comes at "
+        "least this many places after the line that computes its start (0: nothing shared, file order)"
+    )
 
     @classmethod
     def of(cls, batch: Batch) -> QueuePlan | None:
         if batch.planned_lines is None:
             return None
-        return cls(lines=batch.planned_lines, groups=batch.planned_groups or 0, lanes=batch.planned_lanes or 1)
+        return cls(lines=batch.planned_lines, groups=batch.planned_groups or 0, slots=batch.planned_slots or 0)
 
 
 class BatchObject(BaseModel):

@@ -1,10 +1,10 @@
-"""The order a batch's generation lines are queued in: lines that share a start side by side.
+"""The order a batch's generation lines are queued in: lines that share a start together.
 
 gpuq sees every line of a batch before any runs. A worker reuses a prompt's start from a KV
-stream (live or kept) or from its prefix cache's RAM tier, but only a start that is already
-computed when the prompt is admitted: lines admitted together each compute their start, and a
-start whose lines are spread over the whole file is computed again once it has left the
-streams. So the queue order decides how often each start is computed.
+stream (live or kept) or from its prefix cache's RAM tier, but only a start that is computed
+when the prompt is admitted: lines admitted while their start is still being computed each
+compute it again (a worker takes K lines at once when it starts, and one each time a slot
+frees). So the queue order decides how often each start is computed.
 
 - **A trie of block chains.** Each line's prompt is named by a chain of block keys: its bytes
   (``queue_order.prompt_bytes``: the text or the token ids it starts with) in blocks of
@@ -18,21 +18,25 @@ streams. So the queue order decides how often each start is computed.
 - **Depth first.** Walking that trie gives every start's lines one after another, the lines
   sharing the longest start nearest each other; at each node its subtrees (and the lines that
   end there) in the order the file first has them, so a plan follows the file where it can.
-- **Lanes.** The walk is cut into ``lanes`` contiguous pieces of about equal prompt size
-  (a worker's slots, K), each cut moved, within half a lane's share, to where neighbours share
-  the least; the lanes are then merged, always taking the next line of the lane that has had
-  the least prompt queued (so a lane of long prompts, whose starts cost the most to compute
-  twice, is the one whose lines come furthest apart). The first K lines a worker takes, all at once when it
-  starts, are so K different starts, each computed once; the next line of a lane comes about
-  K lines later, when its start has been computed and sits in a stream. Siblings queued
-  strictly one after another would be taken together, and each would compute the start.
+  Each line reuses the most it can from the line before it, and a group's start stays in a
+  worker's streams while its lines run (not only in the RAM tier).
+- **Starts ahead.** A line that reuses what an earlier line computes comes at least ``slots``
+  places after it (the slots of the workers that serve the model): the lines taken in between
+  are at most the slots that free while that start is computed (a later prompt's prefill waits
+  for an earlier one's, so nothing admitted after it can end before it is in), so the line is
+  admitted once its start is there. The places in between go to the next lines that start
+  something new (the first line of the next group, or a line that shares nothing), taken out of
+  their turn; such a line also goes ``slots - 1`` places early when its turn is that near, so
+  the next group's first line is computed while the last lines of the group before it run. Only
+  when no such line is left does a line go in early. The first K lines a worker takes at once
+  are so K different starts, each computed once, and at most two groups are open at a time.
 
 Pure and synchronous over plain data: tested without Redis, SQL or a model.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import itertools
 import struct
 from collections.abc import Sequence
@@ -69,7 +73,7 @@ class PlannedLine:
 
     key: int
     chain: bytes
-    weight: int  # its prompt's size (bytes stand for tokens): lanes are balanced by it
+    weight: int  # its prompt's size in bytes (for the figures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,7 @@ class Plan:
     order: list[int]  # the keys, in the order to queue them
     lines: int  # lines planned
     groups: int  # starts shared by two lines or more (each line counted under the longest it shares)
-    lanes: int  # lanes the order interleaves (1 when nothing is shared: file order)
+    slots: int  # the slots it was planned for (0 when nothing is shared: file order)
     prompt_bytes: int
     shared_bytes: int  # prompt bytes in whole blocks some other line starts with too
 
@@ -92,8 +96,8 @@ class _Node:
     parent: _Node | None = field(default=None, repr=False)
 
 
-def plan(lines: Sequence[PlannedLine], *, lanes: int) -> Plan:
-    """The queue order of ``lines`` for workers of ``lanes`` slots."""
+def plan(lines: Sequence[PlannedLine], *, slots: int) -> Plan:
+    """The queue order of ``lines`` for workers with ``slots`` slots in all."""
     lines = sorted(lines, key=lambda line: line.key)  # file order: a line's index is its place in the file
     total = sum(line.weight for line in lines)
     if not lines:
@@ -103,20 +107,17 @@ def plan(lines: Sequence[PlannedLine], *, lanes: int) -> Plan:
         return _file_order(lines, total)
     root = _trie(lines)
     walk, shared_depth, groups = _walk(root, len(lines))
-    shared = sum(min(d * BLOCK_BYTES, lines[i].weight) for i, d in enumerate(shared_depth))
     if groups == 0:
         return _file_order(lines, total)
-    lanes = max(1, min(lanes, len(lines)))
-    weights = [max(1, lines[i].weight) for i in walk]
+    shared = sum(min(d * BLOCK_BYTES, lines[i].weight) for i, d in enumerate(shared_depth))
     between = [0] + [_common_blocks(lines[a].chain, lines[b].chain) for a, b in itertools.pairwise(walk)]
-    pieces = _cut(weights, between, lanes)
-    merged = _merge([walk[start:end] for start, end in pieces], [weights[start:end] for start, end in pieces])
-    return Plan([lines[i].key for i in merged], len(lines), groups, len(pieces), total, shared)
+    order = _starts_ahead(between, max(1, slots))
+    return Plan([lines[walk[at]].key for at in order], len(lines), groups, max(1, slots), total, shared)
 
 
 def _file_order(lines: Sequence[PlannedLine], total: int) -> Plan:
     """Nothing shared: nothing to gain, and file order is what the user expects."""
-    return Plan([line.key for line in lines], len(lines), 0, 1, total, 0)
+    return Plan([line.key for line in lines], len(lines), 0, 0, total, 0)
 
 
 def _trie(lines: Sequence[PlannedLine]) -> _Node:
@@ -208,38 +209,46 @@ def _common_blocks(a: bytes, b: bytes) -> int:
     return low
 
 
-def _cut(weights: list[int], between: list[int], lanes: int) -> list[tuple[int, int]]:
-    """The walk cut into ``lanes`` non-empty contiguous pieces of about equal weight. Each cut
-    goes where its neighbours share the fewest blocks (``between[c]``: lines ``c - 1`` and ``c``)
-    within half a lane's share of the even cut, the nearest such place first."""
-    n = len(weights)
-    before = [0]
-    for w in weights:
-        before.append(before[-1] + w)
-    total = before[-1]
-    slack = total / (2 * lanes)
-    cuts = [0]
-    for k in range(1, lanes):
-        goal = total * k / lanes
-        low, high = cuts[-1] + 1, n - (lanes - k)  # every piece keeps a line
-        if low > high:
-            break
-        candidates = [c for c in range(low, high + 1) if abs(before[c] - goal) <= slack]
-        if not candidates:
-            candidates = [min(range(low, high + 1), key=lambda c: abs(before[c] - goal))]
-        cuts.append(min(candidates, key=lambda c: (between[c], abs(before[c] - goal), c)))
-    cuts.append(n)
-    return list(itertools.pairwise(cuts))
+def _starts_ahead(between: list[int], slots: int) -> list[int]:
+    """The walk's positions in queue order. A line that reuses an earlier line's start
+    (``between[at]``: the blocks it shares with the line before it) comes at least ``slots``
+    places after the line that computes that start; the places in between go to the next lines
+    that start something new (they share nothing with the line before them, so wait for
+    nothing), out of their turn. Such a line also goes ``slots - 1`` places early when its turn
+    is that near, so the lines that reuse its start need not wait when their turn comes."""
+    n = len(between)
+    source = _sources(between)
+    fresh = [at for at in range(n) if between[at] == 0]
+    placed = [-1] * n  # queue place of each walk position, -1 until queued
+    order: list[int] = []
+    at = 0  # the next walk position in turn
+    ahead = 0  # the next of ``fresh`` not queued yet
+    while len(order) < n:
+        while placed[at] >= 0:
+            at += 1
+        while ahead < len(fresh) and placed[fresh[ahead]] >= 0:
+            ahead += 1
+        new = fresh[ahead] if ahead < len(fresh) else at
+        src = source[at]
+        waits = src is not None and len(order) - placed[src] < slots  # its start may still be computing
+        # The lines still to come before ``new`` in turn (those of ``fresh`` that went early do not).
+        before_new = new - at - (ahead - bisect.bisect_right(fresh, at))
+        take = new if new != at and (waits or before_new < slots) else at
+        placed[take] = len(order)
+        order.append(take)
+    return order
 
 
-def _merge(pieces: list[list[int]], weights: list[list[int]]) -> list[int]:
-    """The lanes interleaved: each next line from the lane with the least weight queued so far
-    (the lowest lane on a tie), so lanes advance together and their first lines come first."""
-    merged: list[int] = []
-    heap = [(0, lane, 0) for lane in range(len(pieces))]
-    while heap:
-        queued, lane, at = heapq.heappop(heap)
-        merged.append(pieces[lane][at])
-        if at + 1 < len(pieces[lane]):
-            heapq.heappush(heap, (queued + weights[lane][at], lane, at + 1))
-    return merged
+def _sources(between: list[int]) -> list[int | None]:
+    """For each walk position, the first position of the run of lines that share with it all
+    it reuses from the line before it (the line that computes that start first), or None when it
+    reuses nothing: the last earlier position whose line shares less with its own predecessor."""
+    source: list[int | None] = [None] * len(between)
+    smaller: list[int] = []  # positions whose ``between`` increase from the bottom of the stack up
+    for at, shared in enumerate(between):
+        while smaller and between[smaller[-1]] >= shared:
+            smaller.pop()
+        if shared > 0:
+            source[at] = smaller[-1] if smaller else 0
+        smaller.append(at)
+    return source

@@ -8,8 +8,9 @@ queue order once every job is made.
 - **What a line starts with** (:func:`prompt_bytes`): its prompt's text, its messages (tools
   first, then each message's role and content, in the order a chat template renders them), or
   its token ids. No template is rendered and nothing is tokenised: a few microseconds a line.
-- **Lanes**: the slots of the workers that serve the model (those with it loaded, else any
-  live worker), else the default of ``GPUQ_WORKER_SLOTS``.
+- **Slots**: those of the workers that serve the model, all together (the workers with it
+  loaded, else every live worker), else the default of ``GPUQ_WORKER_SLOTS`` (no worker is up
+  yet: a cron run at night, say).
 - **What changes**: only the order jobs are queued in. Job ids, line numbers, and so the
   results file, follow the file. Embedding lines are queued in file order, after the planned
   lines (they have queues of their own).
@@ -40,7 +41,7 @@ class Planning:
     """What planning needs from the settings."""
 
     enabled: bool = True  # GPUQ_BATCH_PLAN; false: file order
-    gpu_slots: int = DEFAULT_GPU_SLOTS  # lanes when no live worker says its slots, on a fleet of GPUs
+    gpu_slots: int = DEFAULT_GPU_SLOTS  # slots when no live worker says its own, on a fleet of GPUs
     cpu_slots: int = DEFAULT_CPU_SLOTS  # ... and on one without
 
     @classmethod
@@ -58,7 +59,7 @@ class PlanFigures:
 
     lines: int
     groups: int
-    lanes: int
+    slots: int
     prompt_bytes: int
     shared_bytes: int
 
@@ -86,7 +87,7 @@ class QueueOrder:
     """One batch's planning: its generation lines' chains, gathered as its jobs are made."""
 
     def __init__(self, planning: Planning, *, on_gpu: bool) -> None:
-        self._default_lanes = planning.gpu_slots if on_gpu else planning.cpu_slots
+        self._default_slots = planning.gpu_slots if on_gpu else planning.cpu_slots
         self._models: dict[str, list[PlannedLine]] = {}
 
     def note(self, model: str, line_number: int, request: dict[str, Any]) -> None:
@@ -104,7 +105,7 @@ class QueueOrder:
             return [entry for _line, entry in by_line], None
         workers = _workers(redis)
         plans: list[Plan] = [
-            plan(lines, lanes=_lanes(model, workers, self._default_lanes)) for model, lines in self._models.items()
+            plan(lines, slots=_slots(model, workers, self._default_slots)) for model, lines in self._models.items()
         ]
         entry_of = dict(by_line)
         first = [entry_of.pop(line) for p in plans for line in p.order]
@@ -112,7 +113,7 @@ class QueueOrder:
         figures = PlanFigures(
             lines=sum(p.lines for p in plans),
             groups=sum(p.groups for p in plans),
-            lanes=max(p.lanes for p in plans),
+            slots=max(p.slots for p in plans),
             prompt_bytes=sum(p.prompt_bytes for p in plans),
             shared_bytes=sum(p.shared_bytes for p in plans),
         )
@@ -122,12 +123,12 @@ class QueueOrder:
 def _workers(redis: Redis) -> list[LiveWorker]:
     try:
         return live_workers(redis)
-    except RedisError:  # the enqueue that follows says so; lanes fall back to the default
+    except RedisError:  # the enqueue that follows says so; the slots fall back to the default
         return []
 
 
-def _lanes(model: str, workers: list[LiveWorker], default: int) -> int:
-    """The slots of a worker that serves ``model``: one with it loaded, else any live one,
-    else the default (no worker is up yet: a cron run at night, say)."""
+def _slots(model: str, workers: list[LiveWorker], default: int) -> int:
+    """The slots of the workers that serve ``model``, all together: those with it loaded, else
+    every live one (each may load it), else the default."""
     serving = [w.slots for w in workers if model in w.loaded_models] or [w.slots for w in workers]
-    return max(serving, default=default)
+    return sum(serving) or default

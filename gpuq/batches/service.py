@@ -327,14 +327,14 @@ def _queue_order(
         return [entry for _line, entry in sorted(queued, key=lambda q: q[0])]
     entries, figures = order.order(queued, redis)
     if figures is not None:
-        batch.planned_lines, batch.planned_groups, batch.planned_lanes = figures.lines, figures.groups, figures.lanes
+        batch.planned_lines, batch.planned_groups, batch.planned_slots = figures.lines, figures.groups, figures.slots
         log.info(
-            "batch %s: %d generation lines planned into %d groups over %d lanes; "
+            "batch %s: %d generation lines planned into %d groups for %d slots; "
             "%d of their %d prompt bytes are in starts shared with other lines",
             batch.id,
             figures.lines,
             figures.groups,
-            figures.lanes,
+            figures.slots,
             figures.shared_bytes,
             figures.prompt_bytes,
         )

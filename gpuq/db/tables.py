@@ -329,7 +329,7 @@ class Batch(Base):
     # Its queue order's plan (gpuq/batches/planning.py); null where nothing was planned.
     planned_lines: Mapped[int | None] = mapped_column(Integer)  # generation lines queued by the plan
     planned_groups: Mapped[int | None] = mapped_column(Integer)  # starts two lines or more share
-    planned_lanes: Mapped[int | None] = mapped_column(Integer)  # lanes interleaved: a worker's slots
+    planned_slots: Mapped[int | None] = mapped_column(Integer)  # the workers' slots it was planned for
 
     __table_args__ = (
         Index("ix_batches_status", "status"),

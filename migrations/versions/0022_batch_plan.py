@@ -1,5 +1,5 @@
 """Batches: what planning their queue order did (generation lines planned, the starts they
-share, the lanes interleaved)
+share, the workers' slots it was planned for)
 
 Revision ID: 0022_batch_plan
 Revises: 0021_cache_tiers
@@ -21,11 +21,11 @@ def upgrade() -> None:
     with op.batch_alter_table("batches") as batch:
         batch.add_column(sa.Column("planned_lines", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("planned_groups", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("planned_lanes", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("planned_slots", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("batches") as batch:
-        batch.drop_column("planned_lanes")
+        batch.drop_column("planned_slots")
         batch.drop_column("planned_groups")
         batch.drop_column("planned_lines")
