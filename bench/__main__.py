@@ -603,6 +603,8 @@ def bench_batch_plan(args: argparse.Namespace) -> None:
                     max_tokens=args.max_tokens,
                     slots=args.plan_slots,
                     threads=args.threads,
+                    grouped=args.plan_grouped,
+                    ram_bytes=args.plan_ram_bytes,
                 )
             sides[planned].append(side)
             print(
@@ -613,8 +615,9 @@ def bench_batch_plan(args: argparse.Namespace) -> None:
             )
     lines = args.plan_families * args.plan_per_family
     print(
-        f"\nbatch-plan: {lines} lines ({args.plan_families} families of {args.plan_per_family}, interleaved), "
-        f"greedy, max_tokens {args.max_tokens}, one worker, K={args.plan_slots}, {args.threads} threads, "
+        f"\nbatch-plan: {lines} lines ({args.plan_families} families of {args.plan_per_family}, "
+        f"{'grouped' if args.plan_grouped else 'interleaved'}), greedy, max_tokens {args.max_tokens}, one worker, "
+        f"K={args.plan_slots}, RAM tier {'off' if args.plan_ram_bytes == 0 else 'on'}, {args.threads} threads, "
         f"median of {args.rounds} rounds"
     )
     print("  side         from cache   of prompt tokens   jobs/s    seconds")
@@ -713,6 +716,12 @@ def main() -> None:
     parser.add_argument("--plan-families", type=int, default=8, help="batch-plan: prompt families (at most 8)")
     parser.add_argument("--plan-per-family", type=int, default=8, help="batch-plan: lines a family")
     parser.add_argument("--plan-slots", type=int, default=4, help="batch-plan: K, the worker's slots")
+    parser.add_argument(
+        "--plan-grouped", action="store_true", help="batch-plan: each family's lines together in the file"
+    )
+    parser.add_argument(
+        "--plan-ram-bytes", type=int, default=-1, help="batch-plan: the worker's RAM tier (-1: its default; 0: off)"
+    )
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):

@@ -2,9 +2,10 @@
 
 The batch: ``families`` prompt families, each its own ~450-token few-shot start
 (``bench.peer.family_start``, W3's), ``per_family`` questions each, interleaved as a batch file
-often has them (W3 itself at the defaults, 8 x 8: 64 lines), greedy, ``max_tokens`` each, as
-``/v1/completions`` lines of one batch, on one worker with K slots and its prefix cache's RAM
-tier at its default.
+often has them (W3 itself at the defaults, 8 x 8: 64 lines; ``--plan-grouped``: each family's
+lines together), greedy, ``max_tokens`` each, as ``/v1/completions`` lines of one batch, on one
+worker with K slots and its prefix cache's RAM tier at its default (``--plan-ram-bytes``: 0
+turns it off).
 
 Two sides, same file, same worker settings, one after the other on fresh state:
 
@@ -57,14 +58,18 @@ class Side:
         return self.jobs / self.seconds
 
 
-def prompts(families: int, per_family: int) -> list[str]:
-    """W3's lines (``bench.peer.W3`` at 8 x 8): question ``q`` of every family, then ``q + 1``."""
-    return [
+def prompts(families: int, per_family: int, *, grouped: bool = False) -> list[str]:
+    """W3's lines (``bench.peer.W3`` at 8 x 8): question ``q`` of every family, then ``q + 1``;
+    ``grouped``: the same lines, each family's together (a file sorted by its start)."""
+    lines = [
         f"{family_start(f)}Question: In one sentence, what is special about "
         f"{SUBJECTS[(q * families + f) % len(SUBJECTS)]}?\nAnswer:"
         for q in range(per_family)
         for f in range(families)
     ]
+    if grouped:  # line i is family i % families's; sorted is stable, so questions keep their order
+        return [lines[i] for i in sorted(range(len(lines)), key=lambda i: i % families)]
+    return lines
 
 
 def write_file(path: Path, lines: list[str], max_tokens: int) -> None:
@@ -92,13 +97,16 @@ def run(
     max_tokens: int,
     slots: int,
     threads: int,
+    grouped: bool = False,
+    ram_bytes: int = -1,
 ) -> Side:
     path = workdir / "batch.jsonl"
-    write_file(path, prompts(families, per_family), max_tokens)
+    write_file(path, prompts(families, per_family, grouped=grouped), max_tokens)
     settings = {
         "GPUQ_WORKER_THREADS": str(threads),
         "GPUQ_WORKER_SLOTS": str(slots),
         "GPUQ_BATCH_PLAN": "true" if planned else "false",
+        "GPUQ_WORKER_PREFIX_CACHE_RAM_BYTES": str(ram_bytes),
     }
     processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
     engine = sync_engine(database_url)
