@@ -8,6 +8,7 @@ from pathlib import Path
 from statistics import median
 
 from bench import (
+    admission,
     batch_bench,
     batch_plan,
     batch_start,
@@ -21,6 +22,7 @@ from bench import (
     invariance,
     model_swap,
     peer,
+    preempt,
     restore,
     scoring,
     soak,
@@ -318,6 +320,8 @@ def bench_peer(args: argparse.Namespace) -> None:
     for round_ in range(1, args.rounds + 1):
         for k in args.slots:
             for name, prompts in peer.WORKLOADS.items():
+                if name not in args.workloads:
+                    continue
                 sides = [("gpuq", True, True, True), ("llama-server", True, True, True)]
                 if args.flash_attn_off:  # both ways side by side: the ratio is not across runs
                     sides.append(("gpuq, flash attn off", True, False, True))
@@ -363,19 +367,21 @@ def _print_peer_summary(args: argparse.Namespace, runs: dict[tuple[str, str, int
     for (name, side, k), side_runs in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0], item[0][1])):
         tok = median(r.tokens_per_s for r in side_runs)
         print(f"  {k:<2} {name:<9} {side:<20} {jobs_s((name, side, k)):7.2f} {tok:7.1f}")
+    ran = [name for name in peer.WORKLOADS if name in args.workloads]
     for k in args.slots:
-        gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
-        print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
-        gain = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "gpuq, RAM tier off", k))
-        print(f"  K={k}: W3 gpuq with the prefix cache's RAM tier / without {gain:.2f}x (target >= 3x)")
+        if "W2" in ran:
+            gain = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "gpuq, reuse off", k))
+            print(f"  K={k}: W2 gpuq with reuse / without {gain:.2f}x")
+        if "W3" in ran:
+            gain = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "gpuq, RAM tier off", k))
+            print(f"  K={k}: W3 gpuq with the prefix cache's RAM tier / without {gain:.2f}x (target >= 3x)")
         if args.flash_attn_off:
-            w1 = jobs_s(("W1", "gpuq, flash attn off", k)) / jobs_s(("W1", "llama-server", k))
-            w2 = jobs_s(("W2", "gpuq, flash attn off", k)) / jobs_s(("W2", "llama-server", k))
-            print(f"  K={k}: gpuq's flash attention off: W1 gpuq/llama-server {w1:.2f}x, W2 {w2:.2f}x")
-        w1 = jobs_s(("W1", "gpuq", k)) / jobs_s(("W1", "llama-server", k))
-        w2 = jobs_s(("W2", "gpuq", k)) / jobs_s(("W2", "llama-server", k))
-        w3 = jobs_s(("W3", "gpuq", k)) / jobs_s(("W3", "llama-server", k))
-        print(f"peer: K={k} W1 gpuq/llama-server {w1:.2f}x, W2 {w2:.2f}x, W3 gpuq/llama-server {w3:.2f}x")
+            flash_off = [
+                f"{n} {jobs_s((n, 'gpuq, flash attn off', k)) / jobs_s((n, 'llama-server', k)):.2f}x" for n in ran
+            ]
+            print(f"  K={k}: gpuq's flash attention off, gpuq/llama-server: {', '.join(flash_off)}")
+        ratios = [f"{n} gpuq/llama-server {jobs_s((n, 'gpuq', k)) / jobs_s((n, 'llama-server', k)):.2f}x" for n in ran]
+        print(f"peer: K={k} {', '.join(ratios)}")
 
 
 def bench_decoder_steps(args: argparse.Namespace) -> None:
@@ -636,6 +642,74 @@ def bench_batch_plan(args: argparse.Namespace) -> None:
     )
 
 
+def bench_admission(args: argparse.Namespace) -> None:
+    """One tenant's queue of --admission-jobs jobs, without deadlines, with one, and with 7
+    interleaved (bench/admission.py), interleaved rounds on fresh state."""
+    kinds = {0: "plain", 1: "one deadline", 7: "7 deadlines"}
+    sides: dict[int, list[admission.Side]] = {k: [] for k in kinds}
+    for _ in range(args.rounds):
+        for deadlines in kinds:
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, _workdir):
+                sides[deadlines].append(admission.run(db, redis_url, args.admission_jobs, deadlines=deadlines))
+    database = "SQLite" if args.database_url is None else args.database_url.split(":", 1)[0]
+    print(f"\nadmission: {args.admission_jobs} queued jobs of one tenant, {database}, median of {args.rounds} rounds")
+    print(
+        "  side          enqueue jobs/s (Redis us/job)   picks/s (Redis us/pick)   position ms   "
+        "work-waiting query ms   count(*) ms"
+    )
+    for deadlines, name in kinds.items():
+        runs = sides[deadlines]
+        print(
+            f"  {name:<13} {median(s.enqueue_per_s for s in runs):14.0f} ({median(s.enqueue_us for s in runs):6.1f})"
+            f"   {median(s.pick_per_s for s in runs):10.0f} ({median(s.pick_us for s in runs):6.1f})"
+            f"   {median(s.position_ms for s in runs):11.1f} {median(s.backlog_ms for s in runs):23.1f} "
+            f"{median(s.count_ms for s in runs):13.1f}"
+        )
+    enqueue = {d: median(s.enqueue_us for s in runs) for d, runs in sides.items()}
+    picks = {d: median(s.pick_us for s in runs) for d, runs in sides.items()}
+    for deadlines in (1, 7):
+        print(
+            f"  {kinds[deadlines]} / plain, Redis's time: enqueue {enqueue[deadlines] / enqueue[0]:.2f}x, "
+            f"pick {picks[deadlines] / picks[0]:.2f}x"
+        )
+
+
+def bench_preempt(args: argparse.Namespace) -> None:
+    """K slots decoding long low-priority answers, then a short high-priority job
+    (bench/preempt.py): preemption off, park and strict, interleaved rounds on fresh state."""
+    sides: dict[str, list[preempt.Side]] = {mode: [] for mode in preempt.MODES}
+    k = args.preempt_slots
+    for round_ in range(1, args.rounds + 1):
+        for mode in preempt.MODES:
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                side = preempt.run(db, redis_url, workdir, mode=mode, slots=k, max_tokens=args.preempt_max_tokens)
+            sides[mode].append(side)
+            print(
+                f"round {round_} {mode:<6}: high job {side.busy_s:.2f} s beside {k} low ({side.idle_s:.2f} s idle); "
+                f"low jobs {side.lows_busy_s:.1f} s ({side.lows_alone_s:.1f} s alone), parked {side.parked_ms} ms",
+                flush=True,
+            )
+    print(
+        f"\npreempt: {k} slots decoding low jobs of {args.preempt_max_tokens} tokens, one high job of "
+        f"{preempt.URGENT_TOKENS} tokens {preempt.DECODING_S:.0f} s into them, one worker, "
+        f"median of {args.rounds} rounds"
+    )
+    ratios = {}
+    for mode in preempt.MODES:
+        runs = sides[mode]
+        latency = median(s.busy_s / s.idle_s for s in runs)
+        lows = median(s.lows_busy_s / (s.lows_alone_s + s.urgent_run_s) for s in runs)
+        ratios[mode] = (latency, lows)
+        print(
+            f"  {mode:<6}  high job {median(s.busy_s for s in runs):6.2f} s = {latency:6.2f}x idle "
+            f"({median(s.idle_s for s in runs):.2f} s)   low jobs {lows:.3f}x (alone + the high job's run)"
+        )
+    print(
+        f"preempt: K={k} high job {ratios['strict'][0]:.2f}x idle strict, {ratios['park'][0]:.2f}x park, "
+        f"{ratios['off'][0]:.2f}x off; low jobs {ratios['strict'][1]:.3f}x strict   (targets: <= 1.5x; <= 1.1x)"
+    )
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "dispatch": bench_dispatch,
     "generation": bench_generation,
@@ -661,6 +735,8 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "restore": bench_restore,
     "fairness": bench_fairness,
     "batch-plan": bench_batch_plan,
+    "admission": bench_admission,
+    "preempt": bench_preempt,
 }
 
 
@@ -685,6 +761,12 @@ def main() -> None:
         type=lambda text: [int(k) for k in text.split(",")],
         default=[1, 4, 8, 16],
         help="batching and worker-memory: the K values to run, comma-separated",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=lambda text: text.split(","),
+        default=["W1", "W2", "W3"],
+        help="peer: the workloads to run, comma-separated",
     )
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
     parser.add_argument(
@@ -722,6 +804,9 @@ def main() -> None:
     parser.add_argument(
         "--plan-ram-bytes", type=int, default=-1, help="batch-plan: the worker's RAM tier (-1: its default; 0: off)"
     )
+    parser.add_argument("--admission-jobs", type=int, default=50_000, help="admission: jobs in the queue")
+    parser.add_argument("--preempt-slots", type=int, default=4, help="preempt: K, the worker's slots")
+    parser.add_argument("--preempt-max-tokens", type=int, default=256, help="preempt: each low job's max_tokens")
     args = parser.parse_args()
     args.which = args.which or choices
     if unknown := set(args.which) - set(choices):

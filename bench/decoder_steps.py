@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from statistics import median
 
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.registry.bundled import require_bundled_model_path
 from worker.engine import LoadedModel
 
@@ -45,7 +46,7 @@ def run(*, slots: int, threads: int) -> StepCosts:
     assert decoder is not None
     request = {"prompt": PROMPT, "max_tokens": LENGTH, "temperature": 0.0, "stop": STOPS}
     for i in range(slots):
-        model.prepare(f"s{i}", request | {"seed": i}, threading.Event()).admit()
+        model.prepare(f"s{i}", GenerationParams.model_validate(request | {"seed": i}), threading.Event()).admit()
     own: list[float] = []
     decode: list[float] = []
     while decoder.active:
@@ -55,7 +56,7 @@ def run(*, slots: int, threads: int) -> StepCosts:
         spent = decoder.decode_seconds - before_decode
         own.append((wall - spent) * 1000)
         decode.append(spent * 1000)
-    tokens = model.prompt_tokens({"prompt": PROMPT})
+    tokens = model.prompt_tokens(GenerationParams(prompt=PROMPT))
     model.close()
     completion = _completion_tokens(model_path=str(require_bundled_model_path()), prompt_tokens=tokens)
     return StepCosts(
@@ -73,7 +74,7 @@ def _completion_tokens(*, model_path: str, prompt_tokens: list[int]) -> list[int
     """The greedy answer's tokens, for timing the old text handling on them."""
     model = LoadedModel(model_path, n_ctx=2304, embedding=False, threads=2, gpu_layers=0, slots=1)
     request = {"prompt": PROMPT, "max_tokens": LENGTH, "temperature": 0.0, "stop": []}
-    model.prepare("one", request, threading.Event()).admit()
+    model.prepare("one", GenerationParams.model_validate(request), threading.Event()).admit()
     assert model.decoder is not None
     while True:
         for finished in model.decoder.step():

@@ -53,6 +53,7 @@ ENERGY_RANGE = (0.8, 1.25)
 BATCH_SLOTS = 8
 PEER_RATIO = 1.0
 BURST_RATIO = 1.3
+RESTORE_RATIO = 0.5  # a start restored from RAM or disk, against prefilling it
 REDIS_URL = os.environ.get("GPUQ_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
@@ -130,6 +131,18 @@ def judge_peer(w1: float, w2: float, w3: float) -> Row:
     )
 
 
+def judge_restore(ram: float, disk: float) -> Row:
+    """``ram``, ``disk``: time to the first token with the start restored, over prefilling it."""
+    measured = f"RAM {ram:.3f}x, disk {disk:.3f}x of the prefill"
+    return Row("prefix cache restore", f"<= {RESTORE_RATIO}x the prefill", measured, max(ram, disk) <= RESTORE_RATIO)
+
+
+def judge_preemption(same: bool, parked: int) -> Row:
+    """``same``: every parked job's text the one it gives never parked; ``parked``: how many were."""
+    measured = f"{parked} parked and resumed, texts {'same' if same else 'DIFFER'}"
+    return Row("preemption", "parked texts same as never parked", measured, same and parked > 0)
+
+
 def judge_burst(ours: float, alone: float) -> Row:
     """``ours``, ``alone``: gap p99 during the burst / median outside it, gpuq's and the engine alone's."""
     measured = f"gpuq {ours:.2f}x, the engine alone {alone:.2f}x"
@@ -183,10 +196,25 @@ def dry_run_rows(miss: set[str]) -> list[Row]:
         judge_seeded(not bad("seeded"), {8: True, 16: False}),
         judge_peer(1.1, 0.8 if bad("peer") else 2.5, 1.2),
         judge_burst(1.6 if bad("burst") else 1.1, 1.05),
+        judge_restore(0.04, 0.9 if bad("restore") else 0.06),
+        judge_preemption(not bad("preemption"), 2),
     ]
 
 
-DRY_RUN_CHECKS = ("build", "discovery", "vram", "worker", "batching", "energy", "telemetry", "seeded", "peer", "burst")
+DRY_RUN_CHECKS = (
+    "build",
+    "discovery",
+    "vram",
+    "worker",
+    "batching",
+    "energy",
+    "telemetry",
+    "seeded",
+    "peer",
+    "burst",
+    "restore",
+    "preemption",
+)
 
 
 # ---------------------------------------------------------------- measuring, on a GPU
@@ -267,6 +295,7 @@ def check_seeded(uuid: str) -> Row:
     import threading
 
     from bench.peer import W2
+    from gpuq.jobs.generation_params import GenerationParams
     from gpuq.registry.bundled import require_bundled_model_path
     from worker.engine import LoadedModel
 
@@ -286,7 +315,7 @@ def check_seeded(uuid: str) -> Row:
         while pending or decoder.active:
             while pending and decoder.free_slots:
                 key, request = pending.pop(0)
-                model.prepare(key, request, threading.Event()).admit()
+                model.prepare(key, GenerationParams.model_validate(request), threading.Event()).admit()
             for finished in decoder.step():
                 assert finished.generation is not None, finished.error
                 done[finished.key] = finished.generation.text
@@ -296,6 +325,65 @@ def check_seeded(uuid: str) -> Row:
     reference = texts(1, reuse=False)
     cached = {k: texts(k, reuse=True) for k in (1, BATCH_SLOTS, 16)}
     return judge_seeded(cached[1] == reference, {k: cached[k] == reference for k in (BATCH_SLOTS, 16)})
+
+
+def check_restore() -> Row:
+    """``bench restore`` on the GPU: a ~450-token start prefilled, or restored from RAM and disk."""
+    from statistics import median
+
+    from bench import restore
+
+    figures = restore.run(rounds=3, threads=4, gpu_layers=-1)
+    prefill = median(figures.first_token_ms["prefilled"])
+    ram = median(figures.first_token_ms["from RAM"]) / prefill
+    disk = median(figures.first_token_ms["from disk, cold"]) / prefill
+    return judge_restore(ram, disk)
+
+
+def check_preemption() -> Row:
+    """Low-priority seeded jobs on every slot, two of them parked for urgent ones mid-answer and
+    resumed, against the same jobs never parked, on the GPU."""
+    import threading
+
+    from bench.peer import W2
+    from gpuq.jobs.generation_params import GenerationParams
+    from gpuq.registry.bundled import require_bundled_model_path
+    from worker.engine import LoadedModel
+
+    lows = {
+        f"low{i}": {"prompt": p, "max_tokens": 48, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": i}
+        for i, p in enumerate(W2[:BATCH_SLOTS])
+    }
+    urgent = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0.0}
+
+    def texts(park: bool) -> tuple[dict[str, str], int]:
+        model = LoadedModel(
+            str(require_bundled_model_path()), n_ctx=2048, embedding=False, threads=4, gpu_layers=-1,
+            slots=BATCH_SLOTS, prompt_cache=True,
+        )  # fmt: skip
+        decoder = model.decoder
+        assert decoder is not None
+        for key, request in lows.items():
+            model.prepare(key, GenerationParams.model_validate(request), threading.Event(), priority=2).admit()
+        done: dict[str, str] = {}
+        for step in range(200):
+            if step == 20 and park:
+                parked = decoder.park_for(0, 2)
+                for i in range(parked):
+                    params = GenerationParams.model_validate(urgent)
+                    model.prepare(f"urgent{i}", params, threading.Event(), priority=0).admit()
+            for finished in decoder.step():
+                assert finished.generation is not None, finished.error
+                done[finished.key] = finished.generation.text
+            if not decoder.active:
+                break
+        parks = decoder.parks
+        model.close()
+        return {k: v for k, v in done.items() if k.startswith("low")}, parks
+
+    reference, _ = texts(park=False)
+    parked, parks = texts(park=True)
+    return judge_preemption(parked == reference, parks)
 
 
 def check_peer(uuid: str, compute_capability: str | None) -> Row:
@@ -438,6 +526,8 @@ def measure() -> list[Row] | None:
         guarded(f"peer: gpuq vs llama-server K={BATCH_SLOTS}", lambda: check_peer(gpu.uuid, gpu.compute_capability))
     )
     rows.append(guarded("intake burst", check_burst))
+    rows.append(guarded("prefix cache restore", check_restore))
+    rows.append(guarded("preemption", check_preemption))
     try:
         rows += check_energy_and_telemetry(gpu.uuid, len(inventory.gpus))
     except Exception as exc:

@@ -34,6 +34,7 @@ from bench.peer import LlamaServer
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import JobKind
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.registry.bundled import BUNDLED_MODEL_NAME, require_bundled_model_path
 from worker.batching import GenerationRun, Started
 from worker.catalog import ModelInfo
@@ -186,11 +187,12 @@ def run_engine_alone(*, threads: int, burst: int = 32, flash_attn: bool = True, 
     waiting = [f"short{i}" for i in range(burst)]
     try:
         for i in range(4):
-            model.prepare(f"long{i}", LONG, threading.Event(), None).admit()
+            model.prepare(f"long{i}", GenerationParams.model_validate(LONG), threading.Event(), None).admit()
         while decoder.active:
             if len(steps) >= BEFORE_STEPS:
                 while waiting and decoder.free_slots:
-                    model.prepare(waiting.pop(0), SHORT, threading.Event(), None).admit()
+                    short = GenerationParams.model_validate(SHORT)
+                    model.prepare(waiting.pop(0), short, threading.Event(), None).admit()
             before = decoder.decode_seconds
             decoder.step()
             live = any(key.startswith("short") for key in decoder.live_keys()) or (

@@ -25,9 +25,10 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
 from gpuq.registry.bundled import require_bundled_model_path
-from worker.decoding import FLASH_ATTN_CHUNK_TOKENS
+from worker.decoding import FLASH_ATTN_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS
 from worker.decoding.kv_state import restore_stream, save_stream
 from worker.engine import LoadedModel
 from worker.prefix_cache import CacheKey, KvLayout, PrefixCache
@@ -49,9 +50,16 @@ class Figures:
     lookup_ms: dict[str, list[float]] = field(default_factory=lambda: {side: [] for side in SIDES[1:]})
 
 
-def _model(path: str, threads: int, *, prompt_cache: bool = True) -> LoadedModel:
+def _model(path: str, threads: int, *, prompt_cache: bool = True, gpu_layers: int = 0) -> LoadedModel:
+    """The engine's context: on the CPU any common prefix reused, on a GPU whole chunks."""
     return LoadedModel(
-        path, n_ctx=N_CTX, embedding=False, threads=threads, gpu_layers=0, slots=SLOTS, prompt_cache=prompt_cache
+        path,
+        n_ctx=N_CTX,
+        embedding=False,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        slots=SLOTS,
+        prompt_cache=prompt_cache,
     )
 
 
@@ -66,7 +74,7 @@ def _first_token(model: LoadedModel, tokens: list[int]) -> tuple[float, int]:
     assert decoder is not None
     started = time.perf_counter()
     request = {"prompt_token_ids": tokens, "max_tokens": 1, "temperature": 0.0, "stop": []}
-    model.prepare("one", request, threading.Event()).admit()
+    model.prepare("one", GenerationParams.model_validate(request), threading.Event()).admit()
     while True:
         for finished in decoder.step():
             assert finished.generation is not None
@@ -80,7 +88,8 @@ def _restored_first_token(
     read and checksum in it), restore-call ms, the first token, and the tokens restored."""
     assert model.decoder is not None
     started = time.perf_counter()
-    found = cache.lookup(key, tokens, limit=len(tokens) - 2)
+    limit, unit = model.decoder.kv.reuse_bounds(len(tokens))
+    found = cache.lookup(key, tokens, limit=limit, unit=unit)
     assert found is not None
     restore_started = time.perf_counter()
     with cache.restoring(found):
@@ -103,11 +112,12 @@ def _drop_pages(directory: Path) -> None:
             os.close(fd)
 
 
-def run(*, rounds: int, threads: int) -> Figures:
+def run(*, rounds: int, threads: int, gpu_layers: int = 0) -> Figures:
+    """``gpu_layers``: -1 on a GPU (scripts/gpu_check.sh), where reuse is by whole chunks."""
     path = str(require_bundled_model_path())
     figures = Figures()
-    prefill = _model(path, threads, prompt_cache=False)
-    tokens = prefill.prompt_tokens({"prompt": PROMPT})
+    prefill = _model(path, threads, prompt_cache=False, gpu_layers=gpu_layers)
+    tokens = prefill.prompt_tokens(GenerationParams(prompt=PROMPT))
     figures.prompt_tokens = len(tokens)
     layout = KvLayout(
         type_k=1,
@@ -116,14 +126,14 @@ def run(*, rounds: int, threads: int) -> Figures:
         n_seq_max=SLOTS,
         n_ctx_seq=N_CTX,
         flash_attn=True,
-        reuse="any-prefix",
-        chunk_tokens=FLASH_ATTN_CHUNK_TOKENS,
-        gpu_layers=0,
+        reuse="any-prefix" if gpu_layers == 0 else "whole-chunks",
+        chunk_tokens=FLASH_ATTN_CHUNK_TOKENS if gpu_layers == 0 else PREFILL_CHUNK_TOKENS,
+        gpu_layers=gpu_layers,
         llama_version="bench",
     )
     key = CacheKey.of(namespace_salt(model_fingerprint(path), cache_scope(None, shared=False)), layout)
     # The start, computed once the engine's way and saved (what the engine saves on reclaiming a stream).
-    source = _model(path, threads)
+    source = _model(path, threads, gpu_layers=gpu_layers)
     _ms, expected = _first_token(source, tokens)
     assert source.decoder is not None
     held = source.decoder.kv.holds(0)
@@ -146,7 +156,7 @@ def run(*, rounds: int, threads: int) -> Figures:
                     cache = PrefixCache.open(ram_limit_bytes=0, disk_dir=disk_dir, disk_limit_bytes=1 << 30)
                     if side.endswith("cold"):
                         _drop_pages(disk_dir)
-                model = _model(path, threads)
+                model = _model(path, threads, gpu_layers=gpu_layers)
                 ms, lookup_ms, restore_ms, token, restored = _restored_first_token(model, cache, key, tokens)
                 model.close()
                 assert token == expected

@@ -31,7 +31,7 @@ from typing import Any
 import jsonschema  # a test-extra package
 import numpy as np
 
-from gpuq.jobs.request import GenerationParams
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.registry.bundled import BUNDLED_CONTEXT_LENGTH, require_bundled_model_path
 from worker.decoding import Finished, Sampling
 from worker.decoding.constraint import SequenceConstraint
@@ -214,7 +214,8 @@ def run_side(
         except ValueError:  # llama.cpp could not parse the grammar llama-cpp-python wrote for it
             side.refused += 1
             continue
-        prepared.append((f"job{i}", model.prompt_tokens(r), GenerationParams.model_validate(r), made, schema))
+        params = GenerationParams.model_validate(r)
+        prepared.append((f"job{i}", model.prompt_tokens(params), params, made, schema))
     side.compile_seconds = time.perf_counter() - compiling
     done: dict[str, Finished] = {}
     pending = list(prepared)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import re
+from datetime import datetime
 from typing import NamedTuple, Protocol
 
 from gpuq import redis_keys
@@ -74,8 +75,11 @@ def band_name(model: str, kind: str, priority: Priority) -> str:
 
 def queue_name(model: str, kind: str, priority: Priority, owner: str | None = None) -> str:
     """The queue a job of ``owner`` (its tenant) waits in."""
-    band = band_name(model, kind, priority)
-    tenant = tenant_segment(owner)
+    return tenant_queue(band_name(model, kind, priority), tenant_segment(owner))
+
+
+def tenant_queue(band: str, tenant: str) -> str:
+    """The queue of a band's tenant, by its tenant segment ("": the band's own queue)."""
     return f"{band}:{tenant}" if tenant else band
 
 
@@ -123,21 +127,30 @@ class Queueable(Protocol):
     def priority(self) -> int: ...
     @property
     def owner(self) -> str | None: ...
+    @property
+    def deadline(self) -> datetime | None: ...
 
 
 class QueueEntry(NamedTuple):
-    """A job's place in Redis: its id in its tenant's queue of its model, kind and priority.
-    The store returns these for the rows it changes, so callers pass them on as they are."""
+    """A job's place in Redis: its id in its tenant's queue of its model, kind and priority,
+    and its deadline (earliest first within that queue, ``gpuq.jobs.fair``). The store returns
+    these for the rows it changes, so callers pass them on as they are."""
 
     job_id: str
     model: str
     kind: str
     priority: int
     owner: str | None = None  # the tenant: whose fair share it is
+    deadline: datetime | None = None
 
     @classmethod
     def of(cls, job: Queueable) -> QueueEntry:
-        return cls(job.id, job.model, job.kind, job.priority, job.owner)
+        return cls(job.id, job.model, job.kind, job.priority, job.owner, job.deadline)
+
+    @property
+    def deadline_ms(self) -> int | None:
+        """The deadline as Redis orders it: milliseconds since the epoch."""
+        return None if self.deadline is None else int(self.deadline.timestamp() * 1000)
 
     @property
     def queue(self) -> str:

@@ -59,6 +59,19 @@ def fair_bell_key(band: str) -> str:
 
 
 FAIR_BELL_MAX = 256  # tokens kept: idle workers one enqueue wakes at once
+
+FAIR_EDF_PREFIX = f"{PREFIX}:fair:edf:"  # + queue name: a zset, below
+
+
+def fair_edf_key(queue: str) -> str:
+    """The jobs with a deadline in one tenant's queue, by deadline: a sorted set of job ids
+    scored by the deadline (ms since the epoch). The queue's list holds every job in the order
+    the pick gives them out, its deadline jobs first; this set says where a new one goes
+    among them (``gpuq.jobs.enqueue``, ``gpuq.jobs.fair``)."""
+    return FAIR_EDF_PREFIX + queue
+
+
+JOB_DEADLINE_FIELD = "gpuq_deadline"  # in RQ's job hash: the job's deadline (ms since the epoch), if it has one
 FAIR_WEIGHTS_KEY = f"{PREFIX}:fair:weights"  # tenant segment -> weight (1 when absent); rebuilt from SQL
 
 
@@ -93,6 +106,7 @@ LOADED_FIELD = "gpuq_loaded"
 DRAIN_FIELD = "gpuq_drain"  # "1" while an admin has drained this worker
 SLOTS_FIELD = "gpuq_slots"  # sequences it decodes together per generation model (GPUQ_WORKER_SLOTS)
 SLOTS_BUSY_FIELD = "gpuq_slots_busy"  # jobs running on it now
+GENERATES_FIELD = "gpuq_generates"  # the models it serves generations of, a JSON list (gpuq.fleet.sample_limit)
 PREFIX_CACHE_FIELD = "gpuq_prefix_cache"  # its prefix cache's figures, JSON (gpuq.fleet.prefix_cache_stats)
 
 # ---------------------------------------------------------------- gpuq's keys
@@ -204,4 +218,5 @@ METRICS_LOADS = f"{PREFIX}:metrics:loads"  # model -> loads
 METRICS_QUEUE_WAIT = f"{PREFIX}:metrics:queue_wait"  # histogram by model, kind
 METRICS_RUN = f"{PREFIX}:metrics:run"  # histogram by model, kind
 METRICS_LOAD_TIME = f"{PREFIX}:metrics:load_time"  # histogram by model
+METRICS_PARKING = f"{PREFIX}:metrics:parking"  # model, "parked" or "resumed" -> sequences
 METRICS_RESTARTS = f"{PREFIX}:metrics:restarts"  # host, supervisor slot -> workers restarted

@@ -153,7 +153,11 @@ class Scheduler:
     def fire_schedules(self) -> None:
         with self._sessions() as session:
             fire_due_schedules(
-                session, self._redis, timeout_s=self.settings.job_timeout_s, planning=Planning.of(self.settings)
+                session,
+                self._redis,
+                timeout_s=self.settings.job_timeout_s,
+                worker_slots=self.settings.worker_slots,
+                planning=Planning.of(self.settings),
             )
 
     def advance_batches(self) -> None:

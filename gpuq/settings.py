@@ -138,6 +138,14 @@ class Settings(BaseSettings):
         description="one prefix cache for all tenants of a model; false (the default): each tenant's cached starts "
         "are its own, so no tenant learns from timing how another's prompts start",
     )
+    worker_preemption: Literal["auto", "park", "strict", "off"] = Field(
+        "auto",
+        description="park: with every slot decoding, a waiting job of a higher priority parks the least urgent, "
+        "newest sequence (its KV to host memory) and runs at once, the parked one resuming where it stopped, its "
+        "text unchanged; strict: that, and while a more urgent sequence decodes the less urgent ones wait (on a "
+        "CPU a step's cost grows with its rows); auto: strict on the CPU, park on a GPU; off: priority orders "
+        "the queue only",
+    )
     log_level: str = Field(
         "INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="the least a process logs (`-v`: DEBUG)"
     )
@@ -187,9 +195,7 @@ class Settings(BaseSettings):
         return self.worker_threads if self.worker_threads > 0 else max(1, os.cpu_count() or 1)
 
     def slots_for(self, *, on_gpu: bool) -> int:
-        if self.worker_slots > 0:
-            return self.worker_slots
-        return DEFAULT_GPU_SLOTS if on_gpu else DEFAULT_CPU_SLOTS
+        return slots_for(self.worker_slots, on_gpu=on_gpu)
 
     @property
     def host(self) -> str:
@@ -221,6 +227,13 @@ def refuse_unknown_variables(environ: Mapping[str, str]) -> None:
             close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else "see the README's configuration table"
             raise UnknownSettingError(f"unknown setting {name} in the environment: {hint}")
+
+
+def slots_for(worker_slots: int, *, on_gpu: bool) -> int:
+    """A worker's slots: ``GPUQ_WORKER_SLOTS``, or its default for the device where it is 0."""
+    if worker_slots > 0:
+        return worker_slots
+    return DEFAULT_GPU_SLOTS if on_gpu else DEFAULT_CPU_SLOTS
 
 
 def get_settings() -> Settings:

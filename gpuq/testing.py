@@ -144,12 +144,14 @@ class GpuqProcesses:
                 raise RuntimeError(f"API did not start:\n{process.tail()}") from None
         return process, url
 
-    def start_worker(self, slot: str = "cpu", *, gpus: str | None = None) -> tuple[Process, str]:
-        """Starts a worker (pinned to ``gpus``, UUIDs, if given) and waits until it has
-        registered with RQ; returns its name."""
+    def start_worker(
+        self, slot: str = "cpu", *, gpus: str | None = None, models: tuple[str, ...] = ()
+    ) -> tuple[Process, str]:
+        """Starts a worker (pinned to ``gpus``, UUIDs, if given; serving only ``models``, if
+        given) and waits until it has registered with RQ; returns its name."""
         redis = Redis.from_url(self.redis_url)
         before = {w.name for w in Worker.all(connection=redis)}
-        process = self.spawn_worker(slot, gpus=gpus)
+        process = self.spawn_worker(slot, gpus=gpus, models=models)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             new = {w.name for w in Worker.all(connection=redis)} - before
@@ -162,9 +164,10 @@ class GpuqProcesses:
         redis.close()
         raise RuntimeError(f"worker did not start:\n{process.tail()}")
 
-    def spawn_worker(self, slot: str = "cpu", *, gpus: str | None = None) -> Process:
+    def spawn_worker(self, slot: str = "cpu", *, gpus: str | None = None, models: tuple[str, ...] = ()) -> Process:
         """Starts a worker without waiting for it."""
         args = ["worker", "--slot", slot] + (["--gpus", gpus] if gpus else [])
+        args += [arg for model in models for arg in ("--model", model)]
         return self._spawn(f"worker-{slot}-{len(self.processes)}", args)
 
     def start_supervisor(

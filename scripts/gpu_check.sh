@@ -2,8 +2,10 @@
 # The GPU checks, for a machine with an NVIDIA GPU and driver. Prints one table
 # (bench/gpu_check.py: CUDA build, NVML discovery, the VRAM estimate against NVML after a
 # load, a pinned worker's tokens/s against direct llama-cpp-python, continuous batching at
-# K=8, energy per job against NVML power x time, GPU telemetry) and exits non-zero on any
-# miss: 1 for a miss, 2 when no GPU is visible.
+# K=8, energy per job against NVML power x time, GPU telemetry, seeded texts across K and
+# cache hits, gpuq against llama-server on W1-W3, an intake burst, a start restored from the
+# prefix cache's RAM and disk against its prefill, and parked sequences' texts against never
+# parked) and exits non-zero on any miss: 1 for a miss, 2 when no GPU is visible.
 #
 #   scripts/gpu_check.sh                 the real run (needs the GPU)
 #   scripts/gpu_check.sh --cpu-dry-run   the table and exit code on canned figures, any machine

@@ -26,8 +26,15 @@ loop takes that job next, and no ``high`` job waits behind the admission of a ``
 A drained worker, or one told to stop (SIGTERM, RQ's warm shutdown), admits nothing more
 and lets the live sequences finish.
 
-The run talks to its worker through ``Host``, a few verbs, so it can be read (and tested)
-without RQ's worker class.
+Priority also preempts. With every slot taken, the desk still looks at what waits (a peek,
+each ``INTAKE_POLL_S``): a job of this model that outranks the least urgent job of the run is
+taken at once, and the engine parks decoding sequences less urgent than it to make room
+(``worker/decoding/parking.py``: their cells to host memory, resumed exactly where they
+stopped once a stream frees, before anything less urgent than them is admitted). A parked
+job stays running, in SQL and in RQ: nothing is requeued and no attempt is charged.
+
+The run talks to its worker through ``Host``, a few verbs (``worker/run_host.py`` implements
+them for the RQ worker), so it can be read (and tested) without RQ's worker class.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ class Host(Protocol):
 
     runner: JobRunner
     job_timeout_s: float
+    preemption: bool  # GPUQ_WORKER_PREEMPTION: a more urgent job parks sequences for itself
 
     def may_take_more(self) -> bool:
         """Not drained, not stopping, and Redis and SQL answer."""
@@ -76,6 +84,10 @@ class Host(Protocol):
     def next_waiting(self, model: str, kind: str) -> tuple[Job, Queue] | None:
         """The job at the front of the first non-empty queue of the worker's order, if that
         queue is ``model``'s for ``kind``; None when nothing waits or something more urgent does."""
+
+    def waiting_priority(self, model: str, kind: str) -> int | None:
+        """The priority of the job ``next_waiting`` would give, left in its queue; None when it
+        would give none."""
 
     def put_back(self, job: Job, queue: Queue) -> None:
         """Back to the front of its queue, untouched."""
@@ -213,7 +225,9 @@ class GenerationRun:
                     (prepared.key, f"{prepared.n} samples need {prepared.n} slots; this worker has {decoder.slots}")
                 )
                 continue
-            if decoder.free_slots < prepared.n:  # the desk took it while a slot was ending
+            if decoder.free_slots_for(prepared.priority) < prepared.n:
+                self._make_room(decoder, prepared)
+            if decoder.free_slots_for(prepared.priority) < prepared.n:  # taken while a slot was ending
                 waiting.append(prepared)
                 continue
             try:
@@ -226,6 +240,14 @@ class GenerationRun:
             with self._box.wake:
                 self._box.ready.extendleft(reversed(waiting))
         return admitted, refused
+
+    @staticmethod
+    def _make_room(decoder: BatchDecoder, prepared: Prepared) -> None:
+        """Parks less urgent decoding sequences for the request when the streams it needs are
+        not free now nor sure to free at the next step, and parking can give them all."""
+        need = prepared.n - decoder.free_slots_for(prepared.priority) - decoder.freed_next_step
+        if need > 0 and decoder.parkable(prepared.priority) >= need:
+            decoder.park_for(prepared.priority, need)
 
     def _refuse_waiting(self, why: str) -> None:
         with self._box.wake:
@@ -248,6 +270,7 @@ class _Desk:
         self._ended: deque[Finished] = deque()  # ended in the engine, not settled yet
         self._decoder: BatchDecoder | None = None
         self._polled_at = float("-inf")
+        self._peeked_at = float("-inf")  # with every slot taken: when it last looked for a more urgent job
 
     def run(self, job: Job, queue: Queue) -> None:
         try:
@@ -332,11 +355,27 @@ class _Desk:
         return decoder.free_slots + decoder.freed_next_step - sum(self._unadmitted.values())
 
     def _take_more(self) -> None:
-        if self._free() <= 0 or time.monotonic() - self._polled_at < INTAKE_POLL_S or not self._may_take():
+        if self._free() <= 0:
+            self._take_urgent()
+            return
+        if time.monotonic() - self._polled_at < INTAKE_POLL_S or not self._may_take():
             return
         self._polled_at = time.monotonic()
         while self._free() > 0 and self._may_take() and self._take_one_now():
             self._polled_at = float("-inf")  # a job came: look again at once while slots are free
+
+    def _take_urgent(self) -> None:
+        """Every slot taken: the next waiting job of this model is taken all the same when it
+        outranks the least urgent job in hand (the engine parks for it), one at a time."""
+        if time.monotonic() - self._peeked_at < INTAKE_POLL_S or not self._host.preemption:
+            return
+        if self._unadmitted or not self._jobs or not self._may_take():
+            return
+        self._peeked_at = time.monotonic()
+        waiting = self._host.waiting_priority(self._model, self._kind)
+        least_urgent = max(started.claimed.priority for started in self._jobs.values())
+        if waiting is not None and waiting < least_urgent:
+            self._take_one_now()
 
     def _take_one_now(self) -> bool:
         """Takes the next waiting job of this model if it is the most urgent; False if none."""

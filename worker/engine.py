@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.prompt import ChatFormatter, chat_formatter, request_tokens, unpack_prompt_ids, vocabulary_file_tag
-from gpuq.jobs.request import GenerationParams
 from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
 from gpuq.streams.events import TOKENS
 from worker.decoding import BatchDecoder, DamagedModel, Sampling
@@ -52,6 +52,7 @@ class Prepared:
     decoder: BatchDecoder
     constraint: Constraint | None = None
     scope: bytes = b""  # its cache scope: the model file and the tenant (gpuq.prefix_blocks)
+    priority: int = 1  # its job's (gpuq.queue_names.Priority): who is parked for whom
 
     @property
     def n(self) -> int:
@@ -78,6 +79,7 @@ class Prepared:
             echo=params.echo,
             constraint=self.constraint,
             scope=self.scope,
+            priority=self.priority,
         )
 
 
@@ -116,6 +118,7 @@ class LoadedModel:
         any_prefix: bool | None = None,
         prefix_cache: PrefixCache | None = None,
         shared_tenants: bool = False,
+        strict_priority: bool | None = None,
     ) -> None:
         self.embedding = embedding
         self.formatter: ChatFormatter | None = None
@@ -141,6 +144,8 @@ class LoadedModel:
             else any_prefix,
             prefix_cache=prefix_cache,
             gpu_layers=gpu_layers,
+            # On the CPU a step's cost grows with its rows: an urgent sequence decodes alone.
+            strict_priority=gpu_layers == 0 if strict_priority is None else strict_priority,
         )
 
     def close(self) -> None:
@@ -150,32 +155,33 @@ class LoadedModel:
         else:
             self.llm.close()
 
-    def prompt_tokens(self, request: dict[str, Any]) -> list[int]:
-        return request_tokens(request, self.model.tokenize, self.formatter)
+    def prompt_tokens(self, params: GenerationParams) -> list[int]:
+        return request_tokens(params, self.model.tokenize, self.formatter)
 
     def prepare(
         self,
         key: str,
-        request: dict[str, Any],
+        params: GenerationParams,
         cancel: threading.Event,
         deadline: float | None = None,
         prompt_ids: bytes | None = None,
         owner: str | None = None,
+        priority: int = 1,
     ) -> Prepared:
         """A generation made ready to admit: its prompt's tokens (those the API built, when it
         built them with this model's file; else tokenised here), its output schema, if any,
         compiled (beside the engine: the vocabulary is only read, and llama.cpp's tokenizer
         and llguidance's compiler release the GIL), and its cache scope: the tenant ``owner``'s
-        own, unless this model's cache is shared."""
+        own, unless this model's cache is shared. ``priority``: the job's, for parking.
+        ``params`` are not validated again: the API did (gpuq/jobs/request.py)."""
         assert self.decoder is not None, "an embedding model does not generate"
-        params = GenerationParams.model_validate(request)
         schema = params.output_schema
         constraint = self.vocabulary.constraint(schema) if schema is not None else None
         tokens = unpack_prompt_ids(self.file_tag, prompt_ids)
         if tokens is None:
-            tokens = self.prompt_tokens(request)
+            tokens = self.prompt_tokens(params)
         scope = namespace_salt(self.fingerprint, cache_scope(owner, shared=self.shared_tenants))
-        return Prepared(key, params, tokens, cancel, deadline, self.decoder, constraint, scope)
+        return Prepared(key, params, tokens, cancel, deadline, self.decoder, constraint, scope, priority)
 
     def tokens_decoded(self) -> int:
         assert self.decoder is not None

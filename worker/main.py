@@ -118,6 +118,7 @@ def _run_worker(
             any_prefix=None if settings.worker_prompt_reuse == "auto" else settings.worker_prompt_reuse == "any-prefix",
             prefix_cache=prefix_cache,
             shared_tenants=settings.worker_prefix_cache_shared_tenants,
+            strict_priority=None if settings.worker_preemption == "auto" else settings.worker_preemption == "strict",
         )
         memory.cuda_started = device.on_gpu
         return loaded
@@ -181,12 +182,12 @@ def _run_worker(
         model_expiries=cache.expiries,
         on_idle=cache.unload_expired,
         unload_model=cache.unload,  # an admin's unload (POST /v1/models/{name}/unload)
-        flush_outcomes=writer.flush,
         worker_ttl_s=settings.worker_ttl_s,
         heartbeat_interval_s=settings.worker_heartbeat_interval_s,
         queue_refresh_interval_s=settings.worker_refresh_interval_s,
         job_timeout_s=settings.job_timeout_s,
         slots=settings.slots_for(on_gpu=device.on_gpu),
+        preemption=settings.worker_preemption != "off",
         prefix_cache_stats=prefix_cache.stats,
         connection=redis,
     )

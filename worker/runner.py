@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.db.tables import JobKind, JobStatus, utcnow
-from gpuq.jobs.request import KEEP_ALIVE_SHORTENS
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.request import EmbeddingParams, JobParams
 from gpuq.stats.metrics import FinishedJob
 from gpuq.streams.events import End, Start, end_of_job, wants_end, wants_tokens
 from gpuq.streams.publish import StreamPublisher
@@ -42,6 +43,7 @@ class _Running:
     """A claimed job's bookkeeping from its start to its outcome."""
 
     claimed: store.ClaimedJob
+    params: JobParams  # its request, read back typed once (as its kind's params)
     outcome: store.Outcome
     started: float  # time.perf_counter()
     energy: JobEnergy | None
@@ -53,6 +55,8 @@ class _Running:
     tokens_at_start: int = 0  # the decoder's token count when it joined
     decoder: BatchDecoder | None = None
     generation: Generation | None = None
+    parks: int = 0  # its sequences parked for more urgent jobs, and resumed (for /metrics)
+    resumes: int = 0
     _measured: Measurement | None = None
 
     def decoded(self) -> int:
@@ -162,7 +166,7 @@ class JobRunner:
         if claimed is None:
             return
         assert claimed.kind == JobKind.NOOP, f"a {claimed.kind} job in the no-op path"
-        running = self._start(claimed)
+        running = self._start(claimed, JobParams.from_stored(claimed.request))
         running.outcome.result = {}
         self._settle(running)
 
@@ -174,16 +178,23 @@ class JobRunner:
         """Loads the job's model (if need be), tokenises its prompt (unless the API did) and starts its stream: a
         request ready for the decoder. None when the job ended at once (failed, handed back);
         its outcome is then already on its way."""
-        running = self._start(claimed)
+        params = GenerationParams.from_stored(claimed.request)
+        running = self._start(claimed, params)
         model = self._models(claimed.model)
         try:
             if model is None:
                 raise LookupError(f"model {claimed.model!r} is no longer registered")
             spec = _spec(model, embedding=False)
             loaded, running.outcome.load_ms = self._load(spec)
-            running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
+            running.spec, running.keep_alive = spec, params.keep_alive
             prepared = loaded.prepare(
-                claimed.id, claimed.request, cancel, deadline, claimed.prompt_ids, owner=claimed.owner
+                claimed.id,
+                params,
+                cancel,
+                deadline,
+                claimed.prompt_ids,
+                owner=claimed.owner,
+                priority=claimed.priority,
             )
             running.outcome.prompt_tokens, running.decoder = len(prepared.tokens), prepared.decoder
         except HandBack as exc:
@@ -202,11 +213,11 @@ class JobRunner:
         running = self._generating[job_id]
         running.tokens_at_start = tokens_decoded
         running.outcome.cached_tokens = cached_tokens
-        claimed = running.claimed
-        if self._streams is not None and wants_tokens(claimed.request):
+        claimed, params = running.claimed, running.params
+        if self._streams is not None and wants_tokens(params.events):
+            assert isinstance(params, GenerationParams)
             start = Start(claimed.attempts, running.outcome.prompt_tokens, running.outcome.load_ms)
-            samples = claimed.request.get("n", 1)
-            self._streams.start(claimed.id, start, max_tokens=claimed.request["max_tokens"] * samples)
+            self._streams.start(claimed.id, start, max_tokens=params.max_new_tokens * params.n)
 
     def refuse(self, job_id: str, why: str) -> None:
         """The decoder could not take the job's request (its prompt does not fit, say): it fails."""
@@ -247,6 +258,8 @@ class JobRunner:
         else:
             assert running.decoder is not None
             self._record_generation(finished.generations, outcome, running.decoder)
+            running.parks = sum(g.parks for g in finished.generations)
+            running.resumes = sum(g.resumes for g in finished.generations)
             running.generation = finished.generations[0]
             # Only what this job had llama.cpp compute: prompt tokens taken from a KV stream
             # cost nothing, and were paid for by the job that computed them.
@@ -277,14 +290,15 @@ class JobRunner:
         job still gets its own vectors, token count and outcome, and the measured energy is
         shared by tokens. A job cancelled meanwhile ends ``cancelled``; the call stops early
         only when all are."""
-        runs = [self._start(claimed) for claimed, _cancel in jobs]
+        requests = [EmbeddingParams.from_stored(claimed.request) for claimed, _cancel in jobs]
+        runs = [self._start(claimed, params) for (claimed, _cancel), params in zip(jobs, requests, strict=True)]
         model = self._models(jobs[0][0].model)
         try:
             if model is None:
                 raise LookupError(f"model {jobs[0][0].model!r} is no longer registered")
             spec = _spec(model, embedding=True)
             loaded, runs[0].outcome.load_ms = self._load(spec)
-            inputs = [item for claimed, _cancel in jobs for item in claimed.request["input"]]
+            inputs = [item for params in requests for item in params.input]
             by_key = loaded.embed_inputs(inputs, _AllSet([cancel for _claimed, cancel in jobs]))
         except HandBack as exc:
             for running in runs:
@@ -301,10 +315,10 @@ class JobRunner:
                 running.outcome.status, running.outcome.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
                 self._settle(running)
             return
-        keys = [[embed_key(item) for item in c.request["input"]] for c, _cancel in jobs]
+        keys = [[embed_key(item) for item in params.input] for params in requests]
         tokens = [sum(by_key[key][1] for key in set(own_keys)) for own_keys in keys]
-        for (claimed, cancel), running, own, own_keys in zip(jobs, runs, tokens, keys, strict=True):
-            running.spec, running.keep_alive = spec, claimed.request.get("keep_alive")
+        for (_claimed, cancel), running, own, own_keys in zip(jobs, runs, tokens, keys, strict=True):
+            running.spec, running.keep_alive = spec, running.params.keep_alive
             running.share = own / sum(tokens) if sum(tokens) else 1.0 / len(jobs)
             self._record_embeddings([by_key[key][0] for key in own_keys], own, running.outcome)
             if cancel.is_set():
@@ -319,20 +333,20 @@ class JobRunner:
 
     # ------------------------------------------------------------- one job's bookkeeping
 
-    def _start(self, claimed: store.ClaimedJob) -> _Running:
+    def _start(self, claimed: store.ClaimedJob, params: JobParams) -> _Running:
         outcome = store.Outcome(
             job_id=claimed.id,
             worker=self.worker_name,
             status=JobStatus.SUCCEEDED,
             finished_at=utcnow(),
-            webhook_url=claimed.request.get("webhook_url"),
+            webhook_url=params.webhook_url,
             owner=claimed.owner,
-            attempt=claimed.attempts,  # written only while the row is still at this attempt
+            run_id=claimed.run_id,  # written only while the row is still in this run
         )
         # Measured around the whole job, model load included; two NVML reads per job (or a
         # sampling thread on GPUs without an energy counter), nothing per token.
         energy = self._energy.start() if self._energy is not None else None
-        return _Running(claimed, outcome, time.perf_counter(), energy)
+        return _Running(claimed, params, outcome, time.perf_counter(), energy)
 
     def _settle(self, running: _Running) -> None:
         outcome = running.outcome
@@ -342,7 +356,7 @@ class JobRunner:
         outcome.run_ms = int((time.perf_counter() - running.started) * 1000) - (outcome.load_ms or 0)
         measured = running.energy_stop()
         if running.spec is not None:
-            shortens = bool(running.claimed.request.get(KEEP_ALIVE_SHORTENS))  # an admin's (gpuq/jobs/submit.py)
+            shortens = bool(running.params.keep_alive_shortens)  # an admin's (gpuq/jobs/submit.py)
             self._kept.append((running.spec, running.keep_alive, shortens))
         if self._health is not None:
             self._health.record(outcome.error)
@@ -352,8 +366,8 @@ class JobRunner:
         )
         if measured.energy_j is not None or measured.gpu_seconds is not None:
             outcome.energy_share = round(running.share, 4)
-        end = _end(outcome, running.generation) if wants_end(running.claimed.request) else None
-        self._writer.submit(outcome, _finished(running.claimed, outcome), end)
+        end = _end(outcome, running.generation) if wants_end(running.params.events) else None
+        self._writer.submit(outcome, _finished(running, outcome), end)
 
     def _hand_back_or_settle(self, running: _Running, exc: HandBack) -> None:
         self._hand_back_or_fail(running.claimed, running.outcome, exc)
@@ -396,12 +410,14 @@ class JobRunner:
         outcome.cached_tokens = first.cached_tokens
         outcome.cached_ram_tokens = first.cached_ram_tokens
         outcome.cached_disk_tokens = first.cached_disk_tokens
+        outcome.parked_ms = max(g.parked_ms for g in generations)  # samples parked apart: the longest wait
         if all(g.finish_reason == "cancelled" for g in generations):
             outcome.status = JobStatus.CANCELLED
 
 
-def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
+def _finished(running: _Running, outcome: store.Outcome) -> FinishedJob:
     """What the metrics count for this job, once its outcome is written."""
+    claimed = running.claimed
     wait_s = (claimed.started_at - claimed.created_at).total_seconds() if claimed.created_at else None
     return FinishedJob(
         model=claimed.model,
@@ -410,6 +426,8 @@ def _finished(claimed: store.ClaimedJob, outcome: store.Outcome) -> FinishedJob:
         queue_wait_s=wait_s,
         run_s=outcome.run_ms / 1000 if outcome.run_ms is not None else None,
         completion_tokens=outcome.completion_tokens,
+        parks=running.parks,
+        resumes=running.resumes,
     )
 
 

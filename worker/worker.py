@@ -16,18 +16,20 @@ lives in SQL can do less than plain RQ:
 * admin controls (``gpuq/workers.py``): drained (by its own flag or its host's), it
   finishes its job and takes no more, staying alive and heartbeating; asked to unload a
   model, it does so at once when idle, else right after its job; told an admin requeued
-  its running job, it stops it and lets the outcome writer settle before its next claim.
+  its running job, it stops it (the stopped run's outcome is fenced out by its run id).
+
+What a run needs of it (intake from its queues, each job's claim and RQ execution) is
+``RunHost``'s (worker/run_host.py), which the worker builds and hands to every run.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from contextlib import suppress
 from types import FrameType
 from typing import Any
 
@@ -38,8 +40,8 @@ from rq import Queue, SimpleWorker
 from rq.command import parse_payload
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout, NoSuchJobError
-from rq.executions import Execution, ExecutionRegistry
-from rq.job import Job, JobStatus
+from rq.executions import ExecutionRegistry
+from rq.job import Job
 from rq.worker import Worker, WorkerStatus
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -52,17 +54,16 @@ from gpuq.jobs.reconciler import redis_age_s
 from gpuq.queue_names import parse_queue_name
 from gpuq.redis_keys import (
     CANCEL_FLAG_TTL_S,
+    GENERATES_FIELD,
     PREFIX_CACHE_FIELD,
-    RUN_ALONE_KEY,
     SLOTS_BUSY_FIELD,
     SLOTS_FIELD,
     loaded_expiry_key,
-    rq_intermediate_key,
-    rq_queue_key,
 )
-from worker.batching import EmbeddingRun, GenerationRun, Started
+from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.outages import RECONNECT_BACKOFF_MAX_S, Dependency
+from worker.run_host import RunHost
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
@@ -72,14 +73,6 @@ IDLE_WRITE_GAP_S = 1.0
 CONTROL_READ_GAP_S = 1.0  # drain flags and unload requests are re-read at most this often
 DRAINED_WAKE_S = 1.0  # a drained worker checks its flags (and keep_alive expiries) this often
 PUBSUB_WAKE_S = 1.0  # RQ's command listener sees a stop this soon (see subscribe)
-
-# At the end of a job RQ's job hash is deleted (results live in SQL), unless an admin's
-# requeue or the reconciler has meanwhile enqueued the job again: then the hash belongs
-# to the new queue entry, and deleting it would make RQ skip that entry.
-_DELETE_UNLESS_QUEUED = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def slot_of(worker_name: str) -> str:
@@ -98,12 +91,12 @@ class GpuqWorker(SimpleWorker):
         model_expiries: Callable[[], dict[str, float | None]] = dict,
         on_idle: Callable[[], object] = lambda: None,
         unload_model: Callable[[str], object] = lambda _name: None,
-        flush_outcomes: Callable[[], object] = lambda: None,
         worker_ttl_s: int,
         heartbeat_interval_s: float,
         queue_refresh_interval_s: float = 5.0,
         job_timeout_s: float = 3600.0,
         slots: int = 1,
+        preemption: bool = True,
         prefix_cache_stats: Callable[[], PrefixCacheStats] | None = None,
         connection: Redis,
         **kwargs: Any,  # RQ's other Worker options, passed on
@@ -114,14 +107,12 @@ class GpuqWorker(SimpleWorker):
         self._published_expiries: dict[str, float | None] | None = None
         self._on_idle = on_idle
         self._unload_model = unload_model
-        self._flush_outcomes = flush_outcomes
         self._prefix_cache_stats = prefix_cache_stats
         self._servable = list_servable()
         self._loaded_elsewhere: frozenset[str] = frozenset()
         self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
         self._fair: fair.Picker | None = None
         self._queue_refresh_interval_s = queue_refresh_interval_s
-        self.job_timeout_s = job_timeout_s
         self.slots = slots
         super().__init__(
             [Queue(name, connection=connection) for name in worker_queue_names(self._servable)],
@@ -135,15 +126,16 @@ class GpuqWorker(SimpleWorker):
         self._last_heartbeat_mono = 0.0
         self._suspension_checked_at = 0.0
         self._published_loaded: str | None = None
-        self._running: dict[str, tuple[Job, Execution]] = {}  # job id -> RQ's view of it, while it runs
+        self._published_generates: str | None = None
         # Held while the model cache is in use (a job, the idle housekeeping); free only
         # while the worker waits for work, which is when the pub/sub thread may unload.
         self._cache_lock = threading.Lock()
+        # The admin's flags: read by the main thread and by a run's desk (``taking_jobs``),
+        # re-read early when the pub/sub thread sets ``_control_changed``; the worker's own.
         self._control = control.Control()
         self._control_read_at = float("-inf")
         self._control_changed = threading.Event()  # set by pub/sub: re-read the flags now
         self._unloads_pending: set[str] = set()
-        self._requeued_jobs: set[str] = set()
         self.redis_health = Dependency(
             "Redis", meanwhile="decoding what runs, its bookkeeping kept for later", max_wait_s=RECONNECT_BACKOFF_MAX_S
         )
@@ -154,6 +146,9 @@ class GpuqWorker(SimpleWorker):
             self.connection,
             heartbeat=self._heartbeat_running_job,
             heartbeat_interval_s=heartbeat_interval_s,
+        )
+        self.host = RunHost(
+            self, runner=runner, monitor=self.monitor, job_timeout_s=job_timeout_s, preemption=preemption
         )
 
     # ------------------------------------------------------------- queue list
@@ -198,7 +193,7 @@ class GpuqWorker(SimpleWorker):
                 job_lines.info("%s: %s", result[1].name, result[0].id)
             return result
 
-    def _picker(self) -> fair.Picker:
+    def picker(self) -> fair.Picker:
         """The fair pick over this worker's ordered bands, rebuilt when the order changes."""
         names = [q.name for q in self._ordered_queues]
         if self._fair is None or self._fair.bands != names:
@@ -210,7 +205,7 @@ class GpuqWorker(SimpleWorker):
         RQ's ``dequeue_any`` with the pick in place of its ``BLPOP``. With nothing waiting it
         blocks on the bands' bells up to ``timeout`` (None: it does not block), then looks
         once more; DequeueTimeout when still nothing came."""
-        picker = self._picker()
+        picker = self.picker()
         waited = timeout is None
         while True:
             taken = picker.take()
@@ -222,11 +217,11 @@ class GpuqWorker(SimpleWorker):
                 picker.wait(timeout or 1)
                 waited = True
                 continue
-            found = self._fetch(*taken)
+            found = self.fetch(*taken)
             if found is not None:
                 return found
 
-    def _fetch(self, queue_name: str, job_id: str) -> tuple[Job, Queue] | None:
+    def fetch(self, queue_name: str, job_id: str) -> tuple[Job, Queue] | None:
         """RQ's job for an id taken from a queue; None when its hash is gone (cancelled), as
         RQ's own dequeue skips such ids."""
         queue = Queue(queue_name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
@@ -307,7 +302,7 @@ class GpuqWorker(SimpleWorker):
             self._unload_model(model)
         log.info("unloaded %s as an admin asked", ", ".join(models))
         with self.connection.pipeline(transaction=False) as pipe:
-            self._publish_loaded(pipe)
+            self.publish_loaded(pipe)
             pipe.execute()
         control.unload_done(self.connection, self.name, models)
 
@@ -327,6 +322,7 @@ class GpuqWorker(SimpleWorker):
             if servable != self._servable:
                 log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
                 self._servable = servable
+            self._publish_generates()
             self._loaded_elsewhere = self._models_loaded_by_others()
         key = (self._servable, frozenset(self._loaded_models()), self._loaded_elsewhere)
         if key == self._order_key:
@@ -365,163 +361,23 @@ class GpuqWorker(SimpleWorker):
             model = parse_queue_name(queue.name)[0]
             try:
                 if kind == JobKind.GENERATE:
-                    GenerationRun(self, queue, model, kind).run(job)  # this job, and others of its model beside it
+                    GenerationRun(self.host, queue, model, kind).run(job)  # this job, and others of its model beside it
                 elif kind == JobKind.EMBED:
-                    EmbeddingRun(self, queue, model, kind).run(job)  # this job, and others of its model waiting
+                    EmbeddingRun(self.host, queue, model, kind).run(job)  # this job, and others of its model waiting
                 else:
-                    self._execute_job(job, queue)
+                    self.host.run_noop(job, queue)
             except Exception as exc:
                 self.job_error = exc
                 raise
-        if self._requeued_jobs:
-            # An admin requeued a job while it ran here, and this worker may take it again
-            # next. The stopped run's outcome must be written (and discarded: the row is
-            # queued) before that claim, or it would match the new run.
-            self._requeued_jobs.clear()
-            self._flush_outcomes()
 
-    def _execute_job(self, job: Job, queue: Queue) -> None:
-        try:
-            execution = self.begin_execution(job)
-        except RedisError as exc:  # popped, unclaimed: the reconciler enqueues it again (see start)
-            self.redis_health.failed(f"starting {job.id}", exc)
-            return
-        self.monitor.begin(job.id)  # watched like any job: heartbeats keep its execution alive
-        try:
-            self.runner.run_noop(job.id)
-        except SQLAlchemyError:  # the claim could not reach SQL: nothing ran
-            self.return_unclaimed(job, queue, execution)
-            return
-        except Exception:
-            # Only infrastructure errors get here (SQL unreachable while claiming, say). The
-            # row is still queued in SQL; RQ's failed registry keeps the trace and the
-            # reconciler enqueues the job again.
-            log.exception("job %s could not be run", job.id)
-            self.fail_execution(job, queue, execution)
-            return
-        self.end_execution(job, execution)
-
-    # ------------------------------------------------------------- what a run needs (batching.Host)
-
-    def may_take_more(self) -> bool:
-        """Not drained, not stopping (SIGTERM: finish, take no more), and no outage."""
+    def taking_jobs(self) -> bool:
+        """Not drained and not stopping (SIGTERM: finish, take no more); asked by a run's desk."""
         self._read_control(apply_unloads=False)  # throttled to once a second unless pub/sub said it changed
-        if self._control.drained or self._stop_requested:
-            return False
-        return self.runner.sql.wait_s <= 0 and self.redis_health.wait_s <= 0
+        return not (self._control.drained or self._stop_requested)
 
-    def next_waiting(self, model: str, kind: str) -> tuple[Job, Queue] | None:
-        """The job the fair pick gives next from the first band of the worker's ordered list
-        that has one, if that band is ``model``'s for ``kind``; None when nothing waits,
-        something more urgent does, or Redis does not answer (the live sequences go on;
-        intake resumes with it)."""
-        picker = self._picker()
-        ours = [band for band in picker.bands if parse_queue_name(band)[:2] == (model, kind)]
-        try:
-            while True:
-                taken = picker.take(only=ours)
-                if taken is None:
-                    return None
-                found = self._fetch(*taken)
-                if found is not None:
-                    return found
-        except RedisError as exc:
-            self.redis_health.failed("taking more jobs", exc)
-        return None
+    # ------------------------------------------------------------- outages and figures
 
-    def put_back(self, job: Job, queue: Queue) -> None:
-        try:
-            fair.push_front(self.connection, queue.name, job.id)
-        except RedisError as exc:  # popped, unclaimed: the reconciler enqueues it again (see start)
-            self.redis_health.failed(f"putting {job.id} back", exc)
-
-    def must_run_alone(self, job: Job) -> bool:
-        """Whether the job died beside others on a worker that crashed (see the reconciler);
-        not known while Redis does not answer, when it runs as any other."""
-        try:
-            return bool(self.connection.sismember(RUN_ALONE_KEY, job.id))
-        except RedisError:
-            return False
-
-    def start(self, job: Job, queue: Queue) -> Started | None:
-        """RQ's execution, the monitor's watch and the SQL claim of a job taken from its queue;
-        None when it is not to run (not queued any more in SQL, or SQL unreachable)."""
-        if job.id in self._requeued_jobs:
-            # An admin requeued it while it ran here: its stopped run's outcome must be written
-            # (and discarded) before this claim, or it would match the new run.
-            self._requeued_jobs.discard(job.id)
-            self._flush_outcomes()
-        try:
-            execution = self.begin_execution(job)
-        except RedisError as exc:
-            # Popped, and its start written or not (Redis may have applied the writes and
-            # gone down before the reply): in no list, its hash queued or started here, and
-            # unclaimed, so the reconciler enqueues it again (see IN_FLIGHT_LIMIT_S).
-            self.redis_health.failed(f"starting {job.id}", exc)
-            return None
-        try:
-            cancel = self.monitor.begin(job.id)
-            claimed = self.runner.claim(job.id)
-        except SQLAlchemyError:  # nothing ran: the job goes back to the front of its queue
-            self.return_unclaimed(job, queue, execution)
-            return None
-        except Exception:
-            # Infrastructure (SQL unreachable while claiming, say) or a defect: the row is
-            # still queued, RQ's failed registry keeps the trace and the reconciler enqueues
-            # the job again. (Raised from here, the execution would stay begun, heartbeat by
-            # the monitor, its job unclaimed and untaken for as long as the worker lives.)
-            log.exception("job %s could not be started", job.id)
-            self.fail_execution(job, queue, execution)
-            return None
-        if claimed is None:
-            self.end_execution(job, execution)
-            return None
-        with suppress(RedisError):  # else it runs alone once more, which is harmless
-            self.connection.srem(RUN_ALONE_KEY, job.id)  # running now (alone if it had to)
-        return Started(job, queue, execution, cancel, claimed)
-
-    def end(self, job: Job, execution: Execution) -> None:
-        self.end_execution(job, execution)
-
-    def fail(self, job: Job, queue: Queue, execution: Execution) -> None:
-        self.fail_execution(job, queue, execution)
-
-    def begin_execution(self, job: Job) -> Execution:
-        """RQ's bookkeeping of a job's start: its execution, registry entry and hash, one pipeline.
-
-        Plain pipelines, not MULTI/EXEC: each write stands alone, and a half-applied one is
-        repaired from SQL by the reconciler. The worker's own heartbeat is not repeated here;
-        RQ's loop sends it (throttled) between jobs, the monitor during them."""
-        with self.connection.pipeline(transaction=False) as pipe:
-            execution = Execution.create(job, self.worker_ttl, pipeline=pipe, worker_name=self.name)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            # A job popped from a single queue went through RQ's intermediate list (LMOVE);
-            # RQ's own worker removes it there only when it listens on one queue.
-            pipe.lrem(rq_intermediate_key(rq_queue_key(job.origin)), 1, job.id)
-            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running) + 1)
-            pipe.execute()
-        self._running[job.id] = (job, execution)
-        return execution
-
-    def end_execution(self, job: Job, execution: Execution) -> None:
-        self.monitor.end(job.id)
-        self._running.pop(job.id, None)
-
-        def send() -> None:
-            with self.connection.pipeline(transaction=False) as pipe:
-                self.cleanup_execution(job, pipeline=pipe, execution=execution)
-                pipe.eval(_DELETE_UNLESS_QUEUED, 1, job.key)  # result_ttl=0: the result lives in SQL
-                self.increment_successful_job_count(pipeline=pipe)
-                if not self._running:
-                    self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-                pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
-                self._publish_loaded(pipe)
-                pipe.execute()
-
-        self._send_or_keep(send, f"the end of {job.id}")
-
-    def _send_or_keep(self, send: Callable[[], None], what: str) -> None:
+    def send_or_keep(self, send: Callable[[], None], what: str) -> None:
         """RQ bookkeeping that must reach Redis some time: sent now, or kept and sent by the
         loop once Redis answers (the outcome itself is in SQL already: nothing waits on it)."""
         try:
@@ -536,39 +392,7 @@ class GpuqWorker(SimpleWorker):
             self._unsent[0]()  # RedisError: it stays first in line
             self._unsent.pop(0)
 
-    def return_unclaimed(self, job: Job, queue: Queue, execution: Execution) -> None:
-        """The database could not be reached to claim the job: it goes back to the front of its
-        queue, as it was, and the worker takes nothing until SQL answers (``runner.sql``). So
-        an outage neither runs a job unrecorded nor empties the queues into RQ's failed
-        registry. (If the claim did commit and only its reply was lost, the row is running on
-        this worker: its next claim of the job adopts it, and the reconciler re-enqueues a
-        row running where no worker runs it.)"""
-        self.monitor.end(job.id)
-        self._running.pop(job.id, None)
-        with self.connection.pipeline(transaction=False) as pipe:
-            self.cleanup_execution(job, pipeline=pipe, execution=execution)
-            job.set_status(JobStatus.QUEUED, pipeline=pipe)
-            pipe.lpush(queue.key, job.id)
-            fair.note_push(pipe, queue.name)
-            if not self._running:
-                self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
-            pipe.execute()
-
-    def fail_execution(self, job: Job, queue: Queue, execution: Execution) -> None:
-        self.monitor.end(job.id)
-        self._running.pop(job.id, None)
-        trace = traceback.format_exc()
-
-        def send() -> None:
-            self.handle_job_failure(job, queue, exc_string=trace, execution=execution)
-            self.connection.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
-            if not self._running:
-                self.set_state(WorkerStatus.IDLE)
-
-        self._send_or_keep(send, f"the failure of {job.id}")
-
-    def _publish_loaded(self, pipe: Pipeline) -> None:
+    def publish_loaded(self, pipe: Pipeline) -> None:
         """Which models this worker holds, on its RQ worker hash (for telemetry, dashboards
         and GET /v1/workers)."""
         loaded = ",".join(self._loaded_models())
@@ -577,6 +401,16 @@ class GpuqWorker(SimpleWorker):
             pipe.hset(
                 self.key, mapping={control.LOADED_FIELD: loaded, control.GPUS_FIELD: ",".join(self.runner.gpu_uuids)}
             )
+
+    def _publish_generates(self) -> None:
+        """The models this worker serves generations of, on its RQ worker hash, when they
+        changed: the API refuses a job asking for more samples than the slots of every worker
+        serving its model (gpuq/fleet/sample_limit.py). Raises RedisError, and publishes at
+        the next refresh, if Redis does not answer."""
+        generates = json.dumps(sorted({m for m, kind in self._servable if kind == JobKind.GENERATE.value}))
+        if generates != self._published_generates:
+            self.connection.hset(self.key, GENERATES_FIELD, generates)
+            self._published_generates = generates
 
     def _publish_models(self) -> None:
         """Between jobs: the models loaded (a keep_alive may have unloaded one since the last
@@ -588,7 +422,7 @@ class GpuqWorker(SimpleWorker):
         key = loaded_expiry_key(self.name)
         try:
             with self.connection.pipeline(transaction=False) as pipe:
-                self._publish_loaded(pipe)
+                self.publish_loaded(pipe)
                 pipe.delete(key)
                 if expiries:
                     pipe.hset(key, mapping={m: "" if at is None else f"{at:.3f}" for m, at in expiries.items()})
@@ -600,7 +434,7 @@ class GpuqWorker(SimpleWorker):
         self._published_expiries = expiries
 
     def _heartbeat_running_job(self) -> None:
-        running = list(self._running.values())
+        running = self.host.executions()
         with self.connection.pipeline(transaction=False) as pipe:
             self.heartbeat(self.worker_ttl, pipeline=pipe)
             for job, execution in running:
@@ -618,14 +452,14 @@ class GpuqWorker(SimpleWorker):
         self.connection.delete(self.key)
         self.register_birth()
         with self.connection.pipeline(transaction=False) as pipe:
-            for job, execution in list(self._running.values()):
+            for job, execution in self.host.executions():
                 execution.save(ttl=self.worker_ttl, pipeline=pipe)
                 ExecutionRegistry(job_id=job.id, connection=pipe).add(execution, ttl=self.worker_ttl, pipeline=pipe)
                 job.started_job_registry.add_execution(execution, pipeline=pipe, ttl=self.worker_ttl)
                 pipe.sadd(self.executions_key, execution.composite_key)
                 job.prepare_for_execution(self.name, pipeline=pipe)
-            pipe.hset(self.key, SLOTS_BUSY_FIELD, len(self._running))
-            self._publish_loaded(pipe)
+            pipe.hset(self.key, SLOTS_BUSY_FIELD, self.host.busy())
+            self.publish_loaded(pipe)
             pipe.execute()
 
     def handle_payload(self, message: dict[str, Any]) -> None:
@@ -638,10 +472,10 @@ class GpuqWorker(SimpleWorker):
                 log.info("stop-job for %s, which is not running here", payload.get("job_id"))
             return
         if command == control.REQUEUE_COMMAND:
+            # The row is queued already; the stopped run's outcome, fenced by its run id, is
+            # discarded whenever it is written, even after this worker claims the job again.
             job_id = str(payload.get("job_id"))
-            self._requeued_jobs.add(job_id)  # before the cancel, so execute_job sees it when the run ends
             if not self.monitor.cancel(job_id):
-                self._requeued_jobs.discard(job_id)
                 log.info("requeue of %s, which is not running here", job_id)
             return
         if command == control.CONTROL_COMMAND:
@@ -755,6 +589,8 @@ class GpuqWorker(SimpleWorker):
                 SLOTS_BUSY_FIELD: 0,
             },
         )
+        self._published_generates = None
+        self._publish_generates()
 
     def bootstrap(
         self,

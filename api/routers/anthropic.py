@@ -133,7 +133,7 @@ async def count_tokens(body: CountTokensCreate, db: SessionDep, caller: CallerDe
     model = await find_model(db, body.model, not_found=not_found(body.model))
     if not model.can_generate:
         raise RequestError(400, f"model: {model.name!r} is an embedding model; it answers no messages")
-    request = (await to_thread.run_sync(body.to_request)).stored()
+    request = await to_thread.run_sync(body.to_request)
 
     def count() -> int:
         try:
@@ -212,6 +212,7 @@ async def create_message_batch(request: Request, db: SessionDep, state: StateDep
                         owner=caller.owner,
                         api_key_id=caller.key_id,
                         admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=count, submissions=1),
+                        worker_slots=state.settings.worker_slots,
                         planning=Planning.of(state.settings),
                     ).id
                 except BaseException as exc:

@@ -52,6 +52,7 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
                 owner=caller.owner,
                 api_key_id=caller.key_id,
                 admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=file.line_count, submissions=1),
+                worker_slots=state.settings.worker_slots,
                 planning=Planning.of(state.settings),
             ).id
 

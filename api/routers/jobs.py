@@ -21,6 +21,7 @@ from gpuq.db.tables import Job, JobKind, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.position import job_position_async
+from gpuq.jobs.request import JobParams
 from gpuq.jobs.submit import JobSpec, submit_jobs
 from gpuq.queue_names import Priority
 from gpuq.streams.events import wants_tokens
@@ -63,7 +64,12 @@ async def create_job(
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     await state.check_webhook_url(body.webhook_url)
     [accepted] = await submit_jobs(
-        db, state.redis, [_spec(body, caller)], timeout_s=state.settings.job_timeout_s, caller=caller
+        db,
+        state.redis,
+        [_spec(body, caller)],
+        timeout_s=state.settings.job_timeout_s,
+        caller=caller,
+        worker_slots=state.settings.worker_slots,
     )
     if not accepted.created:
         response.status_code = status.HTTP_200_OK
@@ -81,7 +87,12 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
     for url in {j.webhook_url for j in body.jobs}:
         await state.check_webhook_url(url)
     accepted = await submit_jobs(
-        db, state.redis, [_spec(j, caller) for j in body.jobs], timeout_s=state.settings.job_timeout_s, caller=caller
+        db,
+        state.redis,
+        [_spec(j, caller) for j in body.jobs],
+        timeout_s=state.settings.job_timeout_s,
+        caller=caller,
+        worker_slots=state.settings.worker_slots,
     )
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
 
@@ -152,7 +163,9 @@ async def list_jobs(
 
 async def _tokens_so_far(state: StateDep, jobs: list[Job]) -> dict[str, int]:
     """Running jobs' tokens from their streams; none while Redis is down (the list is SQL's)."""
-    streaming = [j.id for j in jobs if j.status == JobStatus.RUNNING and wants_tokens(j.request)]
+    streaming = [
+        j.id for j in jobs if j.status == JobStatus.RUNNING and wants_tokens(JobParams.from_stored(j.request).events)
+    ]
     try:
         return await to_thread.run_sync(lambda: tokens_streamed(state.redis, streaming)) if streaming else {}
     except RedisError:

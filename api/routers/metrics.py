@@ -18,7 +18,7 @@ from api.errors import errors
 from gpuq import store
 from gpuq.db.tables import JobKind
 from gpuq.stats import metrics
-from gpuq.stats.backlog import queued_tokens
+from gpuq.stats.backlog import NOTHING, queued_tokens
 
 router = APIRouter(tags=["metrics"], dependencies=ADMIN_ONLY, responses=errors(403))
 
@@ -42,5 +42,7 @@ async def prometheus_metrics(db: SessionDep, state: StateDep) -> Response:
         snapshot = metrics.Snapshot.without_redis(gpus)
     fronts = [job for jobs in snapshot.queue_front.values() for job in jobs]
     created = await db.run_sync(lambda s: store.creation_times(s, fronts)) if fronts else {}
-    backlog = await db.run_sync(queued_tokens)
+    # Every registered model's work waiting, zeros included (a drained queue reads 0), and that
+    # of any other model jobs still wait for.
+    backlog = {m.name: NOTHING for m in models} | await db.run_sync(queued_tokens)
     return Response(metrics.render(snapshot, created=created, backlog=backlog), media_type=metrics.CONTENT_TYPE)

@@ -44,7 +44,8 @@ from gpuq.dropin.call import (
 from gpuq.dropin.vectors import check_dimensions, shortened
 from gpuq.errors import RequestError
 from gpuq.fleet import workers
-from gpuq.jobs.request import EmbeddingParams, GenerationParams
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.request import EmbeddingParams
 from gpuq.streams.events import End
 
 router = APIRouter(prefix="/api", tags=["ollama"])

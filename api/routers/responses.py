@@ -30,6 +30,7 @@ from gpuq.dropin.call import (
     JOB_ID_HEADER,
     call_priority,
     call_spec,
+    echoed_tier,
     find_model,
     refuse_more_messages_than_the_context,
     with_max_tokens,
@@ -73,9 +74,11 @@ async def create_response(body: ResponseCreate, call: DropinCallDep) -> Response
     given = 1 if isinstance(body.input, str) else len(body.input)
     refuse_more_messages_than_the_context(model, given + len(previous) + (1 if body.instructions else 0))
     # Off the event loop: a long conversation takes tens of milliseconds to convert.
-    params = await to_thread.run_sync(lambda: body.params(previous))
     background, stream = bool(body.background), bool(body.stream)
-    chosen = call_priority(priority, caller, default=Priority.NORMAL if background else Priority.HIGH)
+    default = Priority.NORMAL if background else Priority.HIGH
+    chosen = call_priority(priority, caller, service_tier=body.service_tier, default=default)
+    tier = echoed_tier(body.service_tier)
+    params = await to_thread.run_sync(lambda: body.params(previous, service_tier=tier))
     try:
         sized = await with_max_tokens(db, state.redis, caller, model, params)
         # A background response publishes its tokens, so that it can be streamed later.

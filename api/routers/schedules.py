@@ -141,6 +141,7 @@ async def run_schedule_now(schedule_id: RowId, db: SessionDep, state: StateDep) 
                 state.redis,
                 schedule,
                 timeout_s=state.settings.job_timeout_s,
+                worker_slots=state.settings.worker_slots,
                 planning=Planning.of(state.settings),
             )
             return ScheduleRunPublic.of(fired, "in_progress" if fired.batch_id else None)

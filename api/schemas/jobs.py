@@ -11,15 +11,15 @@ from pydantic import BaseModel, Field, HttpUrl, field_validator, model_validator
 from api.schemas.common import PriorityName, Strict
 from gpuq.batches.destinations import redact_url
 from gpuq.batches.openai_format import tool_fields
-from gpuq.db.tables import Job, JobKind, JobRun
+from gpuq.db.tables import Job, JobKind, JobRun, utcnow
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import enforceable
+from gpuq.jobs.generation_params import GenerationParams, generation
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
     MAX_STOP_SEQUENCES,
     ChatMessage,
-    GenerationParams,
     JobParams,
     KeepAlive,
     MaxTokens,
@@ -31,7 +31,6 @@ from gpuq.jobs.request import (
     Temperature,
     TopK,
     embedding,
-    generation,
 )
 from gpuq.jobs.snippet import snippet
 from gpuq.jobs.submit import JobSpec
@@ -46,6 +45,23 @@ class JobBase(Strict):
     priority: PriorityName = Field("normal", validate_default=True, description="high, normal or low")
     idempotency_key: str | None = Field(None, min_length=1, max_length=255)
     webhook_url: HttpUrl | None = Field(None, description="POSTed a signed event when the job ends")
+    deadline: datetime | None = Field(
+        None,
+        description="when the job is needed by (ISO 8601 with a time zone): within its priority, its tenant's jobs "
+        "with a deadline run first, earliest first; a job the fleet cannot finish by then at its recent pace is "
+        "refused (429 with Retry-After) and nothing is queued",
+    )
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_ahead(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("give the deadline a time zone, e.g. 2026-01-31T12:00:00Z")
+        if value <= utcnow():
+            raise ValueError(f"the deadline {value.isoformat()} has passed: give a time in the future")
+        return value
 
     def common(self) -> dict[str, Any]:
         """The fields every kind of job's request carries."""
@@ -56,8 +72,9 @@ class JobBase(Strict):
             kind=kind,
             model=self.model,
             priority=self.priority,
-            request=request.stored(),
+            params=request,
             idempotency_key=self.idempotency_key,
+            deadline=self.deadline,
         )
 
 
@@ -164,6 +181,7 @@ class JobSummary(BaseModel):
     priority: str
     status: str
     created_at: datetime
+    deadline: datetime | None = Field(None, description="when it is needed by, as submitted (a batch's: its expiry)")
     started_at: datetime | None
     finished_at: datetime | None
     queue_wait_ms: int | None
@@ -186,6 +204,11 @@ class JobSummary(BaseModel):
     )
     cached_disk_tokens: int | None = Field(
         None, description="of cached_tokens, those restored from the worker's prefix cache on disk"
+    )
+    parked_ms: int | None = Field(
+        None,
+        description="milliseconds the job's generation waited parked (its KV in host memory, its slot given to a "
+        "more urgent job) before it resumed where it stopped; 0 when it never was",
     )
     worker: str | None
     device: str | None
@@ -277,6 +300,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "priority": Priority(job.priority).label,
         "status": job.status,
         "created_at": job.created_at,
+        "deadline": job.deadline,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
         "queue_wait_ms": job.queue_wait_ms,
@@ -287,6 +311,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "cached_tokens": job.cached_tokens,
         "cached_ram_tokens": job.cached_ram_tokens,
         "cached_disk_tokens": job.cached_disk_tokens,
+        "parked_ms": job.parked_ms,
         "worker": job.worker,
         "device": job.device,
         "attempts": job.attempts or 0,

@@ -17,14 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuq.batches.openai_format import chat_message, output_schema, tool_fields
 from gpuq.errors import RequestError
+from gpuq.jobs.generation_params import GenerationParams, generation
 from gpuq.jobs.request import (
     MAX_EMBED_INPUTS,
     MAX_TOP_LOGPROBS,
     OPENAI_DEFAULTS,
     EmbeddingParams,
-    GenerationParams,
     embedding,
-    generation,
     openai_items,
 )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
@@ -42,6 +42,9 @@ class ResponseObject(BaseModel):
     output: list[dict[str, Any]]
     parallel_tool_calls: bool
     previous_response_id: str | None
+    service_tier: str | None = Field(
+        None, description="the tier it ran in, when the request named one (auto answers default); else null"
+    )
     store: bool
     temperature: float | None
     text: dict[str, Any]

@@ -182,5 +182,20 @@ class JobPosition(BaseModel):
         description="jobs of its own priority (its tenant's and, by fair shares, other tenants') that run before it"
     )
     ahead_in_higher_priorities: int | None
+    prompt_tokens_ahead: int | None = Field(
+        description="prompt tokens of the jobs ahead (as counted at submission; the model's recent mean per job "
+        "where a prompt was not counted)"
+    )
+    completion_tokens_ahead: int | None = Field(
+        description="completion tokens the jobs ahead are expected to generate: their max_tokens times n, times the "
+        "part of that the model's recent jobs used"
+    )
+    tokens_per_s: float | None = Field(
+        description="prompt and completion tokens the model finished per second of work over the last 15 minutes"
+    )
     finished_per_min: float | None
-    eta_s: float | None = Field(description="seconds until it starts at the recent rate; null if nothing ran lately")
+    eta_s: float | None = Field(
+        description="seconds until it starts: the tokens ahead at the model's recent tokens per second (jobs per "
+        "minute for work without tokens); null if nothing ran lately"
+    )
+    deadline: datetime | None = Field(description="when it is needed by, if it said")

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpuq.batches.openai_format import tool_fields
 from gpuq.errors import RequestError
 from gpuq.jobs.constraint import enforceable
-from gpuq.jobs.request import MAX_STOP_SEQUENCES, OPENAI_DEFAULTS, GenerationParams, generation, refusal
+from gpuq.jobs.generation_params import GenerationParams, generation
+from gpuq.jobs.request import MAX_STOP_SEQUENCES, OPENAI_DEFAULTS, refusal
 
 MESSAGES = "/v1/messages"
 # Anthropic's pattern for a tool's name and a batch request's custom_id.
@@ -329,8 +330,8 @@ def _choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
     return {"auto": "auto", "any": "required", "none": "none"}[kind]
 
 
-def parse_params(body: Any) -> tuple[str, dict[str, Any]]:
-    """(model, gpuq request as stored) for one Message Batch request's params; ValueError
+def parse_params(body: Any) -> tuple[str, GenerationParams]:
+    """(model, gpuq request) for one Message Batch request's params; ValueError
     says what is wrong (streaming is refused: a batch answers at its end)."""
     try:
         parsed = MessageCreate.model_validate(body)
@@ -341,4 +342,4 @@ def parse_params(body: Any) -> tuple[str, dict[str, Any]]:
         raise ValueError(refusal(exc, prefix="params.").message) from None
     except RequestError as exc:
         raise ValueError(f"params.{exc.message}") from None
-    return parsed.model, request.stored() | {"endpoint": MESSAGES}
+    return parsed.model, request.model_copy(update={"endpoint": MESSAGES})

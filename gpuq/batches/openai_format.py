@@ -21,7 +21,8 @@ from gpuq.db.tables import Job, JobKind
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import ANY_OBJECT, enforceable
-from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, GenerationParams, JobParams, openai_items, refusal
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.request import OPENAI_DEFAULTS, EmbeddingParams, JobParams, openai_items, refusal
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -221,8 +222,8 @@ BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[EmbeddingBody] | 
 }
 
 
-def parse_body(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
-    """(model, gpuq request as stored) for one line's body; ValueError says what is wrong."""
+def parse_body(endpoint: str, body: Any) -> tuple[str, JobParams]:
+    """(model, gpuq request) for one line's body; ValueError says what is wrong."""
     try:
         parsed = BODIES[endpoint].model_validate(body)
         request = parsed.request()
@@ -231,7 +232,7 @@ def parse_body(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
         raise ValueError(refused.message) from None
     except RequestError as exc:
         raise ValueError(f"body.{exc.message}") from None
-    return parsed.model, request.stored()
+    return parsed.model, request
 
 
 def token_usage(prompt: int | None, completion: int | None, cached: int | None) -> dict[str, Any]:

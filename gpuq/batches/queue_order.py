@@ -23,13 +23,10 @@ import logging
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-
-from redis import Redis
-from redis.exceptions import RedisError
 
 from gpuq.batches.planning import Plan, PlannedLine, plan, plan_chain
-from gpuq.fleet.workers import LiveWorker, live_workers
+from gpuq.fleet.workers import LiveWorker
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.queue_names import QueueEntry
 from gpuq.settings import DEFAULT_CPU_SLOTS, DEFAULT_GPU_SLOTS, Settings
 
@@ -64,22 +61,18 @@ class PlanFigures:
     shared_bytes: int
 
 
-def prompt_bytes(request: dict[str, Any]) -> bytes:
+def prompt_bytes(params: GenerationParams) -> bytes:
     """What a generation request's prompt starts with, as bytes that two requests share the
     start of where their rendered prompts share theirs."""
-    ids = request.get("prompt_token_ids")
-    if ids is not None:
-        return struct.pack(f"<{len(ids)}i", *ids)
-    messages = request.get("messages")
-    if messages is None:
-        return str(request.get("prompt", "")).encode()
-    parts = [json.dumps(request["tools"]).encode()] if request.get("tools") else []
-    for message in messages:
-        content = message.get("content")
-        parts.append(str(message.get("role", "")).encode())
-        parts.append(content.encode() if isinstance(content, str) else json.dumps(content).encode())
-        if message.get("tool_calls"):
-            parts.append(json.dumps(message["tool_calls"]).encode())
+    if params.prompt_token_ids is not None:
+        return struct.pack(f"<{len(params.prompt_token_ids)}i", *params.prompt_token_ids)
+    if params.messages is None:
+        return (params.prompt or "").encode()
+    parts = [json.dumps(params.tools).encode()] if params.tools else []
+    for message in params.messages:
+        parts += [message.role.encode(), message.content.encode()]
+        if message.tool_calls:
+            parts.append(json.dumps(message.tool_calls).encode())
     return b"\0".join(parts)
 
 
@@ -90,20 +83,19 @@ class QueueOrder:
         self._default_slots = planning.gpu_slots if on_gpu else planning.cpu_slots
         self._models: dict[str, list[PlannedLine]] = {}
 
-    def note(self, model: str, line_number: int, request: dict[str, Any]) -> None:
+    def note(self, model: str, line_number: int, params: GenerationParams) -> None:
         """A generation line of ``model``, its job just made."""
-        prompt = prompt_bytes(request)
+        prompt = prompt_bytes(params)
         self._models.setdefault(model, []).append(PlannedLine(line_number, plan_chain(prompt), len(prompt)))
 
     def order(
-        self, queued: Iterable[tuple[int, QueueEntry]], redis: Redis
+        self, queued: Iterable[tuple[int, QueueEntry]], workers: list[LiveWorker]
     ) -> tuple[list[QueueEntry], PlanFigures | None]:
         """The queue order of the batch's entries (``queued``: each with its first input
-        line), and what the plan did (None when nothing was planned)."""
+        line), for the live ``workers``, and what the plan did (None when nothing was planned)."""
         by_line = sorted(queued, key=lambda q: q[0])
         if not self._models:
             return [entry for _line, entry in by_line], None
-        workers = _workers(redis)
         plans: list[Plan] = [
             plan(lines, slots=_slots(model, workers, self._default_slots)) for model, lines in self._models.items()
         ]
@@ -118,13 +110,6 @@ class QueueOrder:
             shared_bytes=sum(p.shared_bytes for p in plans),
         )
         return first + rest, figures
-
-
-def _workers(redis: Redis) -> list[LiveWorker]:
-    try:
-        return live_workers(redis)
-    except RedisError:  # the enqueue that follows says so; the slots fall back to the default
-        return []
 
 
 def _slots(model: str, workers: list[LiveWorker], default: int) -> int:

@@ -30,15 +30,14 @@ from gpuq.db.tables import Job, JobStatus
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
 from gpuq.jobs.constraint import ANY_OBJECT, enforceable
-from gpuq.jobs.request import OPENAI_DEFAULTS, GenerationParams, ResponseFields, generation
+from gpuq.jobs.generation_params import GenerationParams, generation
+from gpuq.jobs.request import OPENAI_DEFAULTS, ResponseFields
 
 RESPONSES = "/v1/responses"
 RESPONSE_PREFIX = "resp_"
 JOB_PREFIX = "job_"
 LOGPROBS = "message.output_text.logprobs"  # the one `include` gpuq has
-IGNORED = frozenset(
-    {"user", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "max_tool_calls"}
-)
+IGNORED = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "max_tool_calls"})
 MAX_METADATA_PAIRS = 16
 
 Number = Annotated[float, Field(strict=True)]
@@ -95,6 +94,11 @@ class ResponseCreate(BaseModel):
     min_p: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 0, off")
     repeat_penalty: Number | None = Field(None, description="gpuq extension (llama.cpp's sampler); default 1, off")
     keep_alive: Number | None = Field(None, description="gpuq extension: seconds the model stays loaded afterwards")
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        None,
+        description="flex runs at low priority, priority at high, auto and default at the key's (and are answered "
+        "as default); echoed in the response (a batch line runs at its batch's priority, and echoes none)",
+    )
 
     def refuse_unknown(self) -> None:
         unknown = sorted(set(self.model_extra or {}) - IGNORED)
@@ -141,10 +145,10 @@ class ResponseCreate(BaseModel):
         if self.metadata is not None:
             _check_metadata(self.metadata)
 
-    def params(self, history: list[dict[str, Any]]) -> GenerationParams:
+    def params(self, history: list[dict[str, Any]], *, service_tier: str | None = None) -> GenerationParams:
         """The job's request: ``history`` (the previous response's conversation, if any)
         after the instructions, then the input; a 400 naming the first parameter gpuq
-        cannot honour."""
+        cannot honour. ``service_tier``: the tier the response answers it ran in."""
         self.check()
         instructions = [{"role": "system", "content": self.instructions}] if self.instructions else []
         messages = [*instructions, *history, *messages_of(self.input, calls_before=call_names(history))]
@@ -159,6 +163,7 @@ class ResponseCreate(BaseModel):
             text_format=shown_format,
             tool_choice=self.tool_choice,
             parallel_tool_calls=self.parallel_tool_calls is not False,
+            service_tier=service_tier,
         )
         given = {
             "max_tokens": self.max_output_tokens,
@@ -356,6 +361,7 @@ def response_object(job: Job, outcome: Outcome | None = None) -> dict[str, Any]:
         "parallel_tool_calls": fields.parallel_tool_calls,
         "previous_response_id": fields.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
+        "service_tier": fields.service_tier,
         "store": fields.store,
         "temperature": request.get("temperature"),
         "text": {"format": text_format},

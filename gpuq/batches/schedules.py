@@ -124,9 +124,11 @@ def fire(
     *,
     trigger: str,
     timeout_s: int,
+    worker_slots: int = 0,
     planning: Planning | None = None,
 ) -> ScheduleRun | None:
-    """Run the schedule's batch for one tick, unless another scheduler already has."""
+    """Run the schedule's batch for one tick, unless another scheduler already has
+    (``worker_slots``: ``GPUQ_WORKER_SLOTS``, gpuq/fleet/sample_limit.py)."""
     run = ScheduleRun(schedule_id=schedule.id, fire_time=fire_time, trigger=trigger, created_at=utcnow())
     if not store.claim_schedule_run(session, run):
         return None
@@ -143,6 +145,7 @@ def fire(
             metadata={"schedule": schedule.name, "fire_time": fire_time.isoformat(), "trigger": trigger},
             timeout_s=timeout_s,
             owner=schedule.owner,
+            worker_slots=worker_slots,
             planning=planning,
         )
         batch_id = batch.id
@@ -172,6 +175,7 @@ def fire_due_schedules(
     *,
     now: datetime | None = None,
     timeout_s: int = 3600,
+    worker_slots: int = 0,
     planning: Planning | None = None,
 ) -> list[ScheduleRun]:
     """The scheduler's tick: fire every schedule that is due, once, by its misfire policy."""
@@ -184,7 +188,16 @@ def fire_due_schedules(
         on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
         if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:
             trigger = "cron" if on_time else "catch-up"
-            run = fire(session, redis, schedule, latest, trigger=trigger, timeout_s=timeout_s, planning=planning)
+            run = fire(
+                session,
+                redis,
+                schedule,
+                latest,
+                trigger=trigger,
+                timeout_s=timeout_s,
+                worker_slots=worker_slots,
+                planning=planning,
+            )
             if run is not None:
                 runs.append(run)
         else:
@@ -194,9 +207,24 @@ def fire_due_schedules(
 
 
 def run_now(
-    session: Session, redis: Redis, schedule: Schedule, *, timeout_s: int, planning: Planning | None = None
+    session: Session,
+    redis: Redis,
+    schedule: Schedule,
+    *,
+    timeout_s: int,
+    worker_slots: int = 0,
+    planning: Planning | None = None,
 ) -> ScheduleRun:
-    run = fire(session, redis, schedule, utcnow(), trigger="manual", timeout_s=timeout_s, planning=planning)
+    run = fire(
+        session,
+        redis,
+        schedule,
+        utcnow(),
+        trigger="manual",
+        timeout_s=timeout_s,
+        worker_slots=worker_slots,
+        planning=planning,
+    )
     assert run is not None  # a manual run's fire time is now: unique
     return run
 

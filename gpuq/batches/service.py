@@ -42,10 +42,15 @@ from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, respon
 from gpuq.batches.queue_order import Planning, QueueOrder
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
 from gpuq.errors import RequestError, queue_unavailable
+from gpuq.fleet.sample_limit import SampleLimit
 from gpuq.fleet.snapshot import Fleet, load_fleet
+from gpuq.fleet.workers import LiveWorker, live_workers
+from gpuq.jobs import admission
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
-from gpuq.jobs.submit import JobSpec, check_against_model, check_placeable
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.request import EmbeddingParams, JobParams
+from gpuq.jobs.submit import JobSpec, check_against_model, check_placeable, check_samples
 from gpuq.private_files import open_private
 from gpuq.queue_names import Priority, QueueEntry
 from gpuq.stats import metrics
@@ -87,15 +92,21 @@ class _Line:
     custom_id: str
     endpoint: str
     model: str
-    request: dict[str, Any]
+    params: JobParams
 
     @property
     def kind(self) -> JobKind:
         return KINDS[self.endpoint]
 
+    @property
+    def inputs(self) -> list[str | list[int]]:
+        """An embedding line's inputs."""
+        assert isinstance(self.params, EmbeddingParams), "an embedding line"
+        return self.params.input
 
-def _parse(endpoint: str, body: Any) -> tuple[str, dict[str, Any]]:
-    """(model, request as stored) of a line's body, read as its endpoint's format."""
+
+def _parse(endpoint: str, body: Any) -> tuple[str, JobParams]:
+    """(model, request) of a line's body, read as its endpoint's format."""
     if endpoint == anthropic_format.MESSAGES:
         return anthropic_format.parse_params(body)
     return parse_body(endpoint, body)
@@ -107,20 +118,23 @@ def _lines(path: str, registered_name: Callable[[str], str]) -> Iterator[_Line |
     for number, raw in read_lines(path):
         endpoint = raw["url"]  # checked at upload
         try:
-            model, request = _parse(endpoint, raw["body"])
+            model, params = _parse(endpoint, raw["body"])
         except ValueError as exc:
             yield number, str(exc)
             continue
-        yield _Line(number, raw["custom_id"], endpoint, registered_name(model), request | {"endpoint": endpoint})
+        params = params.model_copy(update={"endpoint": endpoint})
+        yield _Line(number, raw["custom_id"], endpoint, registered_name(model), params)
 
 
-def _check_line(line: _Line, model: Model | None, fleet: Fleet) -> int | None:
+def _check_line(line: _Line, model: Model | None, fleet: Fleet, samples: SampleLimit | None) -> int | None:
     """The line's prompt tokens (None when it surely fits, or is no generation); RequestError if it cannot run.
     Only the count is kept (the ids of 50,000 lines would be the memory a batch's start must
     not hold): the worker tokenises a batch line's prompt."""
-    spec = JobSpec(line.kind, line.model, Priority.LOW, line.request)
+    spec = JobSpec(line.kind, line.model, Priority.LOW, line.params)
     counted = check_against_model(spec, model, exact=False)
     check_placeable(spec, model, fleet)
+    if samples is not None:
+        check_samples(spec, samples)
     return None if counted is None else counted.tokens
 
 
@@ -148,13 +162,13 @@ class BatchPlan:
         gathering: dict[str, list[_Line]] = {}  # model -> its embedding lines not yet in a job
         for line in _lines(self.path, lambda name: self.names.get(name, name)):
             assert isinstance(line, _Line), "a line refused when it was checked"
-            if line.kind == JobKind.GENERATE and order is not None:
-                order.note(line.model, line.number, line.request)
+            if order is not None and isinstance(line.params, GenerationParams):
+                order.note(line.model, line.number, line.params)
             if line.kind != JobKind.EMBED:
-                yield self._job(next(ids), line.kind, line.request, line, 1, line.custom_id)
+                yield self._job(next(ids), line.kind, line.params, line, 1, line.custom_id)
                 continue
             group = gathering.setdefault(line.model, [])
-            if group and sum(len(g.request["input"]) for g in group) + len(line.request["input"]) > EMBED_GROUP_TEXTS:
+            if group and sum(len(g.inputs) for g in group) + len(line.inputs) > EMBED_GROUP_TEXTS:
                 yield self._embedding_job(next(ids), group)
                 group = gathering[line.model] = []
             group.append(line)
@@ -163,24 +177,24 @@ class BatchPlan:
                 yield self._embedding_job(next(ids), group)
 
     def _embedding_job(self, job_id: str, group: list[_Line]) -> store.NewJob:
-        request = {
-            "input": [text for line in group for text in line.request["input"]],
-            "custom_ids": [line.custom_id for line in group],
-            "input_counts": [len(line.request["input"]) for line in group],
-            "endpoint": EMBEDDINGS,
-        }
+        params = EmbeddingParams(
+            input=[text for line in group for text in line.inputs],
+            custom_ids=[line.custom_id for line in group],
+            input_counts=[len(line.inputs) for line in group],
+            endpoint=EMBEDDINGS,
+        )
         single = group[0].custom_id if len(group) == 1 else None
-        return self._job(job_id, JobKind.EMBED, request, group[0], len(group), single)
+        return self._job(job_id, JobKind.EMBED, params, group[0], len(group), single)
 
     def _job(
-        self, job_id: str, kind: JobKind, request: dict[str, Any], first: _Line, count: int, custom_id: str | None
+        self, job_id: str, kind: JobKind, params: JobParams, first: _Line, count: int, custom_id: str | None
     ) -> store.NewJob:
         return store.NewJob(
             id=job_id,
             kind=kind.value,
             model=first.model,
             priority=self.priority,
-            request=request,
+            request=params.stored(),
             request_hash="",  # batch lines have no idempotency keys to compare against
             prompt_tokens=self.tokens.get(first.number),
             batch_id=self.batch_id,
@@ -200,11 +214,17 @@ def plan_batch_jobs(
     priority: int,
     owner: str | None = None,
     api_key_id: str | None = None,
+    workers: list[LiveWorker] | None = None,
+    worker_slots: int = 0,
 ) -> BatchPlan:
     """Every line checked, one at a time; RequestError(422) lists the bad lines. The plan's
-    ``jobs()`` then turns the lines into jobs."""
+    ``jobs()`` then turns the lines into jobs. With the live ``workers``, a generation's
+    samples are checked against their slots (``worker_slots``: ``GPUQ_WORKER_SLOTS``, the
+    limit where none serves the model); without, they are not (a schedule's dry run: its
+    batch runs later, on the fleet of then)."""
     models: dict[str, Model | None] = {}
     fleet = load_fleet(session)
+    samples = None if workers is None else SampleLimit.of(workers, worker_slots=worker_slots, has_gpus=bool(fleet.gpus))
     valid = 0
     tokens: dict[int, int] = {}
     errors: list[tuple[int, str]] = []
@@ -222,7 +242,7 @@ def plan_batch_jobs(
             errors.append(line)
             continue
         try:
-            counted = _check_line(line, models[line.model], fleet)
+            counted = _check_line(line, models[line.model], fleet, samples)
         except RequestError as exc:
             errors.append((line.number, exc.message))
             continue
@@ -255,15 +275,16 @@ def start_batch(
     owner: str | None = None,
     api_key_id: str | None = None,
     admit: Callable[[Session], None] | None = None,
+    worker_slots: int = 0,
     planning: Planning | None = None,
 ) -> Batch:
     """Check every line, then write the batch and its jobs and queue them (or nothing).
     The batch and its jobs belong to ``owner``; ``api_key_id`` is the key that asked, whose
     queued-jobs limit they count against; ``admit`` applies that key's limits in ``session``,
-    once every line has passed its checks (a refused batch spends nothing). Generation lines
-    are queued in the order ``planning`` plans (``gpuq.batches.queue_order``; None: its
-    defaults), the rest in file order. Synchronous: the API runs it in a worker thread, the
-    scheduler in its own loop."""
+    once every line has passed its checks (a refused batch spends nothing); ``worker_slots``
+    is ``GPUQ_WORKER_SLOTS`` (gpuq/fleet/sample_limit.py). Generation lines are queued in the
+    order ``planning`` plans (``gpuq.batches.queue_order``; None: its defaults), the rest in
+    file order. Synchronous: the API runs it in a worker thread, the scheduler in its own loop."""
     if endpoint not in KINDS:
         raise RequestError(
             422, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
@@ -273,10 +294,21 @@ def start_batch(
     if file is None:
         raise RequestError(404, f"file {input_file_id!r} does not exist")
     check_input_file(file)
+    try:
+        workers = live_workers(redis)
+    except RedisError as exc:
+        raise queue_unavailable(exc) from None
     with gc_paused():
         batch_id = message_batches.new_id() if endpoint == anthropic_format.MESSAGES else new_batch_id()
         plan = plan_batch_jobs(
-            session, path=file.path, batch_id=batch_id, priority=priority, owner=owner, api_key_id=api_key_id
+            session,
+            path=file.path,
+            batch_id=batch_id,
+            priority=priority,
+            owner=owner,
+            api_key_id=api_key_id,
+            workers=workers,
+            worker_slots=worker_slots,
         )
         if admit is not None:
             admit(session)
@@ -297,19 +329,26 @@ def start_batch(
             owner=owner,
         )
         queued: list[tuple[int, QueueEntry]] = []  # small: what Redis needs, by input line
+        # Its lines are needed by its expiry: a batch the fleet cannot finish by then is refused.
+        work = admission.Tally(Priority(priority), owner, batch.expires_at)
         planning = planning or Planning()
         order = QueueOrder(planning, on_gpu=plan.on_gpu) if planning.enabled else None
         entries: list[QueueEntry] = []
 
         def noted(jobs: Iterator[store.NewJob]) -> Iterator[store.NewJob]:
             for j in jobs:
-                queued.append((j.line_number or 0, QueueEntry(j.id, j.model, j.kind, j.priority, j.owner)))
+                entry = QueueEntry(j.id, j.model, j.kind, j.priority, j.owner, batch.expires_at)
+                queued.append((j.line_number or 0, entry))
+                work.add(j)
                 yield j
+
+        def before_commit() -> None:
+            work.refuse_if_late(session, redis)
             # Every job is made, so the plan is whole: its figures go into the batch's row in
             # the commit that inserts the jobs.
-            entries.extend(_queue_order(batch, queued, order, redis))
+            entries.extend(_queue_order(batch, queued, order, workers))
 
-        store.insert_batch(session, batch, noted(plan.jobs(order)))
+        store.insert_batch(session, batch, noted(plan.jobs(order)), before_commit=before_commit)
         try:
             enqueue_jobs(redis, entries, timeout_s=timeout_s)
         except RedisError as exc:
@@ -319,13 +358,13 @@ def start_batch(
 
 
 def _queue_order(
-    batch: Batch, queued: list[tuple[int, QueueEntry]], order: QueueOrder | None, redis: Redis
+    batch: Batch, queued: list[tuple[int, QueueEntry]], order: QueueOrder | None, workers: list[LiveWorker]
 ) -> list[QueueEntry]:
     """The batch's queue entries in the order planned (file order without a plan), the plan's
     figures written on its row."""
     if order is None:
         return [entry for _line, entry in sorted(queued, key=lambda q: q[0])]
-    entries, figures = order.order(queued, redis)
+    entries, figures = order.order(queued, workers)
     if figures is not None:
         batch.planned_lines, batch.planned_groups, batch.planned_slots = figures.lines, figures.groups, figures.slots
         log.info(

@@ -84,15 +84,22 @@ class Job(Base):
 
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    # The most completion tokens it may generate (max_tokens times n), set at submission: the
+    # work waiting is summed from it (null for rows from before migration 0022).
+    completion_budget: Mapped[int | None] = mapped_column(Integer)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)  # of prompt_tokens, not computed: reused
     cached_ram_tokens: Mapped[int | None] = mapped_column(Integer)  # of cached_tokens, from the prefix cache's RAM
     cached_disk_tokens: Mapped[int | None] = mapped_column(Integer)  # ... and from its disk tier
+    parked_ms: Mapped[int | None] = mapped_column(Integer)  # time parked for more urgent jobs (preemption)
     # The prompt's tokens as the API built them, for the worker; cleared once the job has run.
     prompt_ids: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     load_ms: Mapped[int | None] = mapped_column(Integer)
     run_ms: Mapped[int | None] = mapped_column(Integer)
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When it is needed by: earliest first within its priority and tenant, and refused at
+    # submission when the fleet's pace says it cannot finish by then (gpuq/jobs/admission.py).
+    deadline: Mapped[datetime | None]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     cancel_requested_at: Mapped[datetime | None]

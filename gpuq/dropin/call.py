@@ -24,9 +24,10 @@ from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.limits import precheck, tokenising_turn
 from gpuq.jobs.prompt import Counted, vocab_tokenizer
-from gpuq.jobs.request import GenerationParams, JobParams
+from gpuq.jobs.request import JobParams
 from gpuq.jobs.submit import JobSpec, refuse_surely_too_long, submit_jobs
 from gpuq.queue_names import Priority
 from gpuq.streams.events import END_ONLY, REQUEST_FIELD, TOKENS, End, Event
@@ -86,7 +87,7 @@ def call_spec(
     """The job of a call: its request asks for every token (streaming) or only the end."""
     params, counted = request if isinstance(request, SizedRequest) else (request, None)
     params = params.model_copy(update={REQUEST_FIELD: TOKENS if stream else END_ONLY})
-    return JobSpec(kind=kind, model=model, priority=priority, request=params.stored(), counted=counted)
+    return JobSpec(kind=kind, model=model, priority=priority, params=params, counted=counted)
 
 
 async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:
@@ -139,14 +140,12 @@ async def with_max_tokens(
     if not model.can_generate:
         return SizedRequest(request.model_copy(update={"max_tokens": wanted or 1}), None)  # submit refuses the kind
     await precheck(db, redis, caller, queued_jobs=1, submissions=1)
-    stored = request.stored()
-
     room = limit - (wanted or 1)  # the most prompt tokens the call can have
 
     def count() -> Counted:
         tokenizer = vocab_tokenizer(model.path)
-        refuse_surely_too_long(tokenizer, stored, wanted or 1, limit, model.name)
-        return tokenizer.count_up_to(stored, room)
+        refuse_surely_too_long(tokenizer, request, wanted or 1, limit, model.name)
+        return tokenizer.count_up_to(request, room)
 
     try:
         async with tokenising_turn(caller.owner):
@@ -161,7 +160,7 @@ async def with_max_tokens(
             400,
             f"the prompt is at least {prompt_tokens} tokens (counted from its start), but {model.name!r} has a "
             f"context of {limit} tokens and the answer needs {wanted or 1} at least: shorten the prompt",
-            param="messages" if "messages" in stored else "prompt",
+            param="messages" if request.messages is not None else "prompt",
             code="context_length_exceeded",
         )
     if wanted is not None and prompt_tokens + wanted > limit:
@@ -176,12 +175,14 @@ async def with_max_tokens(
     return SizedRequest(request.model_copy(update={"max_tokens": filled}), counted)
 
 
-async def submit_call(db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int) -> Job:
+async def submit_call(
+    db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int, worker_slots: int
+) -> Job:
     """Queue the call's job as ``POST /v1/jobs`` would. Refusals are 400s, as OpenAI and Ollama
     answer a request they cannot run (gpuq's own API says 422). ``submit_jobs`` applies the
     key's limits once every check has passed: one submission per call, none for a refused one."""
     try:
-        [accepted] = await submit_jobs(db, redis, [spec], timeout_s=timeout_s, caller=caller)
+        [accepted] = await submit_jobs(db, redis, [spec], timeout_s=timeout_s, caller=caller, worker_slots=worker_slots)
     except RequestError as exc:
         if exc.status != 422:
             raise

@@ -25,7 +25,8 @@ from gpuq.batches.openai_choices import token_logprob
 from gpuq.db.tables import Model, ModelKind
 from gpuq.errors import RequestError
 from gpuq.jobs import tool_calls
-from gpuq.jobs.request import MAX_KEEP_ALIVE_S, OLLAMA_DEFAULTS, GenerationParams, refusal
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.request import MAX_KEEP_ALIVE_S, OLLAMA_DEFAULTS, refusal
 from gpuq.streams.events import Delta, End, Event, Start, ended_badly, restarted_mid_answer
 
 NS_PER_MS = 1_000_000

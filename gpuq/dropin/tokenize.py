@@ -22,7 +22,7 @@ from gpuq.db.tables import Model
 from gpuq.dropin.call import find_model
 from gpuq.dropin.openai import not_found
 from gpuq.errors import RequestError
-from gpuq.jobs.prompt import VocabTokenizer, out_of_vocabulary, prompt_text, tokenize_prompt
+from gpuq.jobs.prompt import VocabTokenizer, chat_text, out_of_vocabulary, tokenize_prompt
 from gpuq.jobs.submit import model_tokenizer
 
 
@@ -61,7 +61,7 @@ def _tokenize(
     parse_special: bool,
 ) -> list[int]:
     if messages is not None:
-        text = prompt_text({"messages": messages}, tokenizer.formatter)  # ValueError: no chat template
+        text = chat_text(messages, None, tokenizer.formatter)  # ValueError: no chat template
     assert text is not None
     if add_special and parse_special:
         return tokenize_prompt(tokenizer.tokenize, text)  # the worker's own call

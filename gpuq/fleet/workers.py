@@ -31,6 +31,7 @@ from gpuq.redis_keys import (
     CANCEL_FLAG_TTL_S,
     DEVICE_FIELD,
     DRAIN_FIELD,
+    GENERATES_FIELD,
     GPUS_FIELD,
     HOST_FIELD,
     LOADED_FIELD,
@@ -81,6 +82,8 @@ class LiveWorker:
     slots: int = 1  # jobs it runs together at most (GPUQ_WORKER_SLOTS)
     slots_busy: int = 0  # jobs running on it now, as it last published
     prefix_cache: PrefixCacheStats | None = None  # as it last published (None: it has published none)
+    # The models it serves generations of (None: not published, by a worker from before it was)
+    generates: frozenset[str] | None = None
 
     @property
     def drain_requested(self) -> bool:
@@ -118,6 +121,17 @@ def _count(fields: dict[bytes, bytes], name: str, default: int) -> int:
         return int(_text(fields, name))
     except ValueError:
         return default
+
+
+def _names(fields: dict[bytes, bytes], name: str) -> frozenset[str] | None:
+    """A JSON list of names; None when the field is absent or not such a list."""
+    try:
+        value = json.loads(_text(fields, name))
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return frozenset(value)
 
 
 def _slots(fields: dict[bytes, bytes]) -> tuple[int, int]:
@@ -160,6 +174,7 @@ def live_workers(redis: Redis) -> list[LiveWorker]:
                 slots=slots,
                 slots_busy=slots_busy,
                 prefix_cache=PrefixCacheStats.from_json(_text(fields, PREFIX_CACHE_FIELD)),
+                generates=_names(fields, GENERATES_FIELD),
             )
         )
     return workers

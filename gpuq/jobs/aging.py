@@ -9,7 +9,9 @@ submitted with; only its place in Redis changes.
 
 The move is one Lua script (remove from the old queue, push to the new one, note the
 tenant among the new band's flows and ring its bell, update RQ's ``origin``), so a job a
-worker pops meanwhile is never duplicated or lost.
+worker pops meanwhile is never duplicated or lost. It goes to the front of its part of the new
+queue: a job with a deadline among that queue's deadline jobs by its deadline (and from the old
+queue's deadline set to the new one's), one without in front of that queue's jobs without one.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from redis import Redis
 from rq.utils import utcformat, utcparse
 
 from gpuq.db.tables import utcnow
+from gpuq.jobs.fair import INSERT_AT
 from gpuq.queue_names import Priority, QueueName, band_name, parse_queue
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
+    JOB_DEADLINE_FIELD,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
+    fair_edf_key,
     fair_flows_key,
     rq_job_key,
     rq_queue_key,
@@ -34,9 +39,23 @@ from gpuq.redis_keys import (
 
 SCAN_DEPTH = 100  # oldest entries looked at per queue and tick
 
-_MOVE = """
+# KEYS: the old queue, the new one, the job's hash, RQ's queue set, the new band's flows and
+# bell, the old queue's deadline set and the new one's. ARGV: the job id, the new queue's name,
+# now, its tenant, the bell's length, the hash's deadline field.
+_MOVE = (
+    INSERT_AT
+    + """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
-  redis.call('LPUSH', KEYS[2], ARGV[1])
+  local deadline = redis.call('HGET', KEYS[3], ARGV[6])
+  local at
+  if deadline then
+    redis.call('ZREM', KEYS[7], ARGV[1])
+    at = redis.call('ZCOUNT', KEYS[8], '-inf', deadline)
+    redis.call('ZADD', KEYS[8], deadline, ARGV[1])
+  else
+    at = redis.call('ZCARD', KEYS[8])
+  end
+  insert_at(KEYS[2], at, ARGV[1])
   redis.call('SADD', KEYS[4], KEYS[2])
   redis.call('HSET', KEYS[3], 'origin', ARGV[2], 'enqueued_at', ARGV[3])
   redis.call('SADD', KEYS[5], ARGV[4])
@@ -46,6 +65,7 @@ if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
 end
 return 0
 """
+)
 
 
 def gpuq_queues(redis: Redis) -> list[tuple[str, QueueName]]:
@@ -91,7 +111,17 @@ def promote_aged_jobs(redis: Redis, *, aging_s: float, now: datetime | None = No
                 RQ_QUEUES,
                 fair_flows_key(target_band),
                 fair_bell_key(target_band),
+                fair_edf_key(name),
+                fair_edf_key(target),
             ]
-            if move(keys=keys, args=[job_id, target, utcformat(now), parsed.tenant, FAIR_BELL_MAX]):
+            args: list[str | int] = [
+                job_id,
+                target,
+                utcformat(now),
+                parsed.tenant,
+                FAIR_BELL_MAX,
+                JOB_DEADLINE_FIELD,
+            ]
+            if move(keys=keys, args=args):
                 moved.append(job_id)
     return moved

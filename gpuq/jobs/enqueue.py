@@ -19,9 +19,11 @@ from gpuq.jobs.queues import JOB_FUNC
 from gpuq.queue_names import QueueEntry, parse_queue
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
+    JOB_DEADLINE_FIELD,
     RQ_JOB_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
+    fair_edf_key,
     fair_flows_key,
     rq_job_key,
     rq_queue_key,
@@ -31,26 +33,70 @@ FAILURE_TTL_S = 7 * 24 * 3600
 SCRIPT_CHUNK = 2000  # jobs per script call
 
 
-# Writes RQ's job hash (the fields of ``rq.job.Job.to_dict`` a worker reads) and pushes the
-# id, for many jobs of one queue in one call, inside Redis; then adds the queue's tenant to
-# its band's flows and rings the band's bell once per job (up to its length), so the fair
-# pick sees the queue and idle workers wake (``gpuq.jobs.fair``).
+# Writes RQ's job hash (the fields of ``rq.job.Job.to_dict`` a worker reads) and queues the id,
+# for many jobs of one queue in one call, inside Redis; then adds the queue's tenant to its
+# band's flows and rings the band's bell once per job (up to its length), so the fair pick
+# sees the queue and idle workers wake (``gpuq.jobs.fair``). ARGV from 9: each job's id and
+# deadline (ms; '' for none).
+#
+# The list is kept in the order the pick gives jobs out: jobs with a deadline first, earliest
+# first, then the others, each part in queueing order. Jobs without one are pushed at the end.
+# Those with one are merged in: the list from the first place where one of them goes (the
+# deadline jobs due after the earliest new one, then the jobs without a deadline) is taken
+# off, merged with them, and pushed back; so the cost is the length of that tail, which is
+# nothing in the usual case of a batch's lines (one deadline, later than those waiting, and no
+# jobs without one behind them), and the pick stays one LPOP.
 _ENQUEUE = """
 local origin, now, timeout, failure_ttl, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local tenant, bell_max = ARGV[6], tonumber(ARGV[7])
-redis.call('SADD', KEYS[2], KEYS[1])
-for i = 8, #ARGV do
-  local id = ARGV[i]
+local tenant, bell_max, deadline_field = ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local list, edf = KEYS[1], KEYS[6]
+local function push(ids, first, last)
+  for s = first, last, 1000 do
+    redis.call('RPUSH', list, unpack(ids, s, math.min(s + 999, last)))
+  end
+end
+redis.call('SADD', KEYS[2], list)
+local plain, dated = {}, {}
+for i = 9, #ARGV, 2 do
+  local id, deadline = ARGV[i], ARGV[i + 1]
   redis.call('HSET', KEYS[3] .. id, 'data', data, 'created_at', now, 'enqueued_at', now,
              'origin', origin, 'status', 'queued', 'description', 'gpuq ' .. id, 'timeout', timeout,
              'result_ttl', 0, 'failure_ttl', failure_ttl)
-  redis.call('RPUSH', KEYS[1], id)
+  if deadline == '' then
+    table.insert(plain, id)
+  else
+    redis.call('HSET', KEYS[3] .. id, deadline_field, deadline)
+    table.insert(dated, {tonumber(deadline), #dated, id, deadline})
+  end
 end
+if #dated > 0 then
+  table.sort(dated, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  local from = redis.call('ZCOUNT', edf, '-inf', dated[1][1])
+  local later = redis.call('ZRANGE', edf, from, -1, 'WITHSCORES')
+  local tail = redis.call('LRANGE', list, from, -1)
+  if from == 0 then redis.call('DEL', list) else redis.call('LTRIM', list, 0, from - 1) end
+  local merged, i, j = {}, 1, 1
+  local held = #later / 2
+  while i <= held or j <= #dated do
+    if j > #dated or (i <= held and tonumber(later[2 * i]) <= dated[j][1]) then
+      table.insert(merged, tail[i])
+      i = i + 1
+    else
+      table.insert(merged, dated[j][3])
+      redis.call('ZADD', edf, dated[j][4], dated[j][3])
+      j = j + 1
+    end
+  end
+  for k = held + 1, #tail do table.insert(merged, tail[k]) end
+  push(merged, 1, #merged)
+end
+push(plain, 1, #plain)
+local count = (#ARGV - 8) / 2
 redis.call('SADD', KEYS[4], tenant)
-local rings = math.min(#ARGV - 7, bell_max)
+local rings = math.min(count, bell_max)
 for i = 1, rings do redis.call('RPUSH', KEYS[5], 1) end
 redis.call('LTRIM', KEYS[5], 0, bell_max - 1)
-return #ARGV - 7
+return count
 """
 
 
@@ -66,7 +112,8 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
     listpack of about 300 bytes instead of a hash table of about 1 KB."""
     by_queue: dict[str, list[str]] = defaultdict(list)
     for entry in entries:
-        by_queue[entry.queue].append(entry.job_id)  # a tenant's queue in its band
+        deadline = entry.deadline_ms
+        by_queue[entry.queue] += [entry.job_id, "" if deadline is None else str(deadline)]  # a tenant's queue
     now = utcformat(rq_now())
     call = pickle.dumps((JOB_FUNC, None, (), {}), protocol=pickle.HIGHEST_PROTOCOL)  # the same for every job
     script = redis.register_script(_ENQUEUE)
@@ -74,8 +121,15 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
         for name, ids in by_queue.items():
             parsed = parse_queue(name)
             band = parsed.band
-            keys = [rq_queue_key(name), RQ_QUEUES, RQ_JOB_PREFIX, fair_flows_key(band), fair_bell_key(band)]
-            for start in range(0, len(ids), SCRIPT_CHUNK):
+            keys = [
+                rq_queue_key(name),
+                RQ_QUEUES,
+                RQ_JOB_PREFIX,
+                fair_flows_key(band),
+                fair_bell_key(band),
+                fair_edf_key(name),
+            ]
+            for start in range(0, len(ids), 2 * SCRIPT_CHUNK):
                 args: list[str | int | bytes] = [
                     name,
                     now,
@@ -84,17 +138,20 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
                     call,
                     parsed.tenant,
                     FAIR_BELL_MAX,
+                    JOB_DEADLINE_FIELD,
                 ]
-                args.extend(ids[start : start + SCRIPT_CHUNK])
+                args.extend(ids[start : start + 2 * SCRIPT_CHUNK])
                 script(keys=keys, args=args, client=pipe)
         pipe.execute()
 
 
 def remove_queued(redis: Redis, entries: Iterable[QueueEntry]) -> None:
-    """Take jobs out of their queues (cancelled before a worker took them). A tenant's queue
-    left empty stays among its band's flows until the next pick passes over it."""
+    """Take jobs out of their queues, and out of their deadline sets (cancelled before a worker
+    took them). A tenant's queue left empty stays among its band's flows until the next pick
+    passes over it."""
     with redis.pipeline(transaction=True) as pipe:
         for e in entries:
             pipe.lrem(rq_queue_key(e.queue), 0, e.job_id)
+            pipe.zrem(fair_edf_key(e.queue), e.job_id)
             pipe.delete(rq_job_key(e.job_id))
         pipe.execute()

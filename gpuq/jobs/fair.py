@@ -13,6 +13,14 @@ queue, of jobs of no tenant) by start-time fair queuing (stride scheduling):
   nor debt from before; while several tenants wait, each gets jobs in proportion to its
   weight, and a tenant that arrives behind another's 50,000 jobs waits about one round.
 
+Within a tenant's queue, jobs with a deadline go first, earliest deadline first (equal ones in
+the order they were queued), then the others in the order they were queued. The queue's RQ list
+is kept in that order (a job with a deadline is merged in at its place when it is queued,
+``gpuq.jobs.enqueue``), so the pick still pops the list's front and a position is still the
+job's index in it; a sorted set beside the list (``gpuq.redis_keys.fair_edf_key``) holds the
+deadlines of its deadline jobs, to find where a new one goes. A tenant's deadlines thus order
+its own jobs and never buy it a larger share.
+
 Priorities stay strict: the worker's ordered list of bands (``gpuq.jobs.queues``) is walked
 in order and the first band with a job gives it. Idle workers block (``BLPOP``) on their
 bands' *bells* (``gpuq.redis_keys.fair_bell_key``), to which every push adds a token,
@@ -38,12 +46,16 @@ from gpuq import store
 from gpuq.queue_names import parse_queue, tenant_segment
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
+    FAIR_EDF_PREFIX,
     FAIR_WEIGHTS_KEY,
+    JOB_DEADLINE_FIELD,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
+    fair_edf_key,
     fair_flows_key,
     fair_passes_key,
+    rq_job_key,
     rq_queue_key,
 )
 
@@ -57,15 +69,27 @@ def stride(weight: int) -> int:
     return QUANTUM // max(1, min(weight, MAX_WEIGHT))
 
 
+# Puts a job at index ``at`` of a list (a job's place among its queue's deadline jobs, or at
+# the front of the others): the list stays the order the pick gives jobs out in.
+INSERT_AT = """
+local function insert_at(list, at, id)
+  if at == 0 then return redis.call('LPUSH', list, id) end
+  local before = redis.call('LINDEX', list, at - 1)
+  if not before then return redis.call('RPUSH', list, id) end
+  return redis.call('LINSERT', list, 'AFTER', before, id)
+end
+"""
+
 # KEYS: the weights hash, then per band its flows set, passes hash and bell.
 # ARGV: mode ('pop', 'peek'), accepted band numbers (',1,3,' or '' for all), quantum, RQ's
-# queue prefix, then each band's name. Returns {queue name, job id} or false.
+# queue prefix, the deadline sets' prefix, then each band's name. Returns {queue name, job id}
+# or false.
 _PICK = """
-local mode, accept, quantum, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local mode, accept, quantum, prefix, edf_prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local bands = (#KEYS - 1) / 3
 for b = 1, bands do
   local flows, passes = KEYS[3 * b - 1], KEYS[3 * b]
-  local band = ARGV[4 + b]
+  local band = ARGV[5 + b]
   local members = redis.call('SMEMBERS', flows)
   if redis.call('SISMEMBER', flows, '') == 0 then table.insert(members, '') end
   do
@@ -88,6 +112,7 @@ for b = 1, bands do
       if best ~= '' then name = band .. ':' .. best end
       if mode == 'peek' then return {name, redis.call('LINDEX', prefix .. name, 0)} end
       local id = redis.call('LPOP', prefix .. name)
+      redis.call('ZREM', edf_prefix .. name, id)
       local w = tonumber(redis.call('HGET', KEYS[1], best) or '1')
       if w < 1 then w = 1 end
       redis.call('HSET', passes, best, string.format('%.0f', best_at + math.floor(quantum / w)),
@@ -103,12 +128,13 @@ return false
 """
 
 # A consistent snapshot of one band for positions: V, then per tenant its queue's length,
-# pass (or '') and weight (or '').
+# pass (or '') and weight (or ''); ARGV[3], a tenant to include even with no jobs waiting.
 _SNAPSHOT = """
 local flows, passes, weights, prefix, band = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
 local out = {redis.call('HGET', passes, '@') or '0'}
 local members = redis.call('SMEMBERS', flows)
 if redis.call('SISMEMBER', flows, '') == 0 then table.insert(members, '') end
+if ARGV[3] ~= '' and redis.call('SISMEMBER', flows, ARGV[3]) == 0 then table.insert(members, ARGV[3]) end
 for _, t in ipairs(members) do
   local name = band
   if t ~= '' then name = band .. ':' .. t end
@@ -149,7 +175,7 @@ class Picker:
     def _call(self, mode: str, accept: str) -> tuple[str, str] | None:
         if not self.bands:
             return None
-        args: list[str | int] = [mode, accept, QUANTUM, RQ_QUEUE_PREFIX, *self.bands]
+        args: list[str | int] = [mode, accept, QUANTUM, RQ_QUEUE_PREFIX, FAIR_EDF_PREFIX, *self.bands]
         found = cast(list[bytes] | None, self._script(keys=self._keys, args=args))
         if not found:
             return None
@@ -172,11 +198,38 @@ def note_push(pipe: Pipeline, queue: str) -> None:
     pipe.ltrim(fair_bell_key(band), 0, FAIR_BELL_MAX - 1)
 
 
+# KEYS: the queue's list, the job's hash, the queue's deadline set. ARGV: the job id, the hash's
+# deadline field. Back in front of the jobs due later (or, without a deadline, in front of the
+# others without one).
+_PUSH_FRONT = (
+    INSERT_AT
+    + """
+local deadline = redis.call('HGET', KEYS[2], ARGV[2])
+local at
+if deadline then
+  at = redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. deadline)
+  redis.call('ZADD', KEYS[3], deadline, ARGV[1])
+else
+  at = redis.call('ZCARD', KEYS[3])
+end
+insert_at(KEYS[1], at, ARGV[1])
+"""
+)
+
+
+def push_front_in(pipe: Pipeline, queue: str, job_id: str) -> None:
+    """In the caller's pipeline: back to the front of its queue (a job popped and not run): of
+    its deadline jobs, when it has a deadline (before those due later), else of the others."""
+    script = pipe.register_script(_PUSH_FRONT)
+    keys = [rq_queue_key(queue), rq_job_key(job_id), fair_edf_key(queue)]
+    script(keys=keys, args=[job_id, JOB_DEADLINE_FIELD], client=pipe)
+    note_push(pipe, queue)
+
+
 def push_front(redis: Redis, queue: str, job_id: str) -> None:
-    """Back to the front of its queue (a job popped and not run), ready for the next pick."""
+    """``push_front_in``, on its own, ready for the next pick."""
     with redis.pipeline(transaction=True) as pipe:
-        pipe.lpush(rq_queue_key(queue), job_id)
-        note_push(pipe, queue)
+        push_front_in(pipe, queue, job_id)
         pipe.execute()
 
 
@@ -200,11 +253,16 @@ class BandState:
     def jobs_ahead(self, tenant: str, index: int) -> int:
         """Jobs of the band taken before the one at ``index`` in ``tenant``'s queue, by the
         pick's own rule over this snapshot (later arrivals of other tenants may yet go first)."""
+        return sum(self.ahead_by_tenant(tenant, index).values())
+
+    def ahead_by_tenant(self, tenant: str, index: int) -> dict[str, int]:
+        """``jobs_ahead`` tenant by tenant: how many of each tenant's first jobs go before the
+        one at ``index`` in ``tenant``'s queue (its own first ``index``), tenants with none left out."""
         own = self.flows.get(tenant)
         if own is None:
-            return index
+            return {tenant: index} if index else {}
         at = own.start + index * own.stride
-        ahead = index
+        ahead = {tenant: index} if index else {}
         for other in self.flows.values():
             if other.tenant == tenant:
                 continue
@@ -214,7 +272,8 @@ class BandState:
                 before = gap // other.stride + 1 if gap >= 0 else 0
             else:
                 before = (gap - 1) // other.stride + 1 if gap > 0 else 0
-            ahead += min(other.length, before)
+            if n := min(other.length, before):
+                ahead[other.tenant] = n
         return ahead
 
     def order(self) -> list[tuple[str, int]]:
@@ -224,11 +283,13 @@ class BandState:
         return [(t, j) for _at, t, j in sorted(tags)]
 
 
-def band_state(redis: Redis, band: str) -> BandState:
+def band_state(redis: Redis, band: str, *, tenant: str = "") -> BandState:
+    """The band's flows now; ``tenant``'s among them even when it has no job waiting (where a
+    job of its would go)."""
     raw = cast(
         list[bytes | int],
         redis.register_script(_SNAPSHOT)(
-            keys=[fair_flows_key(band), fair_passes_key(band), FAIR_WEIGHTS_KEY], args=[RQ_QUEUE_PREFIX, band]
+            keys=[fair_flows_key(band), fair_passes_key(band), FAIR_WEIGHTS_KEY], args=[RQ_QUEUE_PREFIX, band, tenant]
         ),
     )
     vtime = int(cast(bytes, raw[0]))
@@ -240,6 +301,21 @@ def band_state(redis: Redis, band: str) -> BandState:
         start = max(int(passed) if passed else 0, vtime)
         flows[tenant] = Flow(tenant, length, start, stride(int(weight) if weight else DEFAULT_WEIGHT))
     return BandState(vtime, flows)
+
+
+def first_in_queue(redis: Redis, queue: str, count: int) -> list[str]:
+    """The first ``count`` jobs its queue gives out, in that order."""
+    if count <= 0:
+        return []
+    return [i.decode() for i in cast(list[bytes], redis.lrange(rq_queue_key(queue), 0, count - 1))]
+
+
+def place_for(redis: Redis, queue: str, deadline_ms: int | None) -> int:
+    """Where a job queued now would stand in its queue: behind every deadline up to its own
+    (equal ones queued earlier go first), or behind every job when it has no deadline."""
+    if deadline_ms is None:
+        return redis.llen(rq_queue_key(queue))
+    return redis.zcount(fair_edf_key(queue), "-inf", deadline_ms)
 
 
 def set_weights(redis: Redis, weights: dict[str, int]) -> None:

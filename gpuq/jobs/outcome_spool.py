@@ -56,6 +56,7 @@ def _decode(raw: bytes) -> Pending:
     values = data["outcome"]
     values["status"] = JobStatus(values["status"])
     values["finished_at"] = datetime.fromisoformat(values["finished_at"])
+    values.pop("attempt", None)  # spooled when attempts fenced outcomes: written unfenced, as before that
     finished = data["finished"]
     return store.Outcome(**values), FinishedJob(**finished) if finished is not None else None
 

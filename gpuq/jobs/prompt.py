@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
+from gpuq.jobs.generation_params import GenerationParams
+
 # Same tokenizer call llama-cpp-python's chat handlers make for a rendered chat prompt.
 Tokenize = Callable[[bytes, bool, bool], list[int]]
 
@@ -56,20 +58,30 @@ TOOLS_SYSTEM = (
 )
 
 
-def prompt_text(request: dict[str, Any], formatter: ChatFormatter | None) -> str:
+def prompt_text(params: GenerationParams, formatter: ChatFormatter | None) -> str:
     """The prompt string for a generation request: ``prompt`` as given, or ``messages``
     (and ``tools``) rendered with the model's own chat template."""
-    if request.get("messages") is not None:
-        if formatter is None:
-            raise ValueError("this model has no chat template; send a plain `prompt` instead")
-        messages = [_for_template(m) for m in request["messages"]]
-        tools = request.get("tools") or None
-        if "tool" not in getattr(formatter, "template", "tool"):  # a template that knows no tools
-            messages = [_calls_as_text(m) for m in messages]
-            if tools:
-                messages, tools = _tools_described(messages, tools), None
-        return str(formatter(messages=messages, tools=tools).prompt)
-    return str(request["prompt"])
+    messages = params.chat()
+    if messages is not None:
+        return chat_text(messages, params.tools, formatter)
+    if params.prompt is None:
+        raise ValueError("the request has no prompt")
+    return params.prompt
+
+
+def chat_text(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, formatter: ChatFormatter | None
+) -> str:
+    """Chat messages (and tools) rendered with the model's own chat template."""
+    if formatter is None:
+        raise ValueError("this model has no chat template; send a plain `prompt` instead")
+    messages = [_for_template(m) for m in messages]
+    tools = tools or None
+    if "tool" not in getattr(formatter, "template", "tool"):  # a template that knows no tools
+        messages = [_calls_as_text(m) for m in messages]
+        if tools:
+            messages, tools = _tools_described(messages, tools), None
+    return str(formatter(messages=messages, tools=tools).prompt)
 
 
 def _for_template(message: dict[str, Any]) -> dict[str, Any]:
@@ -113,13 +125,12 @@ def tokenize_prompt(tokenize: Tokenize, text: str) -> list[int]:
     return tokenize(text.encode("utf-8"), True, True)
 
 
-def request_tokens(request: dict[str, Any], tokenize: Tokenize, formatter: ChatFormatter | None) -> list[int]:
+def request_tokens(params: GenerationParams, tokenize: Tokenize, formatter: ChatFormatter | None) -> list[int]:
     """The tokens a generation runs: ``prompt_token_ids`` as given (no BOS added: the caller
     chose every token), else its text tokenised."""
-    ids = request.get("prompt_token_ids")
-    if ids is not None:
-        return list(ids)
-    return tokenize_prompt(tokenize, prompt_text(request, formatter))
+    if params.prompt_token_ids is not None:
+        return list(params.prompt_token_ids)
+    return tokenize_prompt(tokenize, prompt_text(params, formatter))
 
 
 def out_of_vocabulary(ids: list[int], n_vocab: int, what: str) -> str | None:
@@ -275,50 +286,50 @@ class VocabTokenizer:
             self._longest_token_bytes = max(len(self.piece(t)) for t in range(self.n_vocab()))
         return self._longest_token_bytes
 
-    def fewest_tokens(self, request: dict[str, Any]) -> int:
+    def fewest_tokens(self, params: GenerationParams) -> int:
         """A lower bound on a generation request's prompt tokens, found without rendering or
         tokenising it: no token stands for more bytes than the vocabulary's longest, and a
         chat template gives every message at least one token (its role's marker). Only the
         contents count, stripped, in case a template trims them."""
-        if request.get("prompt_token_ids") is not None:
-            return len(request["prompt_token_ids"])
-        messages = request.get("messages")
-        texts = [str(request["prompt"])] if messages is None else [m.get("content") or "" for m in messages]
+        if params.prompt_token_ids is not None:
+            return len(params.prompt_token_ids)
+        messages = params.messages
+        texts = [str(params.prompt)] if messages is None else [m.content for m in messages]
         text_bytes = sum(len(text.strip().encode("utf-8")) for text in texts)
         return max(len(messages or ()), -(-text_bytes // self.longest_token_bytes()))
 
-    def prompt_bytes(self, request: dict[str, Any]) -> int:
+    def prompt_bytes(self, params: GenerationParams) -> int:
         """The rendered prompt's length in bytes, without rendering it: the chat template is
         rendered once per sequence of roles with empty contents, and the contents' lengths
         added. This assumes the template writes each message's content once, as chat
         templates do; it serves only as a bound on the token count."""
-        if request.get("prompt_token_ids") is not None:
-            return len(request["prompt_token_ids"])
-        if request.get("messages") is None:
-            return len(str(request["prompt"]).encode("utf-8"))
-        if request.get("tools") or any(m.get("tool_calls") or m.get("role") == "tool" for m in request["messages"]):
-            return len(prompt_text(request, self.formatter).encode("utf-8"))  # rare: rendered whole
-        roles = tuple(m["role"] for m in request["messages"])
+        if params.prompt_token_ids is not None:
+            return len(params.prompt_token_ids)
+        if params.messages is None:
+            return len(str(params.prompt).encode("utf-8"))
+        if params.tools or any(m.tool_calls or m.role == "tool" for m in params.messages):
+            return len(prompt_text(params, self.formatter).encode("utf-8"))  # rare: rendered whole
+        roles = tuple(m.role for m in params.messages)
         skeleton = self._skeletons.get(roles)
         if skeleton is None:
             empty = [{"role": role, "content": ""} for role in roles]
-            skeleton = self._skeletons[roles] = len(prompt_text({"messages": empty}, self.formatter).encode("utf-8"))
-        return skeleton + sum(len(m["content"].encode("utf-8")) for m in request["messages"])
+            skeleton = self._skeletons[roles] = len(chat_text(empty, None, self.formatter).encode("utf-8"))
+        return skeleton + sum(len(m.content.encode("utf-8")) for m in params.messages)
 
-    def count_request_tokens(self, request: dict[str, Any]) -> int:
-        if request.get("prompt_token_ids") is not None:
-            return len(request["prompt_token_ids"])
+    def count_request_tokens(self, params: GenerationParams) -> int:
+        if params.prompt_token_ids is not None:
+            return len(params.prompt_token_ids)
         # The same arguments as tokenize_prompt, so the count is the worker's count.
-        return self.count(prompt_text(request, self.formatter).encode("utf-8"), True, True)
+        return self.count(prompt_text(params, self.formatter).encode("utf-8"), True, True)
 
-    def count_up_to(self, request: dict[str, Any], over: int) -> Counted:
+    def count_up_to(self, params: GenerationParams, over: int) -> Counted:
         """The prompt's tokens, counted by tokenising it once (the ids go to the worker); or,
         for a long prompt whose start alone has more than ``over`` tokens, a lower bound
         from that start (more than ``over``), without tokenising the rest: a refusal need
         not cost seconds."""
-        if request.get("prompt_token_ids") is not None:
-            return Counted(len(request["prompt_token_ids"]), exact=True)  # the request holds them
-        text = prompt_text(request, self.formatter).encode("utf-8")
+        if params.prompt_token_ids is not None:
+            return Counted(len(params.prompt_token_ids), exact=True)  # the request holds them
+        text = prompt_text(params, self.formatter).encode("utf-8")
         if len(text) > START_BYTES_PER_TOKEN * over:
             least = self._start_tokens(text, START_BYTES_PER_TOKEN * over)
             if least > over:

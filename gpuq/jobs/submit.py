@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from anyio import to_thread
@@ -27,11 +28,15 @@ from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model
 from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.placement import can_ever_run, evaluate, explain_unplaceable, group_for
+from gpuq.fleet.sample_limit import SampleLimit
 from gpuq.fleet.snapshot import Fleet, load_fleet, request_of
+from gpuq.fleet.workers import live_workers
+from gpuq.jobs.admission import Planned, refuse_late_jobs
 from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.limits import admit, precheck, tokenising_turn
 from gpuq.jobs.prompt import Counted, VocabTokenizer, out_of_vocabulary, vocab_tokenizer
-from gpuq.jobs.request import KEEP_ALIVE_SHORTENS
+from gpuq.jobs.request import EmbeddingParams, JobParams
 from gpuq.queue_names import Priority, QueueEntry
 
 log = logging.getLogger(__name__)
@@ -39,22 +44,43 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """A job as the user asked for it, already checked for shape (types, ranges)."""
+    """A job as the user asked for it, already checked for shape (types, ranges): its
+    request typed as its producer built it (a ``GenerationParams`` for a generation, an
+    ``EmbeddingParams`` for an embedding, a bare ``JobParams`` for a noop)."""
 
     kind: JobKind
     model: str
     priority: Priority
-    request: dict[str, Any]
+    params: JobParams
     idempotency_key: str | None = None
     # The prompt's tokens when the caller counted them already (a drop-in call sizing its
     # max_tokens): a prompt is tokenised once per call.
     counted: Counted | None = field(default=None, compare=False)
+    deadline: datetime | None = None  # when it is needed by (gpuq/jobs/admission.py)
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """The request as its job row stores it."""
+        return self.params.stored()
+
+    @property
+    def generation(self) -> GenerationParams:
+        if not isinstance(self.params, GenerationParams):
+            raise TypeError(f"a {self.kind.value} job's request is not a generation's")
+        return self.params
+
+    @property
+    def embedding(self) -> EmbeddingParams:
+        if not isinstance(self.params, EmbeddingParams):
+            raise TypeError(f"a {self.kind.value} job's request is not an embedding's")
+        return self.params
 
     @property
     def request_hash(self) -> str:
-        canonical = json.dumps(
-            [self.kind.value, self.model, self.priority, self.request], sort_keys=True, separators=(",", ":")
-        )
+        parts: list[Any] = [self.kind.value, self.model, self.priority, self.request]
+        if self.deadline is not None:  # the hashes of jobs without one stay as they were
+            parts.append(self.deadline.isoformat())
+        canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -94,7 +120,8 @@ def check_against_model(
 
 
 def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> Counted | None:
-    n_ctx, max_tokens = model.context_length, spec.request["max_tokens"]
+    params = spec.generation
+    n_ctx, max_tokens = model.context_length, params.max_new_tokens
     if max_tokens > n_ctx:
         raise RequestError(
             422,
@@ -103,14 +130,13 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> Count
             code="context_length_exceeded",
         )
     tokenizer = model_tokenizer(model)
-    ids = spec.request.get("prompt_token_ids")
-    if ids is not None:
-        _check_ids(ids, tokenizer, where, "prompt", param="prompt")
-    refuse_surely_too_long(tokenizer, spec.request, max_tokens, n_ctx, model.name, where=where)
+    if params.prompt_token_ids is not None:
+        _check_ids(params.prompt_token_ids, tokenizer, where, "prompt", param="prompt")
+    refuse_surely_too_long(tokenizer, params, max_tokens, n_ctx, model.name, where=where)
     try:
-        if not exact and tokenizer.prompt_bytes(spec.request) + 2 <= n_ctx - max_tokens:
+        if not exact and tokenizer.prompt_bytes(params) + 2 <= n_ctx - max_tokens:
             return None  # no tokenizer yields more tokens than bytes (plus BOS/EOS): it fits
-        counted = spec.counted or tokenizer.count_up_to(spec.request, n_ctx - max_tokens)
+        counted = spec.counted or tokenizer.count_up_to(params, n_ctx - max_tokens)
     except ValueError as exc:
         raise RequestError(422, f"{where}{exc}") from None
     if counted.tokens + max_tokens > n_ctx:
@@ -127,13 +153,13 @@ def _check_prompt(spec: JobSpec, model: Model, where: str, exact: bool) -> Count
 
 
 def refuse_surely_too_long(
-    tokenizer: VocabTokenizer, request: dict[str, Any], max_tokens: int, n_ctx: int, model: str, *, where: str = ""
+    tokenizer: VocabTokenizer, params: GenerationParams, max_tokens: int, n_ctx: int, model: str, *, where: str = ""
 ) -> None:
     """A 422 for a prompt that cannot fit even at the fewest tokens its size allows, found
     without tokenising it (seconds for a few hundred kilobytes; gpuq/jobs/prompt.py)."""
-    if request.get("prompt_token_ids") is not None:
+    if params.prompt_token_ids is not None:
         return  # counted exactly, at no cost, where they are checked
-    least = tokenizer.fewest_tokens(request)
+    least = tokenizer.fewest_tokens(params)
     if least + max_tokens > n_ctx:
         raise RequestError(
             422,
@@ -148,7 +174,7 @@ def refuse_surely_too_long(
 def _check_texts(spec: JobSpec, model: Model, where: str, exact: bool) -> None:
     n_ctx = model.context_length
     tokenizer = model_tokenizer(model)
-    for i, item in enumerate(spec.request["input"]):
+    for i, item in enumerate(spec.embedding.input):
         if isinstance(item, list):
             _check_ids(item, tokenizer, where, f"input[{i}]", param="input")
             n = len(item)
@@ -188,6 +214,38 @@ def check_placeable(spec: JobSpec, model: Model | None, fleet: Fleet, index: int
         raise RequestError(422, _where(index) + explain_unplaceable(request, verdicts))
 
 
+def check_samples(spec: JobSpec, limit: SampleLimit, index: int | None = None) -> None:
+    """Refuse a generation that asks for more samples than any worker serving its model
+    decodes at once (gpuq/fleet/sample_limit.py): no worker could run it."""
+    if spec.kind != JobKind.GENERATE or spec.generation.n == 1:
+        return
+    n = spec.generation.n
+    most, live = limit.most(spec.model)
+    if n <= most:
+        return
+    has = (
+        f"the live workers serving {spec.model!r} decode at most {most} at once"
+        if live
+        else f"no worker serving {spec.model!r} is live, and workers start with {most} slots"
+    )
+    raise RequestError(
+        422,
+        f"{_where(index)}n is {n}, but a job's samples decode side by side on one worker, one slot each, and {has} "
+        f"(GPUQ_WORKER_SLOTS): ask for at most {most} samples, or send several requests",
+        param="n",
+        code="invalid_value",
+    )
+
+
+async def _read_sample_limit(redis: Redis, fleet: Fleet, *, worker_slots: int) -> SampleLimit:
+    """The fleet's sample limit now (one read of the live workers' hashes); a 503 if Redis does not answer."""
+    try:
+        workers = await to_thread.run_sync(live_workers, redis)
+    except RedisError as exc:
+        raise queue_unavailable(exc) from None
+    return SampleLimit.of(workers, worker_slots=worker_slots, has_gpus=bool(fleet.gpus))
+
+
 def model_tokenizer(model: Model) -> VocabTokenizer:
     try:
         return vocab_tokenizer(model.path)
@@ -205,11 +263,18 @@ IDEMPOTENT_INSERT_ATTEMPTS = 3
 
 
 async def submit_jobs(
-    db: AsyncSession, redis: Redis, specs: Sequence[JobSpec], *, timeout_s: int, caller: Caller
+    db: AsyncSession,
+    redis: Redis,
+    specs: Sequence[JobSpec],
+    *,
+    timeout_s: int,
+    caller: Caller,
+    worker_slots: int,
 ) -> list[Accepted]:
     """Validate and accept jobs, all or none, owned by the caller's tenant. The key's limits
     (gpuq/jobs/limits.py) are applied once every check has passed, to the jobs that are new:
-    a refused request, or an idempotent replay, spends none of its submissions."""
+    a refused request, or an idempotent replay, spends none of its submissions.
+    ``worker_slots`` is ``GPUQ_WORKER_SLOTS``, the samples limit while no worker is live."""
     specs = [_keep_alive_rule(s, caller) for s in specs]
     # A key already over its limits is refused before its prompts are tokenised; a job with
     # an idempotency key may be a replay, which spends nothing, so only the others count here.
@@ -230,6 +295,12 @@ async def submit_jobs(
     fleet = await db.run_sync(load_fleet)
     for i, spec in enumerate(specs):
         check_placeable(spec, models[spec.model], fleet, i if len(specs) > 1 else None)
+    if any(s.kind == JobKind.GENERATE and s.generation.n > 1 for s in specs):  # n = 1 fits every worker
+        limit = await _read_sample_limit(redis, fleet, worker_slots=worker_slots)
+        for i, spec in enumerate(specs):
+            check_samples(spec, limit, i if len(specs) > 1 else None)
+    if any(s.deadline is not None for s in specs):
+        await refuse_late_jobs(db, redis, [_planned(s, n, caller) for s, n in zip(specs, counts, strict=True)])
     admitted = False  # the key's limits are applied once: a retry after a race only has fewer jobs
     for _attempt in range(IDEMPOTENT_INSERT_ATTEMPTS):
         earlier = await _earlier_jobs(db, specs, caller.owner)
@@ -246,6 +317,7 @@ async def submit_jobs(
                 prompt_ids=None if n is None else n.ids,
                 owner=caller.owner,
                 api_key_id=caller.key_id,
+                deadline=s.deadline,
             )
             for s, n in zip(specs, counts, strict=True)
             if s.idempotency_key is None or s.idempotency_key not in earlier
@@ -266,13 +338,30 @@ async def submit_jobs(
     raise RequestError(409, "an idempotency_key in this request keeps being taken by concurrent requests; retry")
 
 
+def _planned(spec: JobSpec, counted: Counted | None, caller: Caller) -> Planned | None:
+    """A job with a deadline as admission judges it; None for one without."""
+    if spec.deadline is None:
+        return None
+    return Planned(
+        model=spec.model,
+        kind=spec.kind.value,
+        priority=spec.priority,
+        owner=caller.owner,
+        deadline=spec.deadline,
+        jobs=1,
+        prompt_tokens=0 if counted is None else counted.tokens,
+        uncounted=1 if counted is None and spec.kind != JobKind.NOOP else 0,
+        completion_budget=store.completion_budget(spec.kind.value, spec.request),
+    )
+
+
 def _keep_alive_rule(spec: JobSpec, caller: Caller) -> JobSpec:
     """An admin's explicit keep_alive may shorten its model's stay (0 unloads it after the
     job); anyone else's only lengthens it (docs/security.md)."""
-    request = {k: v for k, v in spec.request.items() if k != KEEP_ALIVE_SHORTENS}
-    if caller.is_admin and request.get("keep_alive") is not None:
-        request[KEEP_ALIVE_SHORTENS] = True
-    return replace(spec, request=request)
+    shortens = True if caller.is_admin and spec.params.keep_alive is not None else None
+    if spec.params.keep_alive_shortens == shortens:
+        return spec
+    return replace(spec, params=spec.params.model_copy(update={"keep_alive_shortens": shortens}))
 
 
 class _RacedOnIdempotencyKey(Exception):

@@ -53,6 +53,7 @@ from gpuq.redis_keys import (
     METRICS_JOBS,
     METRICS_LOAD_TIME,
     METRICS_LOADS,
+    METRICS_PARKING,
     METRICS_QUEUE_WAIT,
     METRICS_RESTARTS,
     METRICS_RUN,
@@ -88,6 +89,8 @@ class FinishedJob:
     queue_wait_s: float | None = None
     run_s: float | None = None
     completion_tokens: int | None = None
+    parks: int = 0  # times its sequences were parked for more urgent jobs
+    resumes: int = 0  # ... and resumed
 
 
 class _Increments:
@@ -122,6 +125,10 @@ class _Increments:
                 )
             if job.run_s is not None:
                 self.observe(METRICS_RUN, (job.model, job.kind), RUN_BUCKETS_S, max(0.0, job.run_s))
+            if job.parks:
+                self.ints[(METRICS_PARKING, _SEP.join((job.model, "parked")))] += job.parks
+            if job.resumes:
+                self.ints[(METRICS_PARKING, _SEP.join((job.model, "resumed")))] += job.resumes
 
     def send(self, pipe: Pipeline) -> None:
         for (key, field), n in self.ints.items():
@@ -234,6 +241,7 @@ def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequ
         METRICS_RUN,
         METRICS_LOAD_TIME,
         METRICS_RESTARTS,
+        METRICS_PARKING,
     )
     with redis.pipeline(transaction=False) as pipe:
         for key in keys:
@@ -370,18 +378,26 @@ def _queue_families(s: Snapshot, created: dict[str, datetime], now: datetime) ->
 
 def _backlog_families(backlog: dict[str, Backlog]) -> Iterator[Metric]:
     prompt = GaugeMetricFamily(
-        "gpuq_queued_prompt_tokens", "prompt tokens of the jobs queued (SQL), per model", labels=["model"]
+        "gpuq_queued_prompt_tokens",
+        "prompt tokens of the jobs queued (SQL; a prompt not counted at submission at the model's recent mean), "
+        "per model",
+        labels=["model"],
     )
     completion = GaugeMetricFamily(
         "gpuq_queued_completion_tokens",
         "completion tokens the jobs queued may generate (max_tokens times n, SQL), per model",
         labels=["model"],
     )
+    late = GaugeMetricFamily(
+        "gpuq_queued_jobs_past_deadline", "jobs still queued after their deadline (SQL), per model", labels=["model"]
+    )
     for model, b in sorted(backlog.items()):
         prompt.add_metric([model], b.prompt_tokens)
         completion.add_metric([model], b.completion_tokens)
+        late.add_metric([model], b.past_deadline)
     yield prompt
     yield completion
+    yield late
 
 
 class _SnapshotCollector(Collector):
@@ -423,6 +439,7 @@ class _SnapshotCollector(Collector):
             ["host", "slot"],
             c[METRICS_RESTARTS],
         )
+        yield from _parking_families(c[METRICS_PARKING])
         yield from _gpu_families(s.gpus)
         workers = GaugeMetricFamily("gpuq_workers", "live workers by host and state", labels=["host", "state"])
         for (host, state), n in sorted(s.workers.items()):
@@ -430,6 +447,18 @@ class _SnapshotCollector(Collector):
         yield workers
         yield from _slot_families(s.slots)
         yield from _prefix_cache_families(s.prefix_caches)
+
+
+def _parking_families(counts: dict[str, str]) -> Iterator[Metric]:
+    """Preemption: sequences parked for more urgent jobs (their KV in host memory), and resumed."""
+    by_event: dict[str, dict[str, str]] = {"parked": {}, "resumed": {}}
+    for field, n in counts.items():
+        model, event = field.rsplit(_SEP, 1)
+        by_event[event][model] = n
+    yield _counter(
+        "gpuq_sequences_parked", "sequences that gave their slot up to a more urgent job", ["model"], by_event["parked"]
+    )
+    yield _counter("gpuq_sequences_resumed", "parked sequences that took a slot again", ["model"], by_event["resumed"])
 
 
 def _slot_families(slots: dict[tuple[str, str, str], tuple[int, int]]) -> Iterator[Metric]:

@@ -92,6 +92,8 @@ from gpuq.store.jobs import (
     cancel_queued_jobs_saying,
     claim_job,
     claimed_by,
+    completion_budget,
+    completion_budget_sql,
     count_finished_since,
     count_jobs_by_status,
     count_queued_jobs_of_key,
@@ -113,6 +115,7 @@ from gpuq.store.jobs import (
     running_jobs,
     running_jobs_of_key,
     usage_by_key_since,
+    work_of_jobs,
 )
 from gpuq.store.model_registry import (
     delete_alias,
@@ -166,6 +169,8 @@ __all__ = [
     "claim_job",
     "claim_schedule_run",
     "claimed_by",
+    "completion_budget",
+    "completion_budget_sql",
     "count_finished_since",
     "count_jobs_by_status",
     "count_matching_jobs",
@@ -250,5 +255,6 @@ __all__ = [
     "tenant_weights",
     "upsert_gpus",
     "usage_by_key_since",
+    "work_of_jobs",
     "worker_identity",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, delete, func, insert, select, tuple_, update
@@ -71,15 +71,28 @@ def delete_file(session: Session, file_id: str) -> bool:
 INSERT_CHUNK_JOBS = 500
 
 
-def insert_batch(session: Session, batch: Batch, jobs: Iterable[NewJob]) -> None:
+def insert_batch(
+    session: Session, batch: Batch, jobs: Iterable[NewJob], *, before_commit: Callable[[], None] | None = None
+) -> None:
     """The batch row and all its jobs in one transaction, inserted a chunk at a time as
-    ``jobs`` yields them (a 50,000-line batch is never in memory whole)."""
+    ``jobs`` yields them (a 50,000-line batch is never in memory whole); each job is needed by
+    the batch's expiry (its ``deadline``). ``before_commit`` runs once they are all written; if
+    it raises, nothing is (the transaction is rolled back)."""
     session.add(batch)
     session.flush()
     pending = iter(jobs)
     while chunk := list(itertools.islice(pending, INSERT_CHUNK_JOBS)):
+        rows = _job_rows(chunk)
+        for row in rows:
+            row["deadline"] = batch.expires_at
         # Core, on the Table (a mapped class's __table__ is typed as any FromClause): no ORM bookkeeping per row
-        session.execute(insert(cast(Table, Job.__table__)), _job_rows(chunk))
+        session.execute(insert(cast(Table, Job.__table__)), rows)
+    if before_commit is not None:
+        try:
+            before_commit()
+        except BaseException:
+            session.rollback()
+            raise
     session.commit()
 
 

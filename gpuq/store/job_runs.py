@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, ScalarSelect, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuq.db.tables import JobRun, RunOutcome, utcnow
@@ -20,14 +20,18 @@ from gpuq.db.tables import JobRun, RunOutcome, utcnow
 # Built once on the table, not the ORM entity: a run starts and ends with every job a worker
 # runs, and an ORM-enabled statement costs several times SQLite's own time (see jobs.py).
 _RUNS = cast(Table, JobRun.__table__)
-_RUN_START = insert(_RUNS).values(
-    job_id=bindparam("r_job_id"),
-    attempt=bindparam("r_attempt"),
-    worker=bindparam("r_worker"),
-    host=bindparam("r_host"),
-    device=bindparam("r_device"),
-    started_at=bindparam("r_started_at"),
-    refunded=False,
+_RUN_START = (
+    insert(_RUNS)
+    .values(
+        job_id=bindparam("r_job_id"),
+        attempt=bindparam("r_attempt"),
+        worker=bindparam("r_worker"),
+        host=bindparam("r_host"),
+        device=bindparam("r_device"),
+        started_at=bindparam("r_started_at"),
+        refunded=False,
+    )
+    .returning(_RUNS.c.id)
 )
 _RUN_END = (
     update(_RUNS)
@@ -41,6 +45,19 @@ _RUN_END = (
 )
 
 
+_RUN_END_BY_ID = (
+    update(_RUNS)
+    .where(_RUNS.c.id == bindparam("r_id"), _RUNS.c.ended_at.is_(None))
+    .values(ended_at=bindparam("r_ended_at"), outcome=bindparam("r_outcome"), reason=bindparam("r_reason"))
+)
+
+
+def latest_run(job_id: ColumnElement[str]) -> ScalarSelect[int]:
+    """The id of the job's newest run: while the job runs, the run it is in (every claim
+    starts a run in its own transaction, and ids only grow)."""
+    return select(func.max(_RUNS.c.id)).where(_RUNS.c.job_id == job_id).scalar_subquery()
+
+
 def record_run_start(
     session: Session,
     *,
@@ -50,9 +67,10 @@ def record_run_start(
     host: str | None,
     device: str | None,
     started_at: datetime,
-) -> None:
-    """A run of ``job_id`` on ``worker`` begins; committed with the claim that made it."""
-    session.execute(
+) -> int:
+    """A run of ``job_id`` on ``worker`` begins; committed with the claim that made it.
+    Returns its id, which fences the run's outcome (``jobs.record_outcomes``)."""
+    return session.execute(
         _RUN_START,
         {
             "r_job_id": job_id,
@@ -62,7 +80,7 @@ def record_run_start(
             "r_device": device,
             "r_started_at": started_at,
         },
-    )
+    ).scalar_one()
 
 
 def record_run_end(
@@ -87,6 +105,13 @@ def record_run_end(
             "r_reason": reason,
             "r_refunded": refunded,
         },
+    )
+
+
+def end_run(session: Session, run_id: int, *, outcome: RunOutcome, reason: str | None, ended_at: datetime) -> None:
+    """Run ``run_id`` ends with its outcome; committed with the outcome's write."""
+    session.execute(
+        _RUN_END_BY_ID, {"r_id": run_id, "r_ended_at": ended_at, "r_outcome": outcome.value, "r_reason": reason}
     )
 
 

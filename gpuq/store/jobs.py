@@ -14,13 +14,14 @@ from sqlalchemy.orm import Session
 
 from gpuq.db.tables import (
     Job,
+    JobKind,
     JobStatus,
     RunOutcome,
     utcnow,
 )
 from gpuq.queue_names import QueueEntry
 from gpuq.store._sql import NO_SYNC, commit_changed, rows_changed
-from gpuq.store.job_runs import record_run_end, record_run_start
+from gpuq.store.job_runs import end_run, latest_run, record_run_end, record_run_start
 from gpuq.store.webhooks import new_delivery
 
 
@@ -56,6 +57,15 @@ class NewJob:
     line_number: int | None = None
     owner: str | None = None
     api_key_id: str | None = None
+    deadline: datetime | None = None  # when it is needed by (gpuq/jobs/admission.py)
+
+
+def completion_budget(kind: str, request: dict[str, Any]) -> int:
+    """The most completion tokens a job may generate: a generation's ``max_tokens`` for each of
+    its ``n`` choices; nothing for other kinds."""
+    if kind != JobKind.GENERATE:
+        return 0
+    return int(request.get("max_tokens") or 0) * int(request.get("n") or 1)
 
 
 def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
@@ -71,8 +81,10 @@ def _job_rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
             "request_hash": j.request_hash,
             "request": j.request,
             "prompt_tokens": j.prompt_tokens,
+            "completion_budget": completion_budget(j.kind, j.request),
             "prompt_ids": j.prompt_ids,
             "created_at": now,
+            "deadline": j.deadline,
             "attempts": 0,
             "batch_id": j.batch_id,
             "custom_id": j.custom_id,
@@ -222,6 +234,29 @@ def creation_times(session: Session, job_ids: Sequence[str]) -> dict[str, dateti
     return {row.id: row.created_at for row in rows}
 
 
+def completion_budget_sql() -> ColumnElement[int]:
+    """A row's completion budget in SQL: its column, or for a row from before migration 0022
+    (which has none) the same figure read from its request."""
+    request = Job.request
+    from_request = func.coalesce(request["max_tokens"].as_integer(), 0) * func.coalesce(request["n"].as_integer(), 1)
+    return func.coalesce(Job.completion_budget, from_request)
+
+
+WORK_CHUNK_IDS = 2000  # ids per IN list: well under SQLite's limit on bound parameters
+
+
+def work_of_jobs(session: Session, job_ids: Sequence[str]) -> dict[str, tuple[int | None, int]]:
+    """Each job's (prompt tokens counted at submission, or None; completion budget); ids with
+    no row are absent."""
+    found: dict[str, tuple[int | None, int]] = {}
+    budget = completion_budget_sql()
+    for start in range(0, len(job_ids), WORK_CHUNK_IDS):
+        chunk = job_ids[start : start + WORK_CHUNK_IDS]
+        rows = session.execute(select(Job.id, Job.prompt_tokens, budget).where(Job.id.in_(chunk)))
+        found.update({job_id: (prompt, int(done or 0)) for job_id, prompt, done in rows})
+    return found
+
+
 def count_finished_since(session: Session, model: str, kind: str, since: datetime) -> int:
     """Jobs of this model and kind that succeeded or failed at ``since`` or later: the recent pace of its workers."""
     query = select(func.count()).where(
@@ -283,9 +318,11 @@ class ClaimedJob:
     request: dict[str, Any]
     attempts: int
     started_at: datetime
+    run_id: int  # its run's ``job_runs.id``: what fences the run's outcome (see ``Outcome.run_id``)
     owner: str | None = None
     created_at: datetime | None = None  # when it was submitted: queue wait = started_at - created_at
     prompt_ids: bytes | None = None  # the prompt's tokens as the API built them, if it did
+    deadline: datetime | None = None  # its place when it goes back to its queue
 
 
 # The worker's two statements a job (its claim and its outcome) are built once, on the jobs
@@ -315,6 +352,7 @@ _CLAIM = (
         _JOBS.c.owner,
         _JOBS.c.created_at,
         _JOBS.c.prompt_ids,
+        _JOBS.c.deadline,
     )
 )
 
@@ -339,14 +377,14 @@ def claim_job(
         "c_gpu_uuid": gpu_uuid,
     }
     row = session.execute(_CLAIM, params).one_or_none()
-    if row is not None:
-        record_run_start(
-            session, job_id=job_id, attempt=row.attempts, worker=worker, host=host, device=device, started_at=now
-        )
-    session.commit()
     if row is None:
+        session.commit()
         return None
-    return _claimed(job_id, row, now)
+    run_id = record_run_start(
+        session, job_id=job_id, attempt=row.attempts, worker=worker, host=host, device=device, started_at=now
+    )
+    session.commit()
+    return _claimed(job_id, row, now, run_id)
 
 
 def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | None:
@@ -363,14 +401,16 @@ def claimed_by(session: Session, job_id: str, *, worker: str) -> ClaimedJob | No
             Job.created_at,
             Job.started_at,
             Job.prompt_ids,
+            Job.deadline,
+            latest_run(_JOBS.c.id).label("run_id"),
         ).where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
     ).one_or_none()
     if row is None:
         return None
-    return _claimed(job_id, row, row.started_at)
+    return _claimed(job_id, row, row.started_at, row.run_id)
 
 
-def _claimed(job_id: str, row: Any, started_at: datetime) -> ClaimedJob:
+def _claimed(job_id: str, row: Any, started_at: datetime, run_id: int) -> ClaimedJob:
     return ClaimedJob(
         job_id,
         row.kind,
@@ -379,9 +419,11 @@ def _claimed(job_id: str, row: Any, started_at: datetime) -> ClaimedJob:
         row.request,
         row.attempts,
         started_at,
+        run_id,
         row.owner,
         row.created_at,
         row.prompt_ids,
+        row.deadline,
     )
 
 
@@ -400,6 +442,7 @@ class Outcome:
     cached_tokens: int | None = None  # prompt tokens whose KV was reused, not evaluated
     cached_ram_tokens: int | None = None  # ... of them, restored from the prefix cache's RAM tier
     cached_disk_tokens: int | None = None  # ... or from its disk tier
+    parked_ms: int | None = None  # time its generation waited parked for more urgent jobs
     load_ms: int | None = None
     run_ms: int | None = None
     webhook_url: str | None = None
@@ -408,18 +451,19 @@ class Outcome:
     gpu_seconds: float | None = None
     energy_j: float | None = None
     energy_share: float | None = None  # < 1 when other jobs shared the GPU (continuous batching)
-    # The attempt that ran it (``ClaimedJob.attempts``): the write is fenced by it, so the
-    # outcome of an earlier run of the job never lands on a later one, even on the same
-    # worker. None writes unfenced (by status and worker only), as outcomes spooled before
-    # the field existed do.
-    attempt: int | None = None
+    # The run that produced it (``ClaimedJob.run_id``, a ``job_runs.id``): the write is fenced
+    # by it, so the outcome of an earlier run of the job never lands on a later one, even on
+    # the same worker, even when the later run has the same attempt number (an admin's
+    # requeue keeps the count, a refund takes it back). None writes unfenced (by status and
+    # worker only), as outcomes spooled before the field existed do.
+    run_id: int | None = None
 
     def params(self) -> dict[str, Any]:
         """The bind parameters of ``_record_outcome``."""
         return {
             "o_id": self.job_id,
             "o_worker": self.worker,
-            "o_attempt": self.attempt,
+            "o_run_id": self.run_id,
             "o_status": self.status.value,
             "o_finished_at": self.finished_at,
             "o_result": self.result,
@@ -429,6 +473,7 @@ class Outcome:
             "o_cached_tokens": self.cached_tokens,
             "o_cached_ram_tokens": self.cached_ram_tokens,
             "o_cached_disk_tokens": self.cached_disk_tokens,
+            "o_parked_ms": self.parked_ms,
             "o_load_ms": self.load_ms,
             "o_run_ms": self.run_ms,
             "o_gpu_seconds": self.gpu_seconds,
@@ -444,7 +489,9 @@ def _record_outcome(*, fenced: bool) -> Update:
         _JOBS.c.worker == bindparam("o_worker"),
     ]
     if fenced:
-        held.append(_JOBS.c.attempts == bindparam("o_attempt"))
+        # The job's newest run is the one that produced the outcome: run ids never repeat,
+        # where attempts do (a refund takes one back, an admin's requeue keeps the count).
+        held.append(latest_run(_JOBS.c.id) == bindparam("o_run_id", type_=Integer))
     return (
         update(_JOBS)
         .where(*held)
@@ -459,6 +506,7 @@ def _record_outcome(*, fenced: bool) -> Update:
             cached_tokens=bindparam("o_cached_tokens"),
             cached_ram_tokens=bindparam("o_cached_ram_tokens"),
             cached_disk_tokens=bindparam("o_cached_disk_tokens"),
+            parked_ms=bindparam("o_parked_ms"),
             load_ms=bindparam("o_load_ms"),
             run_ms=bindparam("o_run_ms"),
             gpu_seconds=bindparam("o_gpu_seconds"),
@@ -474,7 +522,7 @@ _RECORD_OUTCOME = {True: _record_outcome(fenced=True), False: _record_outcome(fe
 
 def record_outcomes(session: Session, outcomes: Sequence[Outcome]) -> int:
     """Write final states in one transaction. Only rows still running on that worker, in the
-    attempt that produced the outcome, change: a job the reconciler has meanwhile handed to
+    run that produced the outcome, change: a job the reconciler has meanwhile handed to
     another worker, or queued again and handed back to this one, is not overwritten."""
     return len(record_outcomes_written(session, outcomes))
 
@@ -483,17 +531,21 @@ def record_outcomes_written(session: Session, outcomes: Sequence[Outcome]) -> se
     """``record_outcomes``, returning the ids of the rows it changed (the metrics count only those)."""
     written: set[str] = set()
     for outcome in outcomes:
-        changed = rows_changed(session, _RECORD_OUTCOME[outcome.attempt is not None], outcome.params())
+        changed = rows_changed(session, _RECORD_OUTCOME[outcome.run_id is not None], outcome.params())
         if changed:
             written.add(outcome.job_id)
-            record_run_end(
-                session,
-                outcome.job_id,
-                worker=outcome.worker,
-                outcome=RunOutcome(outcome.status.value),
-                reason=outcome.error,
-                ended_at=outcome.finished_at,
-            )
+            ended = RunOutcome(outcome.status.value)
+            if outcome.run_id is not None:
+                end_run(session, outcome.run_id, outcome=ended, reason=outcome.error, ended_at=outcome.finished_at)
+            else:
+                record_run_end(
+                    session,
+                    outcome.job_id,
+                    worker=outcome.worker,
+                    outcome=ended,
+                    reason=outcome.error,
+                    ended_at=outcome.finished_at,
+                )
         if changed and outcome.webhook_url:  # the event commits with the state it reports
             session.add(
                 new_delivery(
@@ -523,12 +575,13 @@ def _job_event(outcome: Outcome) -> dict[str, Any]:
 # ---------------------------------------------------------------- reconciling
 
 
-QUEUE_ENTRY_COLUMNS = (Job.id, Job.model, Job.kind, Job.priority, Job.owner)  # what a QueueEntry is read from
+# What a QueueEntry is read from.
+QUEUE_ENTRY_COLUMNS = (Job.id, Job.model, Job.kind, Job.priority, Job.owner, Job.deadline)
 
 
 def queue_entry(row: Any) -> QueueEntry:
     """A row selected (or returned) with ``QUEUE_ENTRY_COLUMNS``, as the entry that queues it."""
-    return QueueEntry(row.id, row.model, row.kind, row.priority, row.owner)
+    return QueueEntry(row.id, row.model, row.kind, row.priority, row.owner, row.deadline)
 
 
 def queued_jobs_created_before(session: Session, cutoff: datetime) -> list[QueueEntry]:

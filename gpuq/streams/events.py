@@ -1,7 +1,7 @@
 """The events of a job's token stream, and how they are written in a Redis stream entry.
 
 A job submitted by an interactive call (OpenAI's or Ollama's API) asks for events in its
-request (``request["events"]``): ``tokens`` for every piece of text as the decoder samples
+request (its ``events`` field): ``tokens`` for every piece of text as the decoder samples
 it, then the end; ``end`` for the end only (a call that answers once, an embedding). Its
 worker then publishes, in this order, into ``gpuq:stream:<job id>``:
 
@@ -29,12 +29,13 @@ TOKENS = "tokens"  # every text delta, then the end
 END_ONLY = "end"  # the end only
 
 
-def wants_tokens(request: dict[str, Any]) -> bool:
-    return request.get(REQUEST_FIELD) == TOKENS
+def wants_tokens(events: str | None) -> bool:
+    """Whether a request asking for ``events`` (its field of that name) wants every token."""
+    return events == TOKENS
 
 
-def wants_end(request: dict[str, Any]) -> bool:
-    return request.get(REQUEST_FIELD) in (TOKENS, END_ONLY)
+def wants_end(events: str | None) -> bool:
+    return events in (TOKENS, END_ONLY)
 
 
 @dataclass(frozen=True, slots=True)

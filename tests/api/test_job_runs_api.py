@@ -17,9 +17,9 @@ def test_a_job_rerun_after_dying_beside_others_shows_both_runs(client, session):
     assert [(r["worker"], r["outcome"], r["ended_at"]) for r in running] == [("w1", None, None)]
     died = "worker w1 died with 2 jobs running; not charged, run alone next"
     store.return_to_queue(session, job["id"], worker="w1", reason=died, refund_attempt=True)
-    store.claim_job(session, job["id"], worker="w2", device="cpu", host="h2")
+    second = store.claim_job(session, job["id"], worker="w2", device="cpu", host="h2")
     store.record_outcomes(
-        session, [store.Outcome(job["id"], "w2", JobStatus.SUCCEEDED, utcnow(), result={}, attempt=1)]
+        session, [store.Outcome(job["id"], "w2", JobStatus.SUCCEEDED, utcnow(), result={}, run_id=second.run_id)]
     )
 
     shown = client.get(f"/v1/jobs/{job['id']}").json()

@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.prompt import prompt_text, unpack_prompt_ids, vocab_tokenizer, vocabulary_file_tag
 from tests.api.conftest import queued_ids, redis_job_keys
 from tests.conftest import both_databases
@@ -42,7 +43,7 @@ def test_the_prompt_is_tokenised_once_and_its_tokens_kept_for_the_worker(client,
     vocab = vocab_tokenizer(model_path)
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=256, verbose=False)
     for job, body, ids in zip(jobs, (GEN, chat), packed, strict=True):
-        text = prompt_text(body, vocab.formatter).encode()
+        text = prompt_text(GenerationParams.model_validate(body), vocab.formatter).encode()
         assert unpack_prompt_ids(vocabulary_file_tag(model_path), ids) == llm.tokenize(text, True, True)
         assert job["prompt_tokens"] == len(llm.tokenize(text, True, True))
     llm.close()

@@ -199,6 +199,7 @@ def test_with_redis_down_a_scrape_still_answers_and_says_so(settings, admin_key,
         "gpuq_gpu_healthy",
         "gpuq_queued_prompt_tokens",
         "gpuq_queued_completion_tokens",
+        "gpuq_queued_jobs_past_deadline",
     }
     assert value(parsed, "gpuq_queued_prompt_tokens", model=MODEL) > 0  # counted at submission
     assert value(parsed, "gpuq_queued_completion_tokens", model=MODEL) == 4  # its max_tokens

@@ -26,7 +26,8 @@ WEATHER = {
 
 def _finish(session, job_id: str, text: str, *, finish_reason: str = "stop") -> None:
     """The job ends as a worker ends it: claimed, then its outcome recorded."""
-    store.claim_job(session, job_id, worker="w1", device="cpu")
+    claimed = store.claim_job(session, job_id, worker="w1", device="cpu")
+    assert claimed is not None
     outcome = store.Outcome(
         job_id,
         "w1",
@@ -36,7 +37,7 @@ def _finish(session, job_id: str, text: str, *, finish_reason: str = "stop") -> 
         prompt_tokens=30,
         completion_tokens=7,
         cached_tokens=16,
-        attempt=1,
+        run_id=claimed.run_id,
     )
     store.record_outcomes(session, [outcome])
 
@@ -100,6 +101,29 @@ def test_an_unknown_model_or_previous_response_is_a_404_and_queues_nothing(clien
     assert previous.json()["error"]["code"] == "previous_response_not_found"
     assert previous.json()["error"]["param"] == "previous_response_id"
     assert job_rows() == [] and redis_job_keys(redis) == []
+
+
+@pytest.mark.parametrize(
+    ("tier", "echoed", "priority"),
+    [("flex", "flex", "low"), ("priority", "priority", "high"), ("auto", "default", "normal"), (None, None, "normal")],
+)
+def test_service_tier_sets_a_responses_priority_and_is_named_back_on_every_read(client, tier, echoed, priority):
+    """flex runs at low priority, priority at high, auto and default at the key's (a background
+    response's, with no key default: normal); the response names the tier it asked for."""
+    created = client.post("/v1/responses", json=BACKGROUND | ({"service_tier": tier} if tier else {}))
+    assert created.status_code == 200, created.text
+    response = created.json()
+    assert response["service_tier"] == echoed
+    assert client.get(f"/v1/jobs/{_job_id(response)}").json()["priority"] == priority
+    assert client.get(f"/v1/responses/{response['id']}").json()["service_tier"] == echoed
+
+
+def test_a_service_tier_and_a_priority_header_that_disagree_are_a_400(client, job_rows):
+    refused = client.post(
+        "/v1/responses", json=BACKGROUND | {"service_tier": "flex"}, headers={"X-Gpuq-Priority": "high"}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "service_tier"
+    assert job_rows() == []
 
 
 def test_a_background_response_is_queued_at_once_as_an_ordinary_job_and_reads_back_as_asked(client):

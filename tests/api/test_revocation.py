@@ -105,6 +105,7 @@ def test_a_submission_that_authenticated_before_the_revocation_commits_nothing_a
     from gpuq.db.engine import async_engine, async_sessions
     from gpuq.db.tables import JobKind
     from gpuq.errors import RequestError
+    from gpuq.jobs.request import JobParams
     from gpuq.jobs.submit import JobSpec, submit_jobs
     from gpuq.queue_names import Priority
 
@@ -113,13 +114,13 @@ def test_a_submission_that_authenticated_before_the_revocation_commits_nothing_a
     caller = Caller.of(row)  # authenticated while the key was active
     row.revoked_at = utcnow()
     session.commit()
-    spec = JobSpec(kind=JobKind.NOOP, model=MODEL, priority=Priority.HIGH, request={})
+    spec = JobSpec(kind=JobKind.NOOP, model=MODEL, priority=Priority.HIGH, params=JobParams())
 
     async def submit() -> int:
         engine = async_engine(settings.database_url)
         try:
             async with async_sessions(engine)() as db:
-                await submit_jobs(db, redis, [spec], timeout_s=60, caller=caller)
+                await submit_jobs(db, redis, [spec], timeout_s=60, caller=caller, worker_slots=0)
                 return 202
         except RequestError as exc:
             return exc.status

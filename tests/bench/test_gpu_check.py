@@ -15,6 +15,8 @@ from bench.gpu_check import (
     judge_build,
     judge_burst,
     judge_energy,
+    judge_preemption,
+    judge_restore,
     judge_vram,
     judge_worker,
 )
@@ -52,8 +54,8 @@ def test_the_dry_run_prints_one_table_of_every_check_and_exits_0():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("DRY RUN on canned figures: nothing was measured")
     assert done.stdout.count("check ") == 1  # one table
-    assert set(table_rows(done.stdout).values()) == {"ok"} and len(table_rows(done.stdout)) == 10
-    assert "10 of 10 checks pass" in done.stdout
+    assert set(table_rows(done.stdout).values()) == {"ok"} and len(table_rows(done.stdout)) == 12
+    assert "12 of 12 checks pass" in done.stdout
 
 
 @pytest.mark.parametrize("check", DRY_RUN_CHECKS)
@@ -61,7 +63,7 @@ def test_any_miss_is_marked_in_its_row_and_makes_the_exit_non_zero(check):
     done = script("--cpu-dry-run", "--miss", check)
     assert done.returncode == 1
     rows = table_rows(done.stdout)
-    assert list(rows.values()).count("MISS") == 1 and "9 of 10 checks pass; MISS:" in done.stdout
+    assert list(rows.values()).count("MISS") == 1 and "11 of 12 checks pass; MISS:" in done.stdout
 
 
 def test_without_a_gpu_the_real_run_says_so_and_exits_2():
@@ -73,6 +75,9 @@ def test_without_a_gpu_the_real_run_says_so_and_exits_2():
 
 
 def test_the_thresholds():
+    assert judge_restore(0.04, 0.5).ok and not judge_restore(0.04, 0.51).ok
+    assert judge_preemption(True, 2).ok and not judge_preemption(False, 2).ok
+    assert not judge_preemption(True, 0).ok  # nothing parked: nothing shown
     assert judge_vram(900, 1000).ok and not judge_vram(890, 1000).ok  # 11 % under risks out of memory
     assert judge_vram(1350, 1000).ok and not judge_vram(1360, 1000).ok
     assert not judge_vram(1000, None).ok

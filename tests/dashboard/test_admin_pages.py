@@ -265,6 +265,10 @@ def test_the_workers_page_says_a_killed_worker_crashed_and_counts_its_slots_rest
     [successor] = [w for w in _data(system, "/v1/workers") if w["slot"] == victim["slot"]]
     assert successor["name"] != victim["name"] and successor["restarts"] == 1
     expect(page.locator(f'#workers tr[data-worker="{successor["name"]}"] .restarts')).to_have_text("1 restart")
+    # Each worker's prefix cache beneath its models, in lines short enough for the column.
+    cache = page.locator(f'#workers tr[data-worker="{successor["name"]}"] .prefix-cache')
+    expect(cache.first).to_have_text(re.compile(r"^cache: \d+ starts?, \d+ MiB of \d+ MiB$"))
+    expect(cache.last).to_have_text(re.compile(r"^\d+ hits?, \d+ miss(es)?$"))
     assert_fits_both_widths(page, "workers-events")
     page.goto(f"{system.url}/dashboard/gpus")  # a crash of a GPU's worker is also the GPU's news
     loaded(page)

@@ -64,6 +64,24 @@ def test_a_streamed_response_gives_the_text_of_the_unstreamed_one_delta_by_delta
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+def test_service_tier_sets_a_responses_priority_and_is_echoed_as_openai_does(system, client):
+    """flex runs at low priority, priority at high, auto at the key's (high for someone waiting);
+    the response, every streamed event's response and a later read name the tier."""
+    body = {"model": MODEL, "input": "Say hi.", "max_output_tokens": 4, "temperature": 0}
+    flex = client.responses.create(**body, service_tier="flex")
+    auto = client.responses.create(**body, service_tier="auto")
+    events = list(client.responses.create(**body, service_tier="priority", stream=True))
+    streamed = events[-1].response  # completed, or incomplete at max_output_tokens
+    untiered = client.responses.create(**body)
+
+    assert (flex.service_tier, _job_of(system, flex.id)["priority"]) == ("flex", "low")
+    assert (auto.service_tier, _job_of(system, auto.id)["priority"]) == ("default", "high")
+    assert streamed.service_tier == "priority" and _job_of(system, streamed.id)["priority"] == "high"
+    assert {e.response.service_tier for e in events if hasattr(e, "response")} == {"priority"}
+    assert client.responses.retrieve(flex.id).service_tier == "flex"
+    assert untiered.service_tier is None  # not asked for: not named
+
+
 def test_a_background_response_is_polled_to_its_end_and_its_events_resumed_after_a_number(client):
     queued = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16, background=True, **SEEDED)
     assert queued.status in ("queued", "in_progress") and queued.background

@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuq import store
 from gpuq.db.engine import sync_engine, sync_sessions
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.queue_names import parse_queue_name
 from worker.batching import GenerationRun, Started
 from worker.catalog import ModelInfo
 from worker.decoding import FLASH_ATTN_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS, Finished, Generation
@@ -69,8 +71,13 @@ def direct_logprobs(llm: Any, prompt: list[int], completion: tuple[int, ...] = (
 def admit(
     model: LoadedModel, key: str, request: dict[str, Any], cancel: threading.Event | None = None, **kw: Any
 ) -> int:
-    """Admits one request; returns the prompt tokens it took from the cache."""
-    return model.prepare(key, request, cancel or threading.Event(), kw.get("deadline")).admit()
+    """Admits one request (at ``priority``, normal unless given); returns the prompt tokens it
+    took from the cache."""
+    params = GenerationParams.model_validate(request)
+    prepared = model.prepare(
+        key, params, cancel or threading.Event(), kw.get("deadline"), priority=kw.get("priority", 1)
+    )
+    return prepared.admit()
 
 
 def run_together(
@@ -127,6 +134,7 @@ class ListHost:
     runner: JobRunner
     waiting: list[str]
     job_timeout_s: float = 600.0
+    preemption: bool = True
     alone: set[str] = field(default_factory=set)
     stop_after: int | None = None  # may_take_more turns False once this many jobs started
     started: list[str] = field(default_factory=list)
@@ -145,6 +153,10 @@ class ListHost:
     def next_waiting(self, model: str, kind: str) -> tuple[Any, Any] | None:
         self._called()
         return (ListedJob(self.waiting.pop(0)), ListedQueue()) if self.waiting else None
+
+    def waiting_priority(self, model: str, kind: str) -> int | None:
+        self._called()
+        return parse_queue_name(ListedQueue().name)[2] if self.waiting else None
 
     def put_back(self, job: Any, queue: Any) -> None:
         self._called()

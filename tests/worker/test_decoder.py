@@ -8,6 +8,7 @@ import time
 import llama_cpp
 import pytest
 
+from gpuq.jobs.generation_params import GenerationParams
 from tests.worker.generation import THREADS, admit, generate, run_together
 from worker.decoding import PREFILL_CHUNK_TOKENS
 from worker.engine import LoadedModel
@@ -156,7 +157,7 @@ def test_a_long_prompt_goes_in_chunk_by_chunk_while_the_others_keep_generating(f
     long_prompt = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 24
     cancels["long"] = threading.Event()
     admit(four_slots, "long", _request(long_prompt, GREEDY, 4), cancels["long"])
-    prompt_tokens = len(four_slots.prompt_tokens(_request(long_prompt, GREEDY)))
+    prompt_tokens = len(four_slots.prompt_tokens(GenerationParams.model_validate(_request(long_prompt, GREEDY))))
     steps = []
     while True:
         decoder.step()

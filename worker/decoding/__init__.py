@@ -9,7 +9,9 @@ holds which stream; which prefix each stream holds, reuse and moves), ``sampler.
 sequence's sampler chain), ``text.py`` (a completion's text, token by token, with the end
 rules), ``token_pieces.py`` (a token's bytes, for both threads), ``logprobs.py`` (tokens'
 log-probabilities from a logits row), ``constraint.py`` (structured output: a sequence's
-grammar as a mask on its logits row), ``results.py`` (what leaves the decoder).
+grammar as a mask on its logits row), ``results.py`` (what leaves the decoder), ``kv_state.py``
+(a stream's cells as bytes and back), ``prefix_tier.py`` (starts saved to and restored from the
+prefix cache), ``parking.py`` (sequences parked for more urgent requests, and resumed).
 """
 
 from worker.decoding.batch_runner import DecodeError

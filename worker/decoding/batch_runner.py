@@ -130,6 +130,10 @@ class BatchRunner:
             else:
                 raise TypeError(f"{op} is the decoder's to apply (the prefix cache's)")
 
+    def copy_pending(self, stream: int) -> bool:
+        """A copy not yet applied comes from the stream or goes into it."""
+        return any(stream in pair for pair in self._copies)
+
     def save(self, stream: int, *, keep: int) -> bytes | None:
         """The stream's cells at positions ``[0, keep)`` as bytes (the cells after them are
         removed); None when a copy not yet applied goes into the stream."""
@@ -141,7 +145,7 @@ class BatchRunner:
         """``data`` (from :meth:`save`) into a free ``stream``, then cut to ``keep`` positions.
         False, the stream left empty, when llama.cpp refuses the bytes; False, the stream
         untouched, when a copy not yet applied comes from it or goes into it."""
-        if any(stream in pair for pair in self._copies):
+        if self.copy_pending(stream):
             return False
         return kv_state.restore_stream(self._ctx.ctx, stream, data, keep=keep)
 

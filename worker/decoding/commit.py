@@ -113,11 +113,11 @@ class Commit:
         request = seq.request
         row = logits.row(place)
         if not np.isfinite(row).all():  # NaN logits would still sample some token: an empty "success"
-            return [self._fail(request, DAMAGED_LOGITS)]
+            return [self.fail(request, DAMAGED_LOGITS)]
         try:
             token = self._draw(seq, logits, place)
         except ConstraintBroken as exc:
-            return [self._fail(request, str(exc))]
+            return [self.fail(request, str(exc))]
         if seq.first_token_at is None:
             seq.first_token_at = time.perf_counter()
         if token is None or self._is_eog(token):
@@ -179,7 +179,7 @@ class Commit:
                 for seq in self._unfinished(request):
                     out += self._end(seq, "cancelled")
             elif request.deadline is not None and now >= request.deadline:
-                out.append(self._fail(request, "timed out (GPUQ_JOB_TIMEOUT_S)"))
+                out.append(self.fail(request, "timed out (GPUQ_JOB_TIMEOUT_S)"))
         return out
 
     def evict_newest(self) -> Finished:
@@ -187,13 +187,13 @@ class Commit:
         the cache as it was, and nothing was committed, so the others simply step again)."""
         newest = self._seqs.newest_request()
         log.warning("no KV cache room for %d requests; sending %s back", len(self._seqs.requests), newest.key)
-        finished = self._fail(newest, "no KV cache room")
+        finished = self.fail(newest, "no KV cache room")
         return Finished(finished.key, evicted=True)
 
     def abandon(self) -> None:
         """Drops every request without an ending (decoding failed: the context is unusable)."""
         for request in list(self._seqs.requests.values()):
-            self._fail(request, "abandoned")
+            self.fail(request, "abandoned")
 
     def _end(self, seq: Sequence, reason: str) -> list[Finished]:
         seq.finish_reason = reason
@@ -207,7 +207,8 @@ class Commit:
         return [Finished(request.key, tuple(self._generation(s) for s in request.sequences))]
 
     def _leave(self, seq: Sequence) -> None:
-        self._kv.release(seq.id)
+        if seq.state is not State.PARKED:  # a parked sequence holds no stream
+            self._kv.release(seq.id)
         self._seqs.finish(seq)
 
     def _unfinished(self, request: Request) -> list[Sequence]:
@@ -217,7 +218,8 @@ class Commit:
             self._seqs.finish(seq)
         return [s for s in request.sequences if s.state is not State.FINISHED]
 
-    def _fail(self, request: Request, error: str) -> Finished:
+    def fail(self, request: Request, error: str) -> Finished:
+        """The request ends with an error, every sample of it."""
         for seq in self._unfinished(request):
             self._leave(seq)
         del self._seqs.requests[request.key]
@@ -244,6 +246,9 @@ class Commit:
             cached_tokens=request.cached,
             cached_ram_tokens=request.cached_ram,
             cached_disk_tokens=request.cached_disk,
+            parks=seq.parks,
+            resumes=seq.resumes,
+            parked_ms=int(seq.parked_s * 1000),
             prompt_ms=int((first - request.admitted_at) * 1000) if first is not None else None,
             eval_ms=int((now - first) * 1000) if first is not None else None,
         )

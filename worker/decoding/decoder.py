@@ -25,7 +25,9 @@ admits requests, moves streams before a step (``KvStreams``), and runs plan, run
 
 With a prefix cache (``prefix_tier.py``), a stream's start is saved before its cells are lost,
 and a new prompt's start restored from host RAM or disk when a tier keeps more of it than the
-streams do.
+streams do. A request that outranks decoding sequences when no stream is free has them parked
+for it (``parking.py``): their cells to host memory, resumed exactly where they stopped once
+a stream is free again.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from worker.decoding.commit import Commit
 from worker.decoding.constraint import SequenceConstraint
 from worker.decoding.kv_streams import KvOp, KvStreams
 from worker.decoding.logprobs import TokenLogprob
+from worker.decoding.parking import Parking
 from worker.decoding.plan import Live, StepPlan, ThrowawayRows, plan_step
 from worker.decoding.prefix_tier import PrefixTier
-from worker.decoding.results import Finished, Piece
+from worker.decoding.results import PARKED_CELLS_REFUSED, Finished, Piece
 from worker.decoding.sampler import Sampling, sampler_chain
 from worker.decoding.sequences import Request, Sequence, Sequences, State
 from worker.decoding.text import CompletionText
@@ -65,6 +68,9 @@ FLASH_ATTN_CHUNK_TOKENS = 63
 # other attention kernels than a pass of its own rows), and whole-chunk reuse needs each
 # chunk in one pass.
 SHORT_TAIL_TOKENS = 8
+# With strict priority, a sequence waits at most this many steps (about 10 s here) for more
+# urgent ones, so a stream of urgent work cannot stop it for good.
+MAX_WAITING_STEPS = 512
 
 
 class BatchDecoder:
@@ -83,11 +89,15 @@ class BatchDecoder:
         any_prefix: bool = False,
         prefix_cache: PrefixCache | None = None,
         gpu_layers: int = 0,
+        strict_priority: bool = False,
     ) -> None:
         import llama_cpp
 
         self.slots = slots
         self.n_ctx_per_seq = n_ctx_per_seq
+        # While a more urgent sequence is live, less urgent ones skip their steps (on the CPU a
+        # step's cost grows with its rows, so the urgent one then decodes as fast as alone).
+        self.strict_priority = strict_priority
         if flash_attn and any_prefix:
             chunk_tokens = min(chunk_tokens, FLASH_ATTN_CHUNK_TOKENS)
         self.chunk_tokens = chunk_tokens
@@ -124,6 +134,7 @@ class BatchDecoder:
             is_eog=lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token)),
             bos=self._bos,
         )
+        self._parking = Parking(self._runner, self.kv, self._seqs, self._apply)
         self._ids = itertools.count()
         self.last_plan: StepPlan | None = None  # what the last step decoded
         # Streams the next step frees for sure: sequences whose next token is their last by
@@ -138,10 +149,11 @@ class BatchDecoder:
         first (a model unloaded between two cron runs finds them again)."""
         if self._tier is not None and not self._abandoned:
             self._tier.keep(self._runner, self.kv.kept())
-        for seq in [*self._seqs.live.values(), *self._seqs.waiting.values()]:
+        for seq in [*self._seqs.live.values(), *self._seqs.waiting.values(), *self._seqs.parked.values()]:
             seq.sampler.close()
         self._seqs.live.clear()
         self._seqs.waiting.clear()
+        self._seqs.parked.clear()
         self._seqs.requests.clear()
         self._runner.close()
 
@@ -158,8 +170,34 @@ class BatchDecoder:
     @property
     def free_slots(self) -> int:
         """KV streams free for new sequences (a request of ``n`` samples needs ``n``): those
-        free, less one for each sample waiting for its request's prompt."""
-        return self.kv.free - len(self._seqs.waiting)
+        free, less one for each sample waiting for its request's prompt and one for each
+        parked sequence (it resumes first)."""
+        return self.kv.free - len(self._seqs.waiting) - len(self._seqs.parked)
+
+    def free_slots_for(self, priority: int) -> int:
+        """KV streams free for a request of ``priority``: a parked sequence as urgent as it or
+        more resumes first; one less urgent waits for it."""
+        parked_first = sum(1 for s in self._seqs.parked.values() if s.request.priority <= priority)
+        return self.kv.free - len(self._seqs.waiting) - parked_first
+
+    def parkable(self, priority: int) -> int:
+        """How many decoding sequences a request of ``priority`` could have parked for it."""
+        return len(self._parking.victims(priority))
+
+    def park_for(self, priority: int, streams: int) -> int:
+        """Parks up to ``streams`` decoding sequences less urgent than ``priority`` (the least
+        urgent, newest first; ``parking.py``); how many it parked. Between steps only."""
+        return self._parking.park_for(priority, streams)
+
+    @property
+    def parks(self) -> int:
+        """Sequences parked for more urgent requests since the context was made."""
+        return self._parking.parks
+
+    @property
+    def resumes(self) -> int:
+        """... and resumed."""
+        return self._parking.resumes
 
     @property
     def active(self) -> int:
@@ -200,6 +238,7 @@ class BatchDecoder:
         echo: bool = False,
         constraint: SequenceConstraint | None = None,
         scope: bytes = b"",
+        priority: int = 1,
     ) -> int:
         """Adds a request; its prompt goes in from the next step. Needs ``n`` free slots.
         Returns how many prompt tokens it takes from the cache: a stream's of its ``scope``
@@ -208,13 +247,15 @@ class BatchDecoder:
         also handed out piece by piece (``take_pieces``). ``logprobs``: each sampled token's
         log-probability and its ``logprobs`` best alternatives; with ``echo`` the prompt's
         too, so its prompt is decoded whole (no cache: reused cells have no logits). A
-        ``constraint`` masks each of its samples' logits to what its grammar allows."""
+        ``constraint`` masks each of its samples' logits to what its grammar allows.
+        ``priority``: its job's (lower is more urgent), which decides who is parked for whom."""
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.n_ctx_per_seq:
             raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.n_ctx_per_seq}")
-        if n < 1 or n > self.free_slots:
-            raise ValueError(f"a request of {n} samples needs {n} free slots; {self.free_slots} are free")
+        free = self.free_slots_for(priority)
+        if n < 1 or n > free:
+            raise ValueError(f"a request of {n} samples needs {n} free slots; {free} are free")
         if key in self._seqs.requests:
             raise ValueError(f"{key} is already decoding here")
         # create_completion's rule: the completion is cut where the context ends.
@@ -230,6 +271,8 @@ class BatchDecoder:
             deadline=deadline,
             stream=stream,
             admitted=self._seqs.next_admission(),
+            priority=priority,
+            scope=scope,
             logprobs=logprobs,
             echo=echo and logprobs is not None,
         )
@@ -284,11 +327,15 @@ class BatchDecoder:
     def step(self) -> list[Finished]:
         """One step for every live sequence; returns the requests that ended."""
         finished = self._commit.cut_off(time.monotonic())
+        finished += self._resume_parked()
         if self._seqs.live:
             self._move_down()
             self._order_waiting()
+            stepping = self._stepping()
+            for seq in self._seqs.live.values():
+                seq.waited_steps += seq not in stepping
             plan = plan_step(
-                self._views(),
+                self._views(stepping),
                 chunk_tokens=self.chunk_tokens,
                 aligned=not self.kv.any_prefix,
                 short_tail=SHORT_TAIL_TOKENS if self._flash_attn and self.kv.any_prefix else 0,
@@ -298,10 +345,30 @@ class BatchDecoder:
             self.last_plan = plan
         self.freed_next_step = sum(
             1
-            for seq in self._seqs.live.values()
+            for seq in self._stepping()
             if seq.state is State.DECODING and len(seq.completion) + 1 >= seq.request.max_tokens
         )
         return finished
+
+    def _stepping(self) -> list[Sequence]:
+        """The live sequences that step: all of them, or with strict priority those of the most
+        urgent requests live and those that have waited ``MAX_WAITING_STEPS`` (the others wait,
+        their cells in their streams)."""
+        live = list(self._seqs.live.values())
+        if not self.strict_priority or not live:
+            return live
+        top = min(seq.request.priority for seq in live)
+        return [seq for seq in live if seq.request.priority == top or seq.waited_steps >= MAX_WAITING_STEPS]
+
+    def _resume_parked(self) -> list[Finished]:
+        """Parked sequences back into the streams free now; a request whose cells llama.cpp
+        refused (never seen: the bytes come from this very context) fails."""
+        lost = self._parking.resume_waiting()
+        return [
+            self._commit.fail(seq.request, PARKED_CELLS_REFUSED)
+            for seq in lost
+            if seq.request.key in self._seqs.requests
+        ]
 
     def _run(self, plan: StepPlan) -> list[Finished]:
         """Each planned batch decoded, then committed before the next is decoded."""
@@ -317,7 +384,7 @@ class BatchDecoder:
                 break
         return finished
 
-    def _views(self) -> list[Live]:
+    def _views(self, sequences: Iterable[Sequence]) -> list[Live]:
         stream_of = self.kv.stream_of
         return [
             Live(
@@ -330,7 +397,7 @@ class BatchDecoder:
                 position=seq.position,
                 prompt_logits=seq.request.echo,
             )
-            for seq in self._seqs.live.values()
+            for seq in sequences
         ]
 
     def _throwaway_rows(self) -> ThrowawayRows | None:

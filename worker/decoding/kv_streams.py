@@ -209,6 +209,23 @@ class KvStreams:
                 saves += [op for op in self._lost(i, []) if isinstance(op, Save)]
         return tuple(saves)
 
+    def park(self, sequence: int) -> list[int]:
+        """The sequence gives its stream up (parked; its cells were saved): the stream is free,
+        keeping its reusable tokens for any prompt that shares them. Returns them, for
+        ``resume``."""
+        stream = self._stream_of[sequence]
+        reusable = list(self._streams[stream].reusable)
+        self.release(sequence)
+        return reusable
+
+    def resume(self, sequence: int, reusable: list[int], scope: bytes) -> Placement:
+        """A parked sequence takes the lowest free stream again; its saved cells are restored
+        there whole (the ``Save`` of what the stream kept first, if worth keeping)."""
+        target = self.lowest_free()
+        ops = self._lost(target, [])
+        ops += self._give(target, sequence, list(reusable), scope)
+        return Placement(target, len(reusable), tuple(ops))
+
     def order_waiting(self, waiting: list[int]) -> tuple[KvOp, ...]:
         """``waiting``: the sequences whose prompts have not begun (nothing reused, nothing
         fed: their streams are empty), oldest first. They take the lowest of their own streams

@@ -27,6 +27,9 @@ class Generation:
     cached_tokens: int = field(default=0, compare=False)  # prompt tokens not computed: from a KV stream ...
     cached_ram_tokens: int = field(default=0, compare=False)  # ... of them, restored from the prefix cache's RAM
     cached_disk_tokens: int = field(default=0, compare=False)  # ... or from its disk tier
+    parks: int = field(default=0, compare=False)  # times it gave its slot up to a more urgent job
+    parked_ms: int = field(default=0, compare=False)  # ... and the time it waited, parked
+    resumes: int = field(default=0, compare=False)  # times it took a slot again (a parked one may end first)
     prompt_ms: int | None = field(default=None, compare=False)  # admission to the first token
     eval_ms: int | None = field(default=None, compare=False)  # first token to the end
 
@@ -67,3 +70,4 @@ class DamagedModel(RuntimeError):
 
 
 DAMAGED_LOGITS = "the model produced non-finite logits (NaN or infinity): its weights are damaged"
+PARKED_CELLS_REFUSED = "llama.cpp refused the KV cells of the parked sequence; it could not resume"

@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from gpuq.jobs.request import GenerationParams
+from gpuq.jobs.generation_params import GenerationParams
 
 PENALTY_LAST_N = 64  # Llama's last_n_tokens_size: the window the repeat penalty looks at
 

@@ -9,7 +9,9 @@
   in; it holds no KV stream (the request was admitted with a free stream for it), and is
   forked from the first sample once the prompt is in (the stream copied);
   ``PREFILLING``: its prompt going in, a chunk at a time; ``DECODING``: a token sampled each
-  step; ``FINISHED``: with a reason.
+  step; ``PARKED``: a decoding sequence that gave its stream up to a more urgent request, its
+  cells kept in host memory, its sampler, text and position as they were (``parking.py``),
+  until a stream is free again; ``FINISHED``: with a reason.
 
 Which KV stream a sequence holds is ``KvStreams``'s to say (``kv_streams.py``), nobody else's.
 """
@@ -32,6 +34,7 @@ class State(enum.Enum):
     WAITING = "waiting"  # for its request's prompt: then forked from the first sample
     PREFILLING = "prefilling"  # its prompt going in, a chunk at a time
     DECODING = "decoding"  # a token sampled each step
+    PARKED = "parked"  # its cells in host memory, its stream given to a more urgent request
     FINISHED = "finished"
 
 
@@ -52,6 +55,14 @@ class Sequence:
     first_token_at: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
     starts: list[int] = field(default_factory=list)  # ... and where each token's bytes start
+    # Parked (parking.py): its stream's cells and reusable prompt tokens, kept until it resumes.
+    parked_cells: bytes | None = None
+    parked_reusable: list[int] = field(default_factory=list)
+    parked_since: float | None = None
+    parks: int = 0  # times it was parked
+    waited_steps: int = 0  # steps it skipped for more urgent sequences (strict priority)
+    resumes: int = 0  # ... and resumed
+    parked_s: float = 0.0  # time spent parked
 
     @property
     def position(self) -> int:
@@ -80,6 +91,8 @@ class Request:
     deadline: float | None
     stream: bool
     admitted: int  # admission order: the newest request is the one sent back when KV runs out
+    priority: int = 1  # its job's (gpuq.queue_names.Priority: lower is more urgent)
+    scope: bytes = b""  # its cache scope (the model file and the tenant)
     logprobs: int | None = None  # None: none wanted; k: each token's and its k best alternatives'
     echo: bool = False  # the prompt's log-probabilities too (every prompt row decoded with logits)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -103,6 +116,7 @@ class Sequences:
         self.requests: dict[str, Request] = {}
         self.live: dict[int, Sequence] = {}  # sequence id -> sequence holding a stream
         self.waiting: dict[int, Sequence] = {}  # sequence id -> sequence waiting for a fork
+        self.parked: dict[int, Sequence] = {}  # sequence id -> sequence parked, holding no stream
         self._admitted = 0
 
     def next_admission(self) -> int:
@@ -119,12 +133,30 @@ class Sequences:
         seq.state = State.DECODING
         self.live[seq.id] = seq
 
+    def park(self, seq: Sequence) -> None:
+        """A decoding sequence gave its stream up (its cells are in ``parked_cells``)."""
+        del self.live[seq.id]
+        seq.state = State.PARKED
+        self.parked[seq.id] = seq
+
+    def resume(self, seq: Sequence) -> None:
+        """A parked sequence holds a stream again, its cells restored: it decodes on."""
+        del self.parked[seq.id]
+        seq.state = State.DECODING
+        seq.resumes += 1
+        self.live[seq.id] = seq
+
     def finish(self, seq: Sequence) -> None:
         """It holds nothing more: its sampler is closed (a waiting one is dropped from its
         request: a request cancelled while its prompt goes in ends with the samples it has)."""
         if seq.state is State.WAITING:
             del self.waiting[seq.id]
             seq.request.sequences.remove(seq)
+        elif seq.state is State.PARKED:  # cancelled or timed out while parked
+            del self.parked[seq.id]
+            if seq.parked_since is not None:
+                seq.parked_s += time.perf_counter() - seq.parked_since
+            seq.parked_cells, seq.parked_since = None, None
         else:
             self.live.pop(seq.id, None)
         seq.state = State.FINISHED

@@ -119,8 +119,8 @@ def test_tool_choice_none_offers_no_tools():
 
 
 def test_a_batch_request_params_parse_to_the_same_request_or_say_what_is_wrong():
-    model, request = parse_params({"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]})
-    assert model == MODEL and request["endpoint"] == "/v1/messages" and request["max_tokens"] == 3
+    model, params = parse_params({"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]})
+    assert model == MODEL and params.endpoint == "/v1/messages" and params.max_tokens == 3
     with pytest.raises(ValueError, match=r"params\.max_tokens: Field required"):
         parse_params({"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
 

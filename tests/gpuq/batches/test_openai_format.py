@@ -18,16 +18,22 @@ ADD = {
 LINE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+def _stored(endpoint: str, body: dict) -> tuple[str, dict]:
+    """A line's model and its request as its job row stores it."""
+    model, params = parse_body(endpoint, body)
+    return model, params.stored()
+
+
 def test_a_line_with_a_schema_or_forced_tools_stores_the_constraint():
-    _model, request = parse_body(
+    _model, request = _stored(
         CHAT, LINE | {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}}
     )
     assert request["json_schema"] == SCHEMA
-    _model, request = parse_body(CHAT, LINE | {"response_format": {"type": "json_object"}})
+    _model, request = _stored(CHAT, LINE | {"response_format": {"type": "json_object"}})
     assert request["json_schema"] == {"type": "object"}
-    _model, request = parse_body(CHAT, LINE | {"tools": [ADD], "tool_choice": "required"})
+    _model, request = _stored(CHAT, LINE | {"tools": [ADD], "tool_choice": "required"})
     assert request["tools"] == [ADD] and request["tool_choice"] == "required"
-    _model, request = parse_body(CHAT, LINE | {"tools": [ADD], "tool_choice": "none"})
+    _model, request = _stored(CHAT, LINE | {"tools": [ADD], "tool_choice": "none"})
     assert "tools" not in request and "json_schema" not in request
 
 
@@ -51,7 +57,7 @@ def _finished(request: dict, text: str) -> Job:
 
 
 def test_the_output_line_of_a_reply_that_is_a_call_carries_openais_tool_calls():
-    _model, request = parse_body(CHAT, LINE | {"tools": [ADD]})
+    _model, request = _stored(CHAT, LINE | {"tools": [ADD]})
     body = response_body(CHAT, _finished(request, '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'))
     [choice] = body["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
@@ -59,14 +65,14 @@ def test_the_output_line_of_a_reply_that_is_a_call_carries_openais_tool_calls():
     assert call == {"id": "call_j1_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
     assert json.loads(call["function"]["arguments"]) == {"a": 2}
     # Without tools the same text is an answer.
-    plain = response_body(CHAT, _finished(parse_body(CHAT, LINE)[1], '{"name": "add", "arguments": {"a": 2}}'))
+    plain = response_body(CHAT, _finished(_stored(CHAT, LINE)[1], '{"name": "add", "arguments": {"a": 2}}'))
     assert plain["choices"][0]["message"] == {"role": "assistant", "content": '{"name": "add", "arguments": {"a": 2}}'}
 
 
 def test_a_responses_line_runs_as_a_chat_job_and_its_output_line_is_a_response_object():
     add = {"type": "function", "name": "add", "parameters": ADD["function"]["parameters"]}
     line = {"model": "m", "instructions": "Be brief.", "input": "hi", "tools": [add], "metadata": {"k": "v"}}
-    model, request = parse_body(RESPONSES, line)
+    model, request = _stored(RESPONSES, line)
     assert model == "m" and request["tools"] == [ADD] and request["max_tokens"] == 256  # a batch line's default
     assert request["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 

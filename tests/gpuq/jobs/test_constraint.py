@@ -4,7 +4,7 @@ import pytest
 
 from gpuq.errors import RequestError
 from gpuq.jobs.constraint import enforceable
-from gpuq.jobs.request import GenerationParams
+from gpuq.jobs.generation_params import GenerationParams
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,11 @@ from datetime import timedelta
 from redis import Redis
 
 from gpuq.db.tables import utcnow
-from gpuq.jobs import fair
+from gpuq.jobs import enqueue, fair
 from gpuq.jobs.aging import promote_aged_jobs
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
 from gpuq.queue_names import Priority, QueueEntry, band_name, queue_name
-from gpuq.redis_keys import fair_bell_key, rq_queue_key
+from gpuq.redis_keys import fair_bell_key, fair_edf_key, rq_queue_key
 
 MODEL = "m"
 NORMAL = band_name(MODEL, "generate", Priority.NORMAL)
@@ -202,3 +202,105 @@ def test_a_jobs_position_counts_the_turns_other_tenants_get_before_it(session, r
     assert (alices_fifth.ahead_in_queue, alices_fifth.position) == (4 + 3, 9)  # bob has only 3
     order = take_all(redis, [HIGH, NORMAL])
     assert order.index("bob-m-normal-2") == 7 and order.index("alice-m-normal-4") == 9
+
+
+# ---------------------------------------------------------------- deadlines: earliest first within a tenant's queue
+
+SOON = utcnow() + timedelta(hours=1)
+
+
+def dated(owner: str | None, name: str, minutes: int | None, priority: Priority = Priority.NORMAL) -> QueueEntry:
+    deadline = None if minutes is None else SOON + timedelta(minutes=minutes)
+    return QueueEntry(f"{owner or 'none'}-{name}", MODEL, "generate", priority, owner, deadline)
+
+
+def test_a_tenants_jobs_with_a_deadline_go_first_earliest_first_equal_ones_in_queueing_order(redis):
+    enqueue_jobs(redis, [dated("alice", "plain-1", None), dated("alice", "d30", 30)], timeout_s=60)
+    enqueue_jobs(redis, [dated("alice", "d10-a", 10), dated("alice", "plain-2", None)], timeout_s=60)
+    enqueue_jobs(redis, [dated("alice", "d10-b", 10), dated("alice", "d5", 5)], timeout_s=60)
+
+    order = take_all(redis, [NORMAL])
+
+    assert order == ["alice-d5", "alice-d10-a", "alice-d10-b", "alice-d30", "alice-plain-1", "alice-plain-2"]
+    assert redis.zcard(fair_edf_key(f"{NORMAL}:alice")) == 0  # nothing left behind
+
+
+def test_deadline_jobs_queued_in_chunks_are_merged_into_a_queue_of_both_kinds(redis, monkeypatch):
+    monkeypatch.setattr(enqueue, "SCRIPT_CHUNK", 3)  # several script calls for one queue
+    enqueue_jobs(
+        redis, [dated("alice", "d20", 20), dated("alice", "old", None), dated("alice", "d40", 40)], timeout_s=60
+    )
+    arriving = [dated("alice", f"new{i}", [50, 10, 40, None, 20, 10, 5][i]) for i in range(7)]
+
+    enqueue_jobs(redis, arriving, timeout_s=60)
+
+    assert [j.removeprefix("alice-") for j in take_all(redis, [NORMAL])] == [
+        *["new6", "new1", "new5", "d20", "new4", "d40", "new2", "new0"],  # by deadline; equal ones as queued
+        *["old", "new3"],
+    ]
+
+
+def test_the_queues_list_holds_every_job_in_the_order_they_are_given_out(redis):
+    """So RQ's tools count them all, a cancel is one LREM, and a position is an index."""
+    enqueue_jobs(redis, [dated("alice", "plain", None), dated("alice", "d5", 5)], timeout_s=60)
+    assert redis.lrange(rq_queue_key(f"{NORMAL}:alice"), 0, -1) == [b"alice-d5", b"alice-plain"]
+
+    remove_queued(redis, [dated("alice", "d5", 5)])  # cancelled before a worker took it
+
+    assert redis.zcard(fair_edf_key(f"{NORMAL}:alice")) == 0
+    assert take_all(redis, [NORMAL]) == ["alice-plain"]
+
+
+def test_deadlines_order_a_tenants_own_jobs_and_buy_no_larger_share(redis):
+    enqueue_jobs(redis, [dated("alice", f"d{i}", i) for i in range(6)], timeout_s=60)
+    enqueue_jobs(redis, [dated("bob", f"plain{i}", None) for i in range(6)], timeout_s=60)
+
+    order = take_all(redis, [NORMAL])
+
+    assert [j.split("-")[0] for j in order] == ["alice", "bob"] * 6
+
+
+def test_a_job_put_back_in_front_keeps_its_deadlines_place(redis):
+    enqueue_jobs(redis, [dated("alice", "plain", None), dated("alice", "d5", 5), dated("alice", "d9", 9)], timeout_s=60)
+    picker = fair.Picker(redis, [NORMAL])
+    assert picker.take() == (f"{NORMAL}:alice", "alice-d5")
+
+    fair.push_front(redis, f"{NORMAL}:alice", "alice-d5")  # popped, not run (a drained worker)
+
+    assert take_all(redis, [NORMAL]) == ["alice-d5", "alice-d9", "alice-plain"]
+
+
+def test_an_aged_job_with_a_deadline_goes_by_it_in_the_queue_above(redis):
+    enqueue_jobs(redis, [dated("alice", "low-d20", 20, Priority.LOW)], timeout_s=60)
+    moved = promote_aged_jobs(redis, aging_s=60, now=utcnow() + timedelta(seconds=61))
+    enqueue_jobs(
+        redis, [dated("alice", "plain", None), dated("alice", "d10", 10), dated("alice", "d30", 30)], timeout_s=60
+    )
+
+    assert moved == ["alice-low-d20"]
+    assert redis.zcard(fair_edf_key(f"{band_name(MODEL, 'generate', Priority.LOW)}:alice")) == 0
+    assert take_all(redis, [NORMAL]) == ["alice-d10", "alice-low-d20", "alice-d30", "alice-plain"]
+
+
+def test_positions_with_deadlines_are_the_order_jobs_leave_in(redis):
+    fair.set_weights(redis, {"bob": 2})
+    enqueue_jobs(
+        redis, [dated("alice", "plain-1", None), dated("alice", "d7", 7), dated("alice", "plain-2", None)], timeout_s=60
+    )
+    enqueue_jobs(redis, [dated("alice", "d3", 3), dated("alice", "d7-b", 7)], timeout_s=60)
+    enqueue_jobs(
+        redis, [dated("bob", f"b{i}", None if i % 2 else i) for i in range(7)] + [dated(None, "x", 4)], timeout_s=60
+    )
+    fair.Picker(redis, [NORMAL]).take()  # passes move on
+
+    state = fair.band_state(redis, NORMAL)
+    waiting = {
+        tenant: [x.decode() for x in redis.lrange(rq_queue_key(f"{NORMAL}:{tenant}" if tenant else NORMAL), 0, -1)]
+        for tenant in state.flows
+    }
+    predicted = {job: state.jobs_ahead(tenant, i) for tenant, ids in waiting.items() for i, job in enumerate(ids)}
+
+    order = take_all(redis, [NORMAL])
+
+    assert {job: order.index(job) for job in order} == predicted
+    assert [waiting[tenant][i] for tenant, i in state.order()] == order

@@ -14,10 +14,10 @@ from tests.gpuq.store.test_store import make_job
 
 
 @both_databases
-def test_a_spooled_outcome_of_an_earlier_attempt_is_not_applied_to_a_later_run(session, redis):
+def test_a_spooled_outcome_of_an_earlier_run_is_not_applied_to_a_later_run(session, redis):
     [job] = store.insert_jobs(session, [make_job()])
-    store.claim_job(session, job.id, worker="w1", device="cpu")
-    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, attempt=1)
+    first = store.claim_job(session, job.id, worker="w1", device="cpu")
+    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, run_id=first.run_id)
     spool(redis, "w1", [(stale, None)])
     store.return_to_queue(session, job.id, worker="w1", reason="its worker died")
     store.claim_job(session, job.id, worker="w1", device="cpu")  # attempt 2, same worker
@@ -29,15 +29,17 @@ def test_a_spooled_outcome_of_an_earlier_attempt_is_not_applied_to_a_later_run(s
 @both_databases
 def test_outcomes_spooled_to_files_are_written_for_dead_workers_and_left_to_live_ones(session, redis, tmp_path):
     dead_job, live_job = store.insert_jobs(session, [make_job(), make_job()])
-    store.claim_job(session, dead_job.id, worker="w-dead", device="cpu")
-    store.claim_job(session, live_job.id, worker="w-live", device="cpu")
+    runs = {
+        job.id: store.claim_job(session, job.id, worker=worker, device="cpu").run_id
+        for job, worker in ((dead_job, "w-dead"), (live_job, "w-live"))
+    }
     Worker(
         [Queue("gpuq:smollm2-135m:generate:high", connection=redis)], connection=redis, name="w-live"
     ).register_birth()
     spools = spool_dir(tmp_path)
     finished = FinishedJob(model="smollm2-135m", kind="generate", status="succeeded")
     for job, worker in ((dead_job, "w-dead"), (live_job, "w-live")):
-        outcome = store.Outcome(job.id, worker, JobStatus.SUCCEEDED, utcnow(), result={"text": "ok"}, attempt=1)
+        outcome = store.Outcome(job.id, worker, JobStatus.SUCCEEDED, utcnow(), result={}, run_id=runs[job.id])
         spool_to_file(spools, [(outcome, finished)])
 
     assert apply_file_spools(session, redis, spools) == [dead_job.id]

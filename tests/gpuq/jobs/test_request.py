@@ -3,7 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from gpuq.jobs.request import EmbeddingParams, GenerationParams
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.request import EmbeddingParams
 
 # Rows as each producer stored them before the typed request existed.
 OLD_ROWS = [

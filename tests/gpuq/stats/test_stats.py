@@ -354,7 +354,10 @@ def test_position_counts_jobs_ahead_in_its_queue_and_higher_priorities_and_gives
     depths = queue_depths(session, redis, StatsFilter(), now=NOW)
 
     assert (third.position, third.ahead_in_queue, third.ahead_in_higher_priorities) == (4, 2, 2)
-    assert third.finished_per_min == 2.0 and third.eta_s == 120.0
+    # 30 jobs of 15 tokens each finished, one at a time, in 60 s of work: 7.5 tokens/s; the 4
+    # jobs ahead hold 5 prompt tokens each and may generate none (no max_tokens).
+    assert (third.prompt_tokens_ahead, third.completion_tokens_ahead, third.tokens_per_s) == (20, 0, 7.5)
+    assert third.finished_per_min == 2.0 and third.eta_s == round(20 / 7.5, 1)
     assert finished.position is None and finished.status == "succeeded"
     assert [(d.priority, d.depth, d.front_job_id) for d in depths] == [
         ("high", 2, urgent[0].id),

@@ -22,7 +22,7 @@ def test_a_job_that_died_beside_others_and_ran_again_shows_both_runs_though_atte
     died = "worker w1 died with 3 jobs running; not charged, run alone next"
     assert store.return_to_queue(session, job.id, worker="w1", reason=died, refund_attempt=True)
     second = store.claim_job(session, job.id, worker="w2", device="cpu", host="h2")
-    outcome = store.Outcome(job.id, "w2", JobStatus.SUCCEEDED, utcnow(), result={"text": "ok"}, attempt=1)
+    outcome = store.Outcome(job.id, "w2", JobStatus.SUCCEEDED, utcnow(), result={"text": "ok"}, run_id=second.run_id)
     assert store.record_outcomes(session, [outcome]) == 1
 
     session.expire_all()
@@ -36,13 +36,13 @@ def test_a_job_that_died_beside_others_and_ran_again_shows_both_runs_though_atte
 @both_databases
 def test_a_stale_outcome_ends_no_run_and_a_failure_keeps_its_error(session):
     [job] = store.insert_jobs(session, [make_job()])
-    store.claim_job(session, job.id, worker="w1", device="cpu")
+    first = store.claim_job(session, job.id, worker="w1", device="cpu")
     assert store.return_to_queue(session, job.id, worker="w1", reason="worker w1 died while running it")
-    store.claim_job(session, job.id, worker="w1", device="cpu")  # the same worker takes it back
-    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), attempt=1)
+    second = store.claim_job(session, job.id, worker="w1", device="cpu")  # the same worker takes it back
+    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), run_id=first.run_id)
     assert store.record_outcomes(session, [stale]) == 0
     assert _runs(session, job.id) == [(1, "w1", "requeued", False), (2, "w1", None, False)]
-    failed = store.Outcome(job.id, "w1", JobStatus.FAILED, utcnow(), error="ValueError: bad", attempt=2)
+    failed = store.Outcome(job.id, "w1", JobStatus.FAILED, utcnow(), error="ValueError: bad", run_id=second.run_id)
     assert store.record_outcomes(session, [failed]) == 1
     assert _runs(session, job.id)[-1] == (2, "w1", "failed", False)
     assert store.runs_of_job(session, job.id)[-1].reason == "ValueError: bad"
@@ -64,10 +64,9 @@ def test_a_job_given_up_on_or_requeued_by_an_admin_ends_its_run_so(session):
 @both_databases
 def test_pruning_a_finished_job_takes_its_runs_and_leaves_others(session):
     old, kept = store.insert_jobs(session, [make_job(), make_job()])
-    for job in (old, kept):
-        store.claim_job(session, job.id, worker="w1", device="cpu")
+    runs = [store.claim_job(session, job.id, worker="w1", device="cpu").run_id for job in (old, kept)]
     long_ago = utcnow() - timedelta(days=40)
-    done = store.Outcome(old.id, "w1", JobStatus.SUCCEEDED, long_ago, attempt=1)
+    done = store.Outcome(old.id, "w1", JobStatus.SUCCEEDED, long_ago, run_id=runs[0])
     assert store.record_outcomes(session, [done]) == 1
     assert delete_finished_jobs(session, before=utcnow() - timedelta(days=30), limit=100) == 1
     session.expire_all()

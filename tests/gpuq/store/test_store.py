@@ -60,7 +60,7 @@ def test_outcomes_are_written_only_for_the_worker_that_holds_the_job(session):
 
 
 @both_databases
-def test_an_outcome_of_an_earlier_attempt_never_overwrites_a_later_run_on_the_same_worker(session):
+def test_an_outcome_of_an_earlier_run_never_overwrites_a_later_run_on_the_same_worker(session):
     [job] = store.insert_jobs(session, [make_job()])
     first = store.claim_job(session, job.id, worker="w1", device="cpu")
     assert store.return_to_queue(
@@ -68,8 +68,8 @@ def test_an_outcome_of_an_earlier_attempt_never_overwrites_a_later_run_on_the_sa
     )  # the reconciler queued it again
     second = store.claim_job(session, job.id, worker="w1", device="cpu")  # and w1 took it back
     assert (first.attempts, second.attempts) == (1, 2)
-    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, attempt=1)
-    fresh = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "ok"}, attempt=2)
+    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, run_id=first.run_id)
+    fresh = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "ok"}, run_id=second.run_id)
     assert store.record_outcomes(session, [stale]) == 0
     session.expire_all()
     assert store.get_job(session, job.id).status == "running"
@@ -106,3 +106,36 @@ def test_list_jobs_filters_and_pages_newest_first(session):
     assert future == []
     with pytest.raises(LookupError):
         store.list_jobs(session, store.JobFilter(), limit=3, after="job_missing")
+
+
+@both_databases
+def test_an_outcome_of_an_earlier_run_is_discarded_though_a_refund_made_the_attempts_equal(session):
+    [job] = store.insert_jobs(session, [make_job()])
+    first = store.claim_job(session, job.id, worker="w1", device="cpu")
+    # It died beside others: back to the queue, its attempt refunded; the same worker takes it back
+    assert store.return_to_queue(session, job.id, worker="w1", reason="died beside others", refund_attempt=True)
+    second = store.claim_job(session, job.id, worker="w1", device="cpu")
+    assert first.attempts == second.attempts == 1 and first.run_id != second.run_id
+    stale = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "stale"}, run_id=first.run_id)
+    assert store.record_outcomes(session, [stale]) == 0
+    session.expire_all()
+    assert store.get_job(session, job.id).status == "running"
+    assert [r.ended_at is None for r in store.runs_of_job(session, job.id)] == [False, True]  # the later run goes on
+    fresh = store.Outcome(job.id, "w1", JobStatus.SUCCEEDED, utcnow(), result={"text": "ok"}, run_id=second.run_id)
+    assert store.record_outcomes(session, [fresh]) == 1
+    session.expire_all()
+    assert store.get_job(session, job.id).result == {"text": "ok"}
+    assert [r.outcome for r in store.runs_of_job(session, job.id)] == ["requeued", "succeeded"]
+
+
+@both_databases
+def test_an_outcome_of_a_run_an_admin_requeued_is_discarded_once_the_same_worker_runs_it_again(session):
+    [job] = store.insert_jobs(session, [make_job()])
+    first = store.claim_job(session, job.id, worker="w1", device="cpu")
+    assert store.requeue_running_job(session, job.id, worker="w1")  # attempts stay counted
+    second = store.claim_job(session, job.id, worker="w1", device="cpu")
+    stale = store.Outcome(job.id, "w1", JobStatus.CANCELLED, utcnow(), run_id=first.run_id)
+    assert store.record_outcomes(session, [stale]) == 0
+    session.expire_all()
+    assert store.get_job(session, job.id).status == "running"
+    assert store.claimed_by(session, job.id, worker="w1").run_id == second.run_id

@@ -7,6 +7,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.prefix_blocks import cache_scope, model_fingerprint, namespace_salt
 from tests.worker.generation import THREADS, generate
 from worker.decoding import FLASH_ATTN_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS
@@ -67,9 +68,9 @@ def computed(model_path):
     """Each request's generation computed cold (no reuse: every prompt decoded whole), and the
     start a stream of the engine kept after computing the second prompt, saved."""
     cold_model = _model(model_path, prompt_cache=False)
-    start = cold_model.prompt_tokens({"prompt": FEW_SHOT})
+    start = cold_model.prompt_tokens(GenerationParams(prompt=FEW_SHOT))
     assert 420 <= len(start) <= 500
-    prompts = [cold_model.prompt_tokens({"prompt": FEW_SHOT + q}) for q in QUESTIONS]
+    prompts = [cold_model.prompt_tokens(GenerationParams(prompt=FEW_SHOT + q)) for q in QUESTIONS]
     cold = {(i, name): generate(cold_model, _request(p, s)) for i, p in enumerate(prompts) for name, s in
             SAMPLING.items()}  # fmt: skip
     cold_model.close()
@@ -131,7 +132,7 @@ def test_a_start_restored_from_disk_into_a_fresh_context_gives_the_same_text(mod
 def test_with_whole_chunk_reuse_a_restored_start_gives_the_text_it_was_computed_with(model_path):
     """A GPU's default: only whole 64-token chunks are reusable, each computed in a pass of its own."""
     cold_model = _model(model_path, prompt_cache=False, any_prefix=False)
-    prompt = cold_model.prompt_tokens({"prompt": FEW_SHOT + QUESTIONS[0]})
+    prompt = cold_model.prompt_tokens(GenerationParams(prompt=FEW_SHOT + QUESTIONS[0]))
     cold = generate(cold_model, _request(prompt, GREEDY))
     cold_model.close()
     model = _model(model_path, any_prefix=False)

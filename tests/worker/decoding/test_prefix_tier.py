@@ -5,6 +5,7 @@ that computed every prompt whole. One tenant never gets another's start."""
 
 import pytest
 
+from gpuq.jobs.generation_params import GenerationParams
 from tests.worker.generation import THREADS, admit, run_together
 from worker.engine import LoadedModel
 from worker.prefix_cache import PrefixCache
@@ -85,6 +86,20 @@ def test_without_the_cache_the_same_jobs_reuse_nothing_across_families(model_pat
     assert all(done[f"r1f{family}"].generation.cached_tokens < 16 for family in range(FAMILIES))
 
 
+def test_a_ram_tier_too_small_for_every_start_evicts_starts_and_never_touches_a_live_sequence(model_path, cold):
+    """RAM pressure on the tier (its bound holds about one ~120-token start, 23 KB a token):
+    the least recently used starts go, every job still gives the text computed whole."""
+    cache = PrefixCache(ram_limit_bytes=4 * MIB)
+    model = _model(model_path, cache=cache)
+    done = run_together(model, _requests())
+    model.close()
+    for key, finished in done.items():
+        assert finished.generation == cold[key], key
+    stats = cache.stats()
+    assert stats.ram_evictions >= FAMILIES - 1 and 0 < stats.ram_bytes <= 4 * MIB
+    assert stats.hits_ram < FAMILIES  # what was evicted was computed again
+
+
 def test_a_fresh_context_restores_a_start_from_disk_and_gives_the_same_text(model_path, cold, tmp_path):
     """A worker restarted (a fresh context, a fresh cache over the same directory) finds the
     starts the last one saved as its context closed, and computes the same texts from them."""
@@ -111,7 +126,7 @@ def test_a_fresh_context_restores_a_start_from_disk_and_gives_the_same_text(mode
 def test_a_tenant_never_gets_another_tenants_start_from_a_stream_or_from_ram(model_path):
     cache = PrefixCache(ram_limit_bytes=64 * MIB)
     model = _model(model_path, cache=cache)
-    request = _requests()["r0f0"]
+    request = GenerationParams.model_validate(_requests()["r0f0"])
 
     def cached(owner: str) -> int:
         decoder = model.decoder
@@ -136,7 +151,7 @@ def test_a_tenant_never_gets_another_tenants_start_from_a_stream_or_from_ram(mod
 
 def test_an_admin_may_share_a_models_cache_across_tenants(model_path):
     model = _model(model_path, shared_tenants=True)
-    request = _requests()["r0f0"]
+    request = GenerationParams.model_validate(_requests()["r0f0"])
     decoder = model.decoder
     assert decoder is not None
     assert model.prepare("a", request, _event(), None, owner="acme").admit() == 0

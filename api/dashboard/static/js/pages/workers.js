@@ -60,12 +60,15 @@ function modelsCell(w) {
   return el("td", { class: "list" }, ...lines, ...prefixCacheLine(w.prefix_cache));
 }
 
+// Short lines, one a fact, so that the column still fits 800 px: what RAM keeps, what disk keeps,
+// and how often a start was found.
 function prefixCacheLine(c) {
   if (!c || (!c.ram_limit_bytes && !c.disk_enabled)) return [];
-  const disk = c.disk_enabled ? ` · disk ${plural(c.disk_entries, "start")}, ${mib(c.disk_bytes)}` : "";
-  const text = `prefix cache: ${plural(c.ram_entries, "start")}, ${mib(c.ram_bytes)} of ${mib(c.ram_limit_bytes)}${disk}`;
-  const served = `${plural(c.hits_ram + c.hits_disk, "hit")}, ${c.misses} ${c.misses === 1 ? "miss" : "misses"}`;
-  return [el("span", { class: "small prefix-cache muted", title: served }, `${text}; ${served}`)];
+  const line = (text) => el("span", { class: "small prefix-cache muted" }, text);
+  const ram = line(`cache: ${plural(c.ram_entries, "start")}, ${mib(c.ram_bytes)} of ${mib(c.ram_limit_bytes)}`);
+  const disk = c.disk_enabled ? [line(`disk: ${plural(c.disk_entries, "start")}, ${mib(c.disk_bytes)}`)] : [];
+  const served = line(`${plural(c.hits_ram + c.hits_disk, "hit")}, ${c.misses} ${c.misses === 1 ? "miss" : "misses"}`);
+  return [ram, ...disk, served];
 }
 
 // Every job running on the worker, one short link a line (the full id is its title).

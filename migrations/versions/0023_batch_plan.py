@@ -1,8 +1,8 @@
 """Batches: what planning their queue order did (generation lines planned, the starts they
 share, the workers' slots it was planned for)
 
-Revision ID: 0022_batch_plan
-Revises: 0021_cache_tiers
+Revision ID: 0023_batch_plan
+Revises: 0022_deadlines
 Create Date: 2026-12-08
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0022_batch_plan"
-down_revision = "0021_cache_tiers"
+revision = "0023_batch_plan"
+down_revision = "0022_deadlines"
 branch_labels = None
 depends_on = None
 
