@@ -10,6 +10,7 @@ from statistics import median
 from bench import (
     admission,
     batch_bench,
+    batch_plan,
     batch_start,
     batching,
     db_growth,
@@ -597,6 +598,56 @@ def bench_fairness(args: argparse.Namespace) -> None:
     print(f"  fair / FIFO throughput {fair_rate / fifo:.3f}x   (targets: B's last after <= 16 of A's; >= 0.95x)")
 
 
+def bench_batch_plan(args: argparse.Namespace) -> None:
+    """One batch of prompt families, interleaved, on one worker: queued in file order against
+    planned (bench/batch_plan.py), interleaved rounds on fresh state."""
+    sides: dict[bool, list[batch_plan.Side]] = {False: [], True: []}
+    for round_ in range(1, args.rounds + 1):
+        for planned in (False, True):
+            with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                side = batch_plan.run(
+                    db,
+                    redis_url,
+                    workdir,
+                    planned=planned,
+                    families=args.plan_families,
+                    per_family=args.plan_per_family,
+                    max_tokens=args.max_tokens,
+                    slots=args.plan_slots,
+                    threads=args.threads,
+                    grouped=args.plan_grouped,
+                    ram_bytes=args.plan_ram_bytes,
+                )
+            sides[planned].append(side)
+            print(
+                f"round {round_} {'planned' if planned else 'file order'}: {side.cached_share:.2f} of "
+                f"{side.prompt_tokens} prompt tokens from a cache ({side.cached_ram_tokens} from RAM), "
+                f"{side.jobs_per_s:.3f} jobs/s ({side.seconds:.1f} s), groups {side.groups}",
+                flush=True,
+            )
+    lines = args.plan_families * args.plan_per_family
+    print(
+        f"\nbatch-plan: {lines} lines ({args.plan_families} families of {args.plan_per_family}, "
+        f"{'grouped' if args.plan_grouped else 'interleaved'}), greedy, max_tokens {args.max_tokens}, one worker, "
+        f"K={args.plan_slots}, RAM tier {'off' if args.plan_ram_bytes == 0 else 'on'}, {args.threads} threads, "
+        f"median of {args.rounds} rounds"
+    )
+    print("  side         from cache   of prompt tokens   jobs/s    seconds")
+    for planned, name in ((False, "file order"), (True, "planned")):
+        runs = sides[planned]
+        print(
+            f"  {name:<12} {median(s.cached_share for s in runs):10.2f}   {runs[0].prompt_tokens:16d}   "
+            f"{median(s.jobs_per_s for s in runs):6.3f}   {median(s.seconds for s in runs):7.1f}"
+        )
+    share = median(s.cached_share for s in sides[True])
+    ratio = median(s.jobs_per_s for s in sides[True]) / median(s.jobs_per_s for s in sides[False])
+    print(
+        f"batch-plan: planned {share:.2f} of prompt tokens from cache (target >= 0.7), "
+        f"file order {median(s.cached_share for s in sides[False]):.2f}; jobs/s planned / file order {ratio:.2f}x "
+        "(target >= 2x)"
+    )
+
+
 def bench_admission(args: argparse.Namespace) -> None:
     """One tenant's queue of --admission-jobs jobs, without deadlines, with one, and with 7
     interleaved (bench/admission.py), interleaved rounds on fresh state."""
@@ -689,6 +740,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "invariance": bench_invariance,
     "restore": bench_restore,
     "fairness": bench_fairness,
+    "batch-plan": bench_batch_plan,
     "admission": bench_admission,
     "preempt": bench_preempt,
 }
@@ -749,6 +801,15 @@ def main() -> None:
     parser.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
     parser.add_argument("--fairness-max-tokens", type=int, default=8, help="fairness: each job's max_tokens")
     parser.add_argument("--fairness-slots", type=int, default=4, help="fairness: K, the worker's slots")
+    parser.add_argument("--plan-families", type=int, default=8, help="batch-plan: prompt families (at most 8)")
+    parser.add_argument("--plan-per-family", type=int, default=8, help="batch-plan: lines a family")
+    parser.add_argument("--plan-slots", type=int, default=4, help="batch-plan: K, the worker's slots")
+    parser.add_argument(
+        "--plan-grouped", action="store_true", help="batch-plan: each family's lines together in the file"
+    )
+    parser.add_argument(
+        "--plan-ram-bytes", type=int, default=-1, help="batch-plan: the worker's RAM tier (-1: its default; 0: off)"
+    )
     parser.add_argument("--admission-jobs", type=int, default=50_000, help="admission: jobs in the queue")
     parser.add_argument("--preempt-slots", type=int, default=4, help="preempt: K, the worker's slots")
     parser.add_argument("--preempt-max-tokens", type=int, default=256, help="preempt: each low job's max_tokens")

@@ -31,6 +31,7 @@ from datetime import datetime
 from redis import Redis
 
 from gpuq.batches.destinations import DestinationPolicy, Resolve, system_resolve
+from gpuq.batches.queue_order import Planning
 from gpuq.batches.schedules import fire_due_schedules
 from gpuq.batches.service import advance_batches
 from gpuq.batches.webhooks import DeliveryPool, load_secret
@@ -156,6 +157,7 @@ class Scheduler:
                 self._redis,
                 timeout_s=self.settings.job_timeout_s,
                 worker_slots=self.settings.worker_slots,
+                planning=Planning.of(self.settings),
             )
 
     def advance_batches(self) -> None:

@@ -57,6 +57,11 @@ class Settings(BaseSettings):
         210 * 1_048_576, description="Larger batch file uploads (and Message Batch bodies) get 413"
     )
     max_jobs_per_request: int = Field(1000, description="Bulk submission limit")
+    batch_plan: bool = Field(
+        True,
+        description="queue a batch's generation lines (cron runs' too) grouped by shared start, so each start is "
+        "computed once per lane (docs/architecture.md, 'Batch planning'); false: in file order",
+    )
 
     simulated_gpus: str = Field(
         "", description="comma-separated GiB sizes, e.g. 24,24,48,80: a SIMULATED inventory instead of NVML"

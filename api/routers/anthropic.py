@@ -39,6 +39,7 @@ from gpuq.batches import service as batches
 from gpuq.batches.anthropic_format import MESSAGES
 from gpuq.batches.anthropic_messages import message
 from gpuq.batches.files import delete_stored_file, files_dir, save_upload
+from gpuq.batches.queue_order import Planning
 from gpuq.db.tables import Batch, JobKind, JobStatus
 from gpuq.dropin import anthropic
 from gpuq.dropin.call import (
@@ -212,6 +213,7 @@ async def create_message_batch(request: Request, db: SessionDep, state: StateDep
                         api_key_id=caller.key_id,
                         admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=count, submissions=1),
                         worker_slots=state.settings.worker_slots,
+                        planning=Planning.of(state.settings),
                     ).id
                 except BaseException as exc:
                     session.rollback()

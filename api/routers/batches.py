@@ -14,6 +14,7 @@ from api.schemas import BatchCreate, BatchesPublic, BatchObject, BatchProgress
 from gpuq import store
 from gpuq.batches import service as batches
 from gpuq.batches.anthropic_format import MESSAGES
+from gpuq.batches.queue_order import Planning
 from gpuq.db.tables import Batch
 from gpuq.errors import RequestError
 from gpuq.jobs.limits import admit_sync, precheck
@@ -52,6 +53,7 @@ async def create_batch(body: BatchCreate, db: SessionDep, state: StateDep, calle
                 api_key_id=caller.key_id,
                 admit=lambda s: admit_sync(s, state.redis, caller, queued_jobs=file.line_count, submissions=1),
                 worker_slots=state.settings.worker_slots,
+                planning=Planning.of(state.settings),
             ).id
 
     batch_id = await to_thread.run_sync(start)
@@ -93,12 +95,14 @@ async def cancel_batch(batch_id: str, db: SessionDep, state: StateDep, caller: C
 
 @router.get("/{batch_id}/progress", response_model=BatchProgress, responses=errors(404))
 async def batch_progress(batch_id: str, db: SessionDep, caller: CallerDep) -> BatchProgress:
-    """gpuq's own view: input lines per job status, throughput so far and an ETA, and the
-    schedule whose run started it."""
+    """gpuq's own view: input lines per job status, throughput so far and an ETA, the
+    schedule whose run started it, how its lines were queued, and how many of the prompt
+    tokens run so far came from a cache."""
     batch = await visible_batch(db, caller, batch_id)
     by_status = await db.run_sync(lambda s: store.batch_line_counts(s, batch_id))
     run = await db.run_sync(lambda s: store.schedule_run_of_batch(s, batch_id))
-    return BatchProgress.of(batch, by_status, run)
+    tokens = await db.run_sync(lambda s: store.batch_prompt_tokens(s, batch_id))
+    return BatchProgress.of(batch, by_status, run, tokens)
 
 
 @router.get(

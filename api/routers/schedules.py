@@ -22,6 +22,7 @@ from api.schemas import (
 from gpuq import store
 from gpuq.batches import schedules
 from gpuq.batches import service as batches
+from gpuq.batches.queue_order import Planning
 from gpuq.db.tables import Schedule, utcnow
 from gpuq.errors import RequestError
 
@@ -141,6 +142,7 @@ async def run_schedule_now(schedule_id: RowId, db: SessionDep, state: StateDep) 
                 schedule,
                 timeout_s=state.settings.job_timeout_s,
                 worker_slots=state.settings.worker_slots,
+                planning=Planning.of(state.settings),
             )
             return ScheduleRunPublic.of(fired, "in_progress" if fired.batch_id else None)
 

@@ -74,6 +74,23 @@ class RequestCounts(BaseModel):
     failed: int
 
 
+class QueuePlan(BaseModel):
+    """gpuq: how the batch's generation lines were queued (docs/architecture.md, 'Batch planning')."""
+
+    lines: int = Field(description="generation lines queued by the plan, grouped by the starts their prompts share")
+    groups: int = Field(description="starts that two lines or more share (each line under the longest it shares)")
+    slots: int = Field(
+        description="the slots of the workers serving the model, all together, it was planned for: a line comes at "
+        "least this many places after the line that computes its start (0: nothing shared, file order)"
+    )
+
+    @classmethod
+    def of(cls, batch: Batch) -> QueuePlan | None:
+        if batch.planned_lines is None:
+            return None
+        return cls(lines=batch.planned_lines, groups=batch.planned_groups or 0, slots=batch.planned_slots or 0)
+
+
 class BatchObject(BaseModel):
     """OpenAI's batch object."""
 
@@ -101,6 +118,9 @@ class BatchObject(BaseModel):
     endpoints: list[str] = Field(
         description="gpuq: the endpoints its lines name; a file may mix them, and `endpoint` is its first line's",
     )
+    queue_plan: QueuePlan | None = Field(
+        None, description="gpuq: the order its generation lines were queued in; null: file order (nothing shared)"
+    )
 
     @classmethod
     def of(cls, batch: Batch, counts: dict[str, int], endpoints: list[str]) -> BatchObject:
@@ -125,6 +145,7 @@ class BatchObject(BaseModel):
             request_counts=RequestCounts(**counts),
             metadata=batch.batch_metadata,
             endpoints=endpoints,
+            queue_plan=QueuePlan.of(batch),
         )
 
 
@@ -146,9 +167,20 @@ class BatchProgress(BaseModel):
     schedule_id: int | None = Field(None, description="the schedule whose run started it; null if none did")
     schedule_name: str | None = None
     scheduled_for: datetime | None = Field(None, description="the fire time of that run")
+    queue_plan: QueuePlan | None = Field(None, description="the order its generation lines were queued in")
+    prompt_tokens: int = Field(0, description="prompt tokens of the generation lines run so far")
+    cached_prompt_tokens: int = Field(
+        0, description="of those, tokens a worker took from its cache (a KV stream, its prefix cache), not computed"
+    )
 
     @classmethod
-    def of(cls, batch: Batch, by_status: dict[str, int], run: tuple[ScheduleRun, str] | None = None) -> BatchProgress:
+    def of(
+        cls,
+        batch: Batch,
+        by_status: dict[str, int],
+        run: tuple[ScheduleRun, str] | None = None,
+        prompt_tokens: tuple[int, int] = (0, 0),
+    ) -> BatchProgress:
         done = sum(n for status, n in by_status.items() if status in FINAL_STATUSES)
         elapsed = (utcnow() - batch.in_progress_at).total_seconds() if batch.in_progress_at else 0.0
         rate = done / elapsed if done and elapsed > 0 else None
@@ -163,4 +195,7 @@ class BatchProgress(BaseModel):
             schedule_id=run[0].schedule_id if run else None,
             schedule_name=run[1] if run else None,
             scheduled_for=run[0].fire_time if run else None,
+            queue_plan=QueuePlan.of(batch),
+            prompt_tokens=prompt_tokens[0],
+            cached_prompt_tokens=prompt_tokens[1],
         )

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from gpuq import store
 from gpuq.batches import service as batches
 from gpuq.batches.files import PURPOSE_BATCH, LineScanner, files_dir, jsonl_line, new_file_id
+from gpuq.batches.queue_order import Planning
 from gpuq.db.tables import File, MisfirePolicy, Schedule, ScheduleRun, utcnow
 from gpuq.errors import RequestError
 from gpuq.private_files import write_private
@@ -124,6 +125,7 @@ def fire(
     trigger: str,
     timeout_s: int,
     worker_slots: int = 0,
+    planning: Planning | None = None,
 ) -> ScheduleRun | None:
     """Run the schedule's batch for one tick, unless another scheduler already has
     (``worker_slots``: ``GPUQ_WORKER_SLOTS``, gpuq/fleet/sample_limit.py)."""
@@ -144,6 +146,7 @@ def fire(
             timeout_s=timeout_s,
             owner=schedule.owner,
             worker_slots=worker_slots,
+            planning=planning,
         )
         batch_id = batch.id
     except RequestError as exc:
@@ -167,7 +170,13 @@ def _paused_for_its_cron(session: Session, schedule: Schedule) -> bool:
 
 
 def fire_due_schedules(
-    session: Session, redis: Redis, *, now: datetime | None = None, timeout_s: int = 3600, worker_slots: int = 0
+    session: Session,
+    redis: Redis,
+    *,
+    now: datetime | None = None,
+    timeout_s: int = 3600,
+    worker_slots: int = 0,
+    planning: Planning | None = None,
 ) -> list[ScheduleRun]:
     """The scheduler's tick: fire every schedule that is due, once, by its misfire policy."""
     now = now or utcnow()
@@ -180,7 +189,14 @@ def fire_due_schedules(
         if on_time or schedule.misfire == MisfirePolicy.RUN_ONCE:
             trigger = "cron" if on_time else "catch-up"
             run = fire(
-                session, redis, schedule, latest, trigger=trigger, timeout_s=timeout_s, worker_slots=worker_slots
+                session,
+                redis,
+                schedule,
+                latest,
+                trigger=trigger,
+                timeout_s=timeout_s,
+                worker_slots=worker_slots,
+                planning=planning,
             )
             if run is not None:
                 runs.append(run)
@@ -191,9 +207,24 @@ def fire_due_schedules(
 
 
 def run_now(
-    session: Session, redis: Redis, schedule: Schedule, *, timeout_s: int, worker_slots: int = 0
+    session: Session,
+    redis: Redis,
+    schedule: Schedule,
+    *,
+    timeout_s: int,
+    worker_slots: int = 0,
+    planning: Planning | None = None,
 ) -> ScheduleRun:
-    run = fire(session, redis, schedule, utcnow(), trigger="manual", timeout_s=timeout_s, worker_slots=worker_slots)
+    run = fire(
+        session,
+        redis,
+        schedule,
+        utcnow(),
+        trigger="manual",
+        timeout_s=timeout_s,
+        worker_slots=worker_slots,
+        planning=planning,
+    )
     assert run is not None  # a manual run's fire time is now: unique
     return run
 

@@ -39,6 +39,7 @@ from gpuq.batches import anthropic_format, message_batches
 from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, read_lines
 from gpuq.batches.gc_pause import gc_paused
 from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
+from gpuq.batches.queue_order import Planning, QueueOrder
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
 from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.sample_limit import SampleLimit
@@ -47,6 +48,7 @@ from gpuq.fleet.workers import LiveWorker, live_workers
 from gpuq.jobs import admission
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
+from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.request import EmbeddingParams, JobParams
 from gpuq.jobs.submit import JobSpec, check_against_model, check_placeable, check_samples
 from gpuq.private_files import open_private
@@ -150,14 +152,18 @@ class BatchPlan:
     line_count: int  # the valid lines: at most one job each
     tokens: dict[int, int]  # line number -> its prompt's tokens, where they were counted
     names: dict[str, str]  # a model name the lines use -> the registered model's (an alias differs)
+    on_gpu: bool  # the fleet has GPUs (workers' default slots differ)
 
-    def jobs(self) -> Iterator[store.NewJob]:
+    def jobs(self, order: QueueOrder | None = None) -> Iterator[store.NewJob]:
         """The jobs, the file read again line by line: a line's job as soon as it is whole
-        (embedding lines of one model gathered, in input order, up to EMBED_GROUP_TEXTS texts)."""
+        (embedding lines of one model gathered, in input order, up to EMBED_GROUP_TEXTS texts).
+        With ``order``, each generation line is noted for the queue order's plan."""
         ids = iter(store.new_job_ids(self.line_count))
         gathering: dict[str, list[_Line]] = {}  # model -> its embedding lines not yet in a job
         for line in _lines(self.path, lambda name: self.names.get(name, name)):
             assert isinstance(line, _Line), "a line refused when it was checked"
+            if order is not None and isinstance(line.params, GenerationParams):
+                order.note(line.model, line.number, line.params)
             if line.kind != JobKind.EMBED:
                 yield self._job(next(ids), line.kind, line.params, line, 1, line.custom_id)
                 continue
@@ -249,7 +255,7 @@ def plan_batch_jobs(
         rest = len(errors) - MAX_ERRORS_REPORTED
         raise RequestError(422, f"{len(errors)} invalid lines: {shown}" + (f"; and {rest} more" if rest > 0 else ""))
     names = {name: model.name for name, model in models.items() if model is not None}
-    return BatchPlan(path, batch_id, priority, owner, api_key_id, valid, tokens, names)
+    return BatchPlan(path, batch_id, priority, owner, api_key_id, valid, tokens, names, bool(fleet.gpus))
 
 
 # ---------------------------------------------------------------- creating and cancelling
@@ -270,13 +276,15 @@ def start_batch(
     api_key_id: str | None = None,
     admit: Callable[[Session], None] | None = None,
     worker_slots: int = 0,
+    planning: Planning | None = None,
 ) -> Batch:
     """Check every line, then write the batch and its jobs and queue them (or nothing).
     The batch and its jobs belong to ``owner``; ``api_key_id`` is the key that asked, whose
     queued-jobs limit they count against; ``admit`` applies that key's limits in ``session``,
     once every line has passed its checks (a refused batch spends nothing); ``worker_slots``
-    is ``GPUQ_WORKER_SLOTS`` (gpuq/fleet/sample_limit.py). Synchronous: the API runs it in a
-    worker thread, the scheduler in its own loop."""
+    is ``GPUQ_WORKER_SLOTS`` (gpuq/fleet/sample_limit.py). Generation lines are queued in the
+    order ``planning`` plans (``gpuq.batches.queue_order``; None: its defaults), the rest in
+    file order. Synchronous: the API runs it in a worker thread, the scheduler in its own loop."""
     if endpoint not in KINDS:
         raise RequestError(
             422, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
@@ -323,6 +331,9 @@ def start_batch(
         queued: list[tuple[int, QueueEntry]] = []  # small: what Redis needs, by input line
         # Its lines are needed by its expiry: a batch the fleet cannot finish by then is refused.
         work = admission.Tally(Priority(priority), owner, batch.expires_at)
+        planning = planning or Planning()
+        order = QueueOrder(planning, on_gpu=plan.on_gpu) if planning.enabled else None
+        entries: list[QueueEntry] = []
 
         def noted(jobs: Iterator[store.NewJob]) -> Iterator[store.NewJob]:
             for j in jobs:
@@ -331,15 +342,42 @@ def start_batch(
                 work.add(j)
                 yield j
 
-        store.insert_batch(
-            session, batch, noted(plan.jobs()), before_commit=lambda: work.refuse_if_late(session, redis)
-        )
+        def before_commit() -> None:
+            work.refuse_if_late(session, redis)
+            # Every job is made, so the plan is whole: its figures go into the batch's row in
+            # the commit that inserts the jobs.
+            entries.extend(_queue_order(batch, queued, order, workers))
+
+        store.insert_batch(session, batch, noted(plan.jobs(order)), before_commit=before_commit)
         try:
-            enqueue_jobs(redis, [entry for _line, entry in sorted(queued)], timeout_s=timeout_s)
+            enqueue_jobs(redis, entries, timeout_s=timeout_s)
         except RedisError as exc:
             store.delete_batch(session, batch_id)
             raise queue_unavailable(exc) from None
         return batch
+
+
+def _queue_order(
+    batch: Batch, queued: list[tuple[int, QueueEntry]], order: QueueOrder | None, workers: list[LiveWorker]
+) -> list[QueueEntry]:
+    """The batch's queue entries in the order planned (file order without a plan), the plan's
+    figures written on its row."""
+    if order is None:
+        return [entry for _line, entry in sorted(queued, key=lambda q: q[0])]
+    entries, figures = order.order(queued, workers)
+    if figures is not None:
+        batch.planned_lines, batch.planned_groups, batch.planned_slots = figures.lines, figures.groups, figures.slots
+        log.info(
+            "batch %s: %d generation lines planned into %d groups for %d slots; "
+            "%d of their %d prompt bytes are in starts shared with other lines",
+            batch.id,
+            figures.lines,
+            figures.groups,
+            figures.slots,
+            figures.shared_bytes,
+            figures.prompt_bytes,
+        )
+    return entries
 
 
 def check_input_file(file: File) -> None:

@@ -333,6 +333,10 @@ class Batch(Base):
     expired_at: Mapped[datetime | None]
     cancelling_at: Mapped[datetime | None]
     cancelled_at: Mapped[datetime | None]
+    # Its queue order's plan (gpuq/batches/planning.py); null where nothing was planned.
+    planned_lines: Mapped[int | None] = mapped_column(Integer)  # generation lines queued by the plan
+    planned_groups: Mapped[int | None] = mapped_column(Integer)  # starts two lines or more share
+    planned_slots: Mapped[int | None] = mapped_column(Integer)  # the workers' slots it was planned for
 
     __table_args__ = (
         Index("ix_batches_status", "status"),

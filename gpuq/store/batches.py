@@ -169,6 +169,16 @@ def batch_line_counts(session: Session, batch_id: str) -> dict[str, int]:
     return {status: int(n) for status, n in rows}
 
 
+def batch_prompt_tokens(session: Session, batch_id: str) -> tuple[int, int]:
+    """(prompt tokens, of them taken from a cache) of the batch's generation jobs that ran."""
+    prompt, cached = session.execute(
+        select(func.sum(Job.prompt_tokens), func.sum(Job.cached_tokens)).where(
+            Job.batch_id == batch_id, Job.cached_tokens.is_not(None)
+        )
+    ).one()
+    return int(prompt or 0), int(cached or 0)
+
+
 def batch_jobs(session: Session, batch_id: str) -> Iterator[Job]:
     """A batch's jobs in input order, streamed (a batch may have 50,000)."""
     query = select(Job).where(Job.batch_id == batch_id).order_by(Job.line_number).execution_options(yield_per=500)

@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from gpuq.batches.service import advance_batches
-from gpuq.db.tables import Batch, File
-from tests.api.conftest import redis_job_keys
+from gpuq.db.tables import Batch, File, Job
+from tests.api.conftest import queued_ids, redis_job_keys
 from tests.conftest import both_databases
 from tests.metrics_parsing import samples, total
 
@@ -202,3 +202,50 @@ def test_responses_lines_are_queued_as_chat_jobs_and_one_that_needs_a_live_call_
     refused = create(client, upload(client, live).json()["id"], endpoint="/v1/responses")
     assert refused.status_code == 422 and "line 1: body.previous_response_id: not in batch lines" in refused.text
     assert len(table(session, Batch)) == 1 and len(redis_job_keys(redis)) == 1
+
+
+def _family_lines() -> list[str]:
+    """Four families of three lines, each family its own ~450-byte start, interleaved (the
+    question first of every family, then the second), and one embedding line at the end."""
+    lines = []
+    for q in range(3):
+        for family in range(4):
+            start = f"Family {family}. " + "".join(f"Fact {i} of family {family} is here. " for i in range(14))
+            lines.append(line(f"f{family}-q{q}", messages=[{"role": "user", "content": f"{start}Question {q}?"}]))
+    embedding = {"model": MODEL, "input": "x"}
+    lines.append(json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": embedding}))
+    return lines
+
+
+def _queued_custom_ids(session, redis, queue: str) -> list[str]:
+    custom_id = {j.id: j.custom_id for j in table(session, Job)}
+    return [custom_id[i] for i in queued_ids(redis, queue)]
+
+
+@both_databases
+def test_a_batch_s_lines_are_queued_by_shared_start_and_the_batch_says_how(client, session, redis):
+    batch = create(client, upload(client, "\n".join(_family_lines())).json()["id"]).json()
+    # No worker is up and no GPU registered: planned for the CPU default, 4 slots. Each family's
+    # first line goes first, its others 4 places later, the families one after the other.
+    assert batch["queue_plan"] == {"lines": 12, "groups": 4, "slots": 4}
+    assert _queued_custom_ids(session, redis, f"gpuq:{MODEL}:generate:low:admin") == [
+        "f0-q0", "f1-q0", "f2-q0", "f3-q0",
+        "f0-q1", "f0-q2", "f1-q1", "f1-q2", "f2-q1", "f2-q2", "f3-q1", "f3-q2",
+    ]  # fmt: skip
+    assert _queued_custom_ids(session, redis, f"gpuq:{MODEL}:embed:low:admin") == ["e"]
+    progress = client.get(f"/v1/batches/{batch['id']}/progress").json()
+    assert progress["queue_plan"] == batch["queue_plan"]
+    assert (progress["prompt_tokens"], progress["cached_prompt_tokens"]) == (0, 0)  # nothing has run
+    # The jobs keep the file's order: each has its line's number, which the results file follows.
+    by_line = {j.line_number: j.custom_id for j in table(session, Job)}
+    assert by_line == {n: json.loads(x)["custom_id"] for n, x in enumerate(_family_lines(), start=1)}
+
+
+def test_with_planning_off_a_batch_is_queued_in_file_order(settings, admin_key, session, redis):
+    with TestClient(
+        create_app(settings.model_copy(update={"batch_plan": False})), headers={"Authorization": f"Bearer {admin_key}"}
+    ) as client:
+        batch = create(client, upload(client, "\n".join(_family_lines())).json()["id"]).json()
+        assert batch["queue_plan"] is None
+        queued = _queued_custom_ids(session, redis, f"gpuq:{MODEL}:generate:low:admin")
+    assert queued == [json.loads(x)["custom_id"] for x in _family_lines()][:-1]

@@ -145,3 +145,24 @@ def test_a_schedule_stored_with_a_cron_now_refused_is_paused_instead_of_fired(se
     session.refresh(schedule)
     assert schedule.enabled is False and session.query(ScheduleRun).count() == 0
     assert f"schedule {schedule.name} is paused" in caplog.text
+
+
+def test_a_cron_run_s_batch_is_planned_like_any_other(session, redis, tmp_path):
+    """Cron runs start their batch in the one place batches start, so their lines are planned
+    too, for the slots the scheduler's settings give (no worker is up)."""
+    from gpuq.batches.queue_order import Planning
+
+    start = "".join(f"Fact {i} is here. " for i in range(20))
+    lines = [
+        LINE | {"custom_id": f"l{i}", "body": LINE["body"] | {"messages": [{"role": "user", "content": f"{start}{i}"}]}}
+        for i in range(3)
+    ]
+    file = store.save_file(session, store_inline_requests(lines, tmp_path))
+    schedule = make_schedule(session, tmp_path)
+    schedule.input_file_id = file.id
+    store.save_schedule(session, schedule)
+    [run] = fire_due_schedules(session, redis, now=T0, planning=Planning(cpu_slots=2))
+    batch = store.get_batch(session, run.batch_id)
+    assert (batch.planned_lines, batch.planned_groups, batch.planned_slots) == (3, 1, 2)
+    [off] = fire_due_schedules(session, redis, now=T0 + timedelta(seconds=35), planning=Planning(enabled=False))
+    assert store.get_batch(session, off.batch_id).planned_lines is None

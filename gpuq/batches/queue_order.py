@@ -1,0 +1,119 @@
+"""A batch's queue order, planned as its jobs are made (``gpuq.batches.planning`` says how).
+
+Applies to every batch whatever made it (``/v1/batches``, Anthropic's Message Batches, a cron
+run): they all start in ``service.start_batch``, which hands each generation line to
+:meth:`QueueOrder.note` as it makes the line's job, and asks :meth:`QueueOrder.order` for the
+queue order once every job is made.
+
+- **What a line starts with** (:func:`prompt_bytes`): its prompt's text, its messages (tools
+  first, then each message's role and content, in the order a chat template renders them), or
+  its token ids. No template is rendered and nothing is tokenised: a few microseconds a line.
+- **Slots**: those of the workers that serve the model, all together (the workers with it
+  loaded, else every live worker), else the default of ``GPUQ_WORKER_SLOTS`` (no worker is up
+  yet: a cron run at night, say).
+- **What changes**: only the order jobs are queued in. Job ids, line numbers, and so the
+  results file, follow the file. Embedding lines are queued in file order, after the planned
+  lines (they have queues of their own).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuq.batches.planning import Plan, PlannedLine, plan, plan_chain
+from gpuq.fleet.workers import LiveWorker
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.queue_names import QueueEntry
+from gpuq.settings import DEFAULT_CPU_SLOTS, DEFAULT_GPU_SLOTS, Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Planning:
+    """What planning needs from the settings."""
+
+    enabled: bool = True  # GPUQ_BATCH_PLAN; false: file order
+    gpu_slots: int = DEFAULT_GPU_SLOTS  # slots when no live worker says its own, on a fleet of GPUs
+    cpu_slots: int = DEFAULT_CPU_SLOTS  # ... and on one without
+
+    @classmethod
+    def of(cls, settings: Settings) -> Planning:
+        return cls(
+            enabled=settings.batch_plan,
+            gpu_slots=settings.slots_for(on_gpu=True),
+            cpu_slots=settings.slots_for(on_gpu=False),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFigures:
+    """What a batch's plan did, all its models together (kept on the batch's row)."""
+
+    lines: int
+    groups: int
+    slots: int
+    prompt_bytes: int
+    shared_bytes: int
+
+
+def prompt_bytes(params: GenerationParams) -> bytes:
+    """What a generation request's prompt starts with, as bytes that two requests share the
+    start of where their rendered prompts share theirs."""
+    if params.prompt_token_ids is not None:
+        return struct.pack(f"<{len(params.prompt_token_ids)}i", *params.prompt_token_ids)
+    if params.messages is None:
+        return (params.prompt or "").encode()
+    parts = [json.dumps(params.tools).encode()] if params.tools else []
+    for message in params.messages:
+        parts += [message.role.encode(), message.content.encode()]
+        if message.tool_calls:
+            parts.append(json.dumps(message.tool_calls).encode())
+    return b"\0".join(parts)
+
+
+class QueueOrder:
+    """One batch's planning: its generation lines' chains, gathered as its jobs are made."""
+
+    def __init__(self, planning: Planning, *, on_gpu: bool) -> None:
+        self._default_slots = planning.gpu_slots if on_gpu else planning.cpu_slots
+        self._models: dict[str, list[PlannedLine]] = {}
+
+    def note(self, model: str, line_number: int, params: GenerationParams) -> None:
+        """A generation line of ``model``, its job just made."""
+        prompt = prompt_bytes(params)
+        self._models.setdefault(model, []).append(PlannedLine(line_number, plan_chain(prompt), len(prompt)))
+
+    def order(
+        self, queued: Iterable[tuple[int, QueueEntry]], workers: list[LiveWorker]
+    ) -> tuple[list[QueueEntry], PlanFigures | None]:
+        """The queue order of the batch's entries (``queued``: each with its first input
+        line), for the live ``workers``, and what the plan did (None when nothing was planned)."""
+        by_line = sorted(queued, key=lambda q: q[0])
+        if not self._models:
+            return [entry for _line, entry in by_line], None
+        plans: list[Plan] = [
+            plan(lines, slots=_slots(model, workers, self._default_slots)) for model, lines in self._models.items()
+        ]
+        entry_of = dict(by_line)
+        first = [entry_of.pop(line) for p in plans for line in p.order]
+        rest = [entry for line, entry in by_line if line in entry_of]  # embeddings
+        figures = PlanFigures(
+            lines=sum(p.lines for p in plans),
+            groups=sum(p.groups for p in plans),
+            slots=max(p.slots for p in plans),
+            prompt_bytes=sum(p.prompt_bytes for p in plans),
+            shared_bytes=sum(p.shared_bytes for p in plans),
+        )
+        return first + rest, figures
+
+
+def _slots(model: str, workers: list[LiveWorker], default: int) -> int:
+    """The slots of the workers that serve ``model``, all together: those with it loaded, else
+    every live one (each may load it), else the default."""
+    serving = [w.slots for w in workers if model in w.loaded_models] or [w.slots for w in workers]
+    return sum(serving) or default
