@@ -289,6 +289,17 @@ def check_batching(uuid: str) -> Row:
     return judge_batching(direct.tokens_per_s, ours[BATCH_SLOTS].tokens_per_s, ours[1].tokens_per_s)
 
 
+def _gpu_engine(slots: int, *, prompt_cache: bool = True) -> Any:
+    """The bundled model in the engine, every layer on the GPU (a LoadedModel)."""
+    from gpuq.registry.bundled import require_bundled_model_path
+    from worker.engine import LoadedModel
+
+    return LoadedModel(
+        str(require_bundled_model_path()), n_ctx=2048, embedding=False, threads=4, gpu_layers=-1,
+        slots=slots, prompt_cache=prompt_cache,
+    )  # fmt: skip
+
+
 def check_seeded(uuid: str) -> Row:
     """The same seeded requests (sharing a long start) through the engine on the GPU: with the
     cache off at K=1 (the reference), with it on at K=1, 8 and 16."""
@@ -296,8 +307,6 @@ def check_seeded(uuid: str) -> Row:
 
     from bench.peer import W2
     from gpuq.jobs.generation_params import GenerationParams
-    from gpuq.registry.bundled import require_bundled_model_path
-    from worker.engine import LoadedModel
 
     requests = {
         f"r{i}": {"prompt": p, "max_tokens": 32, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": i}
@@ -305,10 +314,7 @@ def check_seeded(uuid: str) -> Row:
     }
 
     def texts(slots: int, reuse: bool) -> dict[str, str]:
-        model = LoadedModel(
-            str(require_bundled_model_path()), n_ctx=2048, embedding=False, threads=4, gpu_layers=-1,
-            slots=slots, prompt_cache=reuse,
-        )  # fmt: skip
+        model = _gpu_engine(slots, prompt_cache=reuse)
         decoder = model.decoder
         assert decoder is not None
         pending, done = list(requests.items()), {}
@@ -347,8 +353,6 @@ def check_preemption() -> Row:
 
     from bench.peer import W2
     from gpuq.jobs.generation_params import GenerationParams
-    from gpuq.registry.bundled import require_bundled_model_path
-    from worker.engine import LoadedModel
 
     lows = {
         f"low{i}": {"prompt": p, "max_tokens": 48, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": i}
@@ -357,10 +361,7 @@ def check_preemption() -> Row:
     urgent = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0.0}
 
     def texts(park: bool) -> tuple[dict[str, str], int]:
-        model = LoadedModel(
-            str(require_bundled_model_path()), n_ctx=2048, embedding=False, threads=4, gpu_layers=-1,
-            slots=BATCH_SLOTS, prompt_cache=True,
-        )  # fmt: skip
+        model = _gpu_engine(BATCH_SLOTS)
         decoder = model.decoder
         assert decoder is not None
         for key, request in lows.items():
