@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,7 +25,7 @@ from gpuq.llama_log import route_llama_log
 from gpuq.settings import Settings
 from gpuq.stats import metrics
 from gpuq.streams.publish import StreamPublisher
-from worker.catalog import ModelCatalog
+from worker.catalog import ModelCatalog, Slot
 from worker.device import Device, DeviceUnusable, detect_device
 from worker.energy import energy_meter_for
 from worker.engine import LoadedModel
@@ -102,26 +103,7 @@ def _run_worker(
     memory = GpuMemory(device.gpu_uuids)
     prefix_cache = open_prefix_cache(settings)
 
-    def load(spec: ModelSpec) -> LoadedModel:
-        group = catalog.slot is not None and len(catalog.slot.targets) > 1 and device.on_gpu
-        totals = [t.memory_total_mib for t in catalog.slot.targets] if catalog.slot is not None else []
-        loaded = LoadedModel(
-            spec.path,
-            n_ctx=spec.n_ctx,
-            embedding=spec.embedding,
-            threads=settings.llama_threads,
-            gpu_layers=device.gpu_layers,
-            tensor_split=memory.tensor_split(spec, totals) if group else None,
-            slots=settings.slots_for(on_gpu=device.on_gpu),
-            prompt_cache=settings.worker_prompt_cache,
-            flash_attn=settings.worker_flash_attn,
-            any_prefix=None if settings.worker_prompt_reuse == "auto" else settings.worker_prompt_reuse == "any-prefix",
-            prefix_cache=prefix_cache,
-            shared_tenants=settings.worker_prefix_cache_shared_tenants,
-            strict_priority=None if settings.worker_preemption == "auto" else settings.worker_preemption == "strict",
-        )
-        memory.cuda_started = device.on_gpu
-        return loaded
+    load = _model_loader(settings, device, memory, prefix_cache, lambda: catalog.slot)
 
     step_back = StepBack()
     catalog = ModelCatalog(
@@ -146,35 +128,7 @@ def _run_worker(
     _write_spooled_outcomes(sessions, redis, spools)
     writer = OutcomeWriter(sessions, redis=redis, worker=name, streams=streams, spool_dir=spools)
 
-    def mark_unhealthy(reason: str) -> None:
-        health.mark_unhealthy(sessions, device.gpu_uuids, reason)
-
-    runner = JobRunner(
-        sessions=sessions,
-        models=catalog.get,
-        cache=cache,
-        writer=writer,
-        worker_name=name,
-        device=device.label,
-        host=settings.host,
-        gpu_uuids=device.gpu_uuids,
-        default_keep_alive_s=settings.worker_keep_alive_s,
-        on_gpu=device.on_gpu,
-        hand_back=hand_back_to_queue(
-            sessions,
-            redis,
-            worker=name,
-            gpu_uuids=device.gpu_uuids,
-            timeout_s=settings.job_timeout_s,
-            too_small_ttl_s=settings.gpu_too_small_ttl_s,
-            others_hold=memory.held_by_others if device.on_gpu else lambda: None,
-            step_back=step_back,
-        ),
-        send_back=send_back_to_queue(sessions, redis, worker=name, timeout_s=settings.job_timeout_s),
-        health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
-        energy=energy_meter_for(device, sample_interval_s=settings.energy_sample_interval_s),
-        streams=streams,
-    )
+    runner = _job_runner(settings, sessions, redis, device, memory, catalog, cache, step_back, writer, streams, name)
     worker = GpuqWorker(
         runner=runner,
         list_servable=catalog.refresh,
@@ -207,6 +161,87 @@ def _run_worker(
         prefix_cache.close()  # what it queued for the disk written
     if not burst and worker.ended_unasked:
         _exit_on(worker.job_error)
+
+
+def _model_loader(
+    settings: Settings,
+    device: Device,
+    memory: GpuMemory,
+    prefix_cache: PrefixCache,
+    slot: Callable[[], Slot | None],
+) -> Callable[[ModelSpec], LoadedModel]:
+    """How the worker's model cache loads a model: the settings' engine, on this device, split
+    over the slot's GPUs when it has several."""
+
+    def load(spec: ModelSpec) -> LoadedModel:
+        targets = slot()
+        group = targets is not None and len(targets.targets) > 1 and device.on_gpu
+        totals = [t.memory_total_mib for t in targets.targets] if targets is not None else []
+        loaded = LoadedModel(
+            spec.path,
+            n_ctx=spec.n_ctx,
+            embedding=spec.embedding,
+            threads=settings.llama_threads,
+            gpu_layers=device.gpu_layers,
+            tensor_split=memory.tensor_split(spec, totals) if group else None,
+            slots=settings.slots_for(on_gpu=device.on_gpu),
+            prompt_cache=settings.worker_prompt_cache,
+            flash_attn=settings.worker_flash_attn,
+            any_prefix=None if settings.worker_prompt_reuse == "auto" else settings.worker_prompt_reuse == "any-prefix",
+            prefix_cache=prefix_cache,
+            shared_tenants=settings.worker_prefix_cache_shared_tenants,
+            strict_priority=None if settings.worker_preemption == "auto" else settings.worker_preemption == "strict",
+        )
+        memory.cuda_started = device.on_gpu
+        return loaded
+
+    return load
+
+
+def _job_runner(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    redis: Redis,
+    device: Device,
+    memory: GpuMemory,
+    catalog: ModelCatalog,
+    cache: ModelCache,
+    step_back: StepBack,
+    writer: OutcomeWriter,
+    streams: StreamPublisher,
+    name: str,
+) -> JobRunner:
+    """Claim, run and outcome of each job, with the ways a job goes back to its queue."""
+
+    def mark_unhealthy(reason: str) -> None:
+        health.mark_unhealthy(sessions, device.gpu_uuids, reason)
+
+    return JobRunner(
+        sessions=sessions,
+        models=catalog.get,
+        cache=cache,
+        writer=writer,
+        worker_name=name,
+        device=device.label,
+        host=settings.host,
+        gpu_uuids=device.gpu_uuids,
+        default_keep_alive_s=settings.worker_keep_alive_s,
+        on_gpu=device.on_gpu,
+        hand_back=hand_back_to_queue(
+            sessions,
+            redis,
+            worker=name,
+            gpu_uuids=device.gpu_uuids,
+            timeout_s=settings.job_timeout_s,
+            too_small_ttl_s=settings.gpu_too_small_ttl_s,
+            others_hold=memory.held_by_others if device.on_gpu else lambda: None,
+            step_back=step_back,
+        ),
+        send_back=send_back_to_queue(sessions, redis, worker=name, timeout_s=settings.job_timeout_s),
+        health=GpuHealth(mark_unhealthy) if device.on_gpu else None,
+        energy=energy_meter_for(device, sample_interval_s=settings.energy_sample_interval_s),
+        streams=streams,
+    )
 
 
 def open_prefix_cache(settings: Settings) -> PrefixCache:

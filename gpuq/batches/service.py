@@ -285,15 +285,7 @@ def start_batch(
     is ``GPUQ_WORKER_SLOTS`` (gpuq/fleet/sample_limit.py). Generation lines are queued in the
     order ``planning`` plans (``gpuq.batches.queue_order``; None: its defaults), the rest in
     file order. Synchronous: the API runs it in a worker thread, the scheduler in its own loop."""
-    if endpoint not in KINDS:
-        raise RequestError(
-            422, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
-        )
-    window_s = completion_window_s(completion_window)
-    file = store.get_file(session, input_file_id)
-    if file is None:
-        raise RequestError(404, f"file {input_file_id!r} does not exist")
-    check_input_file(file)
+    file, window_s = _checked_request(session, input_file_id, endpoint, completion_window)
     try:
         workers = live_workers(redis)
     except RedisError as exc:
@@ -355,6 +347,21 @@ def start_batch(
             store.delete_batch(session, batch_id)
             raise queue_unavailable(exc) from None
         return batch
+
+
+def _checked_request(session: Session, input_file_id: str, endpoint: str, completion_window: str) -> tuple[File, int]:
+    """The batch's input file, checked, and its completion window in seconds; RequestError
+    for an endpoint gpuq does not run, a window it does not know, a file missing or unfit."""
+    if endpoint not in KINDS:
+        raise RequestError(
+            422, f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}", param="endpoint"
+        )
+    window_s = completion_window_s(completion_window)
+    file = store.get_file(session, input_file_id)
+    if file is None:
+        raise RequestError(404, f"file {input_file_id!r} does not exist")
+    check_input_file(file)
+    return file, window_s
 
 
 def _queue_order(
