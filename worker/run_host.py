@@ -10,7 +10,7 @@ Threads. A run's engine (the worker's main thread) and its desk (a thread per ru
 verbs; the monitor thread heartbeats the executions, and the main thread registers them
 again when Redis lost them. Those executions (``_running``) are the one state more than one
 thread touches here, and this object owns them, behind its lock. The worker's drain flags,
-read by the desk through ``Worker.taking_jobs``, stay the worker's.
+read by the desk through ``Worker.taking_jobs``, stay the worker's (its ``AdminControls``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Protocol
 
@@ -37,6 +36,7 @@ from gpuq.redis_keys import RUN_ALONE_KEY, SLOTS_BUSY_FIELD, rq_intermediate_key
 from worker.batching import Started
 from worker.monitor import JobMonitor
 from worker.outages import Dependency
+from worker.publishing import Publisher
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
@@ -85,11 +85,9 @@ class Worker(Protocol):
         self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = "", execution: Any = None
     ) -> Any: ...
 
-    def publish_loaded(self, pipe: Pipeline) -> None:
-        """The models it holds, on its worker hash, if they changed."""
-
-    def send_or_keep(self, send: Callable[[], None], what: str) -> None:
-        """RQ bookkeeping sent now, or kept and sent once Redis answers."""
+    @property
+    def publisher(self) -> Publisher:
+        """Its worker hash's models, and RQ bookkeeping kept through an outage."""
 
 
 class RunHost:
@@ -240,10 +238,10 @@ class RunHost:
                 if not busy:
                     worker.set_state(WorkerStatus.IDLE, pipeline=pipe)
                 pipe.hset(worker.key, SLOTS_BUSY_FIELD, busy)
-                worker.publish_loaded(pipe)
+                worker.publisher.loaded(pipe)
                 pipe.execute()
 
-        worker.send_or_keep(send, f"the end of {job.id}")
+        worker.publisher.send_or_keep(send, f"the end of {job.id}")
 
     def fail(self, job: Job, queue: Queue, execution: Execution) -> None:
         """RQ's failed registry keeps the trace being handled; the reconciler enqueues the job again."""
@@ -258,7 +256,7 @@ class RunHost:
             if not busy:
                 worker.set_state(WorkerStatus.IDLE)
 
-        worker.send_or_keep(send, f"the failure of {job.id}")
+        worker.publisher.send_or_keep(send, f"the failure of {job.id}")
 
     def busy(self) -> int:
         """How many jobs run here now."""

@@ -13,18 +13,21 @@ lives in SQL can do less than plain RQ:
 * the queue list is refreshed from the registry and the affinity rules, so a new model
   or a changed rule is served without a restart, and is ordered with the models this
   worker has loaded first within each priority (sticky routing).
-* admin controls (``gpuq/workers.py``): drained (by its own flag or its host's), it
+* admin controls (``gpuq/fleet/workers.py``): drained (by its own flag or its host's), it
   finishes its job and takes no more, staying alive and heartbeating; asked to unload a
   model, it does so at once when idle, else right after its job; told an admin requeued
   its running job, it stops it (the stopped run's outcome is fenced out by its run id).
 
-What a run needs of it (intake from its queues, each job's claim and RQ execution) is
-``RunHost``'s (worker/run_host.py), which the worker builds and hands to every run.
+Three parts are their own: what a run needs of it (intake from its queues, each job's
+claim and RQ execution) is ``RunHost``'s (worker/run_host.py); the admin's flags and
+commands are ``AdminControls``' (worker/admin_controls.py); what it writes on its worker
+hash for the fleet to read, and the bookkeeping kept through an outage, is
+``Publisher``'s (worker/publishing.py). The worker builds them and keeps RQ's loop, the
+order of its queues, its registration and heartbeats.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -46,23 +49,17 @@ from rq.worker import Worker, WorkerStatus
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.db.tables import JobKind
-from gpuq.fleet import workers as control
 from gpuq.fleet.prefix_cache_stats import PrefixCacheStats
 from gpuq.jobs import fair
-from gpuq.jobs.queues import worker_queue_names
 from gpuq.jobs.reconciler import redis_age_s
 from gpuq.queue_names import parse_queue_name
-from gpuq.redis_keys import (
-    CANCEL_FLAG_TTL_S,
-    GENERATES_FIELD,
-    PREFIX_CACHE_FIELD,
-    SLOTS_BUSY_FIELD,
-    SLOTS_FIELD,
-    loaded_expiry_key,
-)
+from gpuq.redis_keys import SLOTS_BUSY_FIELD
+from worker.admin_controls import AdminControls
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.outages import RECONNECT_BACKOFF_MAX_S, Dependency
+from worker.publishing import Publisher
+from worker.queue_order import QueueOrder
 from worker.run_host import RunHost
 from worker.runner import JobRunner
 
@@ -70,7 +67,6 @@ log = logging.getLogger(__name__)
 job_lines = logging.getLogger(f"{__name__}.jobs")  # a line per job taken: quiet unless GPUQ_LOG_JOB_LINES
 
 IDLE_WRITE_GAP_S = 1.0
-CONTROL_READ_GAP_S = 1.0  # drain flags and unload requests are re-read at most this often
 DRAINED_WAKE_S = 1.0  # a drained worker checks its flags (and keep_alive expiries) this often
 PUBSUB_WAKE_S = 1.0  # RQ's command listener sees a stop this soon (see subscribe)
 
@@ -101,51 +97,58 @@ class GpuqWorker(SimpleWorker):
         connection: Redis,
         **kwargs: Any,  # RQ's other Worker options, passed on
     ) -> None:
-        self._list_servable = list_servable
-        self._loaded_models = loaded_models
-        self._model_expiries = model_expiries
-        self._published_expiries: dict[str, float | None] | None = None
         self._on_idle = on_idle
-        self._unload_model = unload_model
-        self._prefix_cache_stats = prefix_cache_stats
-        self._servable = list_servable()
-        self._loaded_elsewhere: frozenset[str] = frozenset()
-        self._order_key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
-        self._fair: fair.Picker | None = None
-        self._queue_refresh_interval_s = queue_refresh_interval_s
         self.slots = slots
+        self.order = QueueOrder(
+            connection,
+            worker_name=runner.worker_name,
+            list_servable=list_servable,
+            loaded_models=loaded_models,
+            refresh_interval_s=queue_refresh_interval_s,
+            sql=runner.sql,
+        )
         super().__init__(
-            [Queue(name, connection=connection) for name in worker_queue_names(self._servable)],
+            [Queue(name, connection=connection) for name in self.order.names],
             name=runner.worker_name,
             worker_ttl=worker_ttl_s,
             connection=connection,
             **kwargs,
         )
         self.runner = runner
-        self._queues_refreshed_at = time.monotonic()
         self._last_heartbeat_mono = 0.0
         self._suspension_checked_at = 0.0
-        self._published_loaded: str | None = None
-        self._published_generates: str | None = None
         # Held while the model cache is in use (a job, the idle housekeeping); free only
         # while the worker waits for work, which is when the pub/sub thread may unload.
         self._cache_lock = threading.Lock()
-        # The admin's flags: read by the main thread and by a run's desk (``taking_jobs``),
-        # re-read early when the pub/sub thread sets ``_control_changed``; the worker's own.
-        self._control = control.Control()
-        self._control_read_at = float("-inf")
-        self._control_changed = threading.Event()  # set by pub/sub: re-read the flags now
-        self._unloads_pending: set[str] = set()
         self.redis_health = Dependency(
             "Redis", meanwhile="decoding what runs, its bookkeeping kept for later", max_wait_s=RECONNECT_BACKOFF_MAX_S
         )
-        self._unsent: list[Callable[[], None]] = []  # RQ bookkeeping that Redis could not take yet
+        self.publisher = Publisher(
+            connection,
+            key=self.key,
+            name=self.name,
+            runner=runner,
+            loaded_models=loaded_models,
+            model_expiries=model_expiries,
+            prefix_cache_stats=prefix_cache_stats,
+            redis_health=self.redis_health,
+        )
         self.job_error: Exception | None = None  # what a job's run raised (RQ's loop then quits: see ended_unasked)
         self._asked_to_stop = False  # a signal asked the loop to stop (see request_stop)
         self.monitor = JobMonitor(
             self.connection,
             heartbeat=self._heartbeat_running_job,
             heartbeat_interval_s=heartbeat_interval_s,
+        )
+        self.controls = AdminControls(
+            connection,
+            worker_key=self.key,
+            worker_name=self.name,
+            host=runner.host,
+            unload_model=unload_model,
+            publisher=self.publisher,
+            monitor=self.monitor,
+            cache_lock=self._cache_lock,
         )
         self.host = RunHost(
             self, runner=runner, monitor=self.monitor, job_timeout_s=job_timeout_s, preemption=preemption
@@ -156,7 +159,7 @@ class GpuqWorker(SimpleWorker):
     @property
     def dequeue_timeout(self) -> int:
         # Wake up often enough to heartbeat while idle and to see newly registered models.
-        return max(1, min(int(self._queue_refresh_interval_s), self.worker_ttl // 3))
+        return max(1, min(int(self.order.refresh_interval_s), self.worker_ttl // 3))
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -176,7 +179,7 @@ class GpuqWorker(SimpleWorker):
             if pause_s is not None:
                 if timeout is None:
                     return None
-                self._control_changed.wait(pause_s)  # an undrain or other control message ends it early
+                self.controls.changed.wait(pause_s)  # an undrain or other control message ends it early
                 continue
             try:
                 result = self._take_next(timeout)
@@ -194,11 +197,8 @@ class GpuqWorker(SimpleWorker):
             return result
 
     def picker(self) -> fair.Picker:
-        """The fair pick over this worker's ordered bands, rebuilt when the order changes."""
-        names = [q.name for q in self._ordered_queues]
-        if self._fair is None or self._fair.bands != names:
-            self._fair = fair.Picker(self.connection, names)
-        return self._fair
+        """The fair pick over this worker's ordered bands (``QueueOrder``)."""
+        return self.order.picker()
 
     def _take_next(self, timeout: int | None) -> tuple[Job, Queue] | None:
         """The next job by priority, then fair shares between tenants (``gpuq.jobs.fair``):
@@ -233,9 +233,9 @@ class GpuqWorker(SimpleWorker):
 
     def _pause_s(self, timeout: int | None) -> float | None:
         """How long to wait before looking at the queues, when no job should be taken now."""
-        if self._control.drained:  # take nothing; stay alive, heartbeat, wait for undrain
+        if self.controls.drained:  # take nothing; stay alive, heartbeat, wait for undrain
             return DRAINED_WAKE_S
-        if not self._ordered_queues:  # nothing to serve (unhealthy GPU, no allowed model)
+        if not self.order.names:  # nothing to serve (unhealthy GPU, no allowed model)
             return float(timeout or 0)
         waits = [d.wait_s for d in (self.runner.sql, self.redis_health) if d.wait_s > 0]
         if waits:  # a job taken now could not be claimed, or Redis does not answer
@@ -246,99 +246,30 @@ class GpuqWorker(SimpleWorker):
         """Between jobs and on every idle wake-up: model expiry and unloads, the queue list,
         heartbeat, RQ's maintenance, and the admin's flags (each throttled where it costs).
         Raises RedisError if Redis does not answer."""
-        self._send_unsent()
+        self.publisher.send_unsent()
         with self._cache_lock:
             self._on_idle()  # unload models whose keep_alive ran out
-            self._apply_unloads()
-            self._refresh_queues()
-            self._publish_models()
+            self.controls.apply_unloads()
+            if self.order.refresh():
+                self.queues = [Queue(n, connection=self.connection) for n in self.order.names]
+                self._ordered_queues = self.queues[:]
+            self.publisher.generates(self.order.servable)
+            self.publisher.models()
         self.heartbeat()
         if self.should_run_maintenance_tasks:
             self.run_maintenance_tasks()
-        self._read_control()
+        self.controls.read()
 
     def _put_back_if_drained(self, job: Job, queue: Queue) -> bool:
         """A drain may have come while this worker was blocked on its queues: the pub/sub
         message has set the event, or the flags are re-read (at most once a second, so a
         flood of jobs costs nothing here). A drained worker puts the job back in front."""
-        self._read_control()
-        if not self._control.drained:
+        self.controls.read()
+        if not self.controls.drained:
             return False
         fair.push_front(self.connection, queue.name, job.id)
         log.info("drained: %s goes back to the front of %s", job.id, queue.name)
         return True
-
-    def _read_control(self, *, apply_unloads: bool = True) -> None:
-        """Drain flags and unload requests, at most once a second unless pub/sub said they changed.
-        During a run (``apply_unloads=False``, from its desk thread) unloads wait for its end."""
-        now = time.monotonic()
-        if now - self._control_read_at < CONTROL_READ_GAP_S and not self._control_changed.is_set():
-            return
-        self._control_changed.clear()
-        self._control_read_at = now
-        try:
-            state = control.read_control(
-                self.connection, worker_key=self.key, worker_name=self.name, host=self.runner.host
-            )
-        except RedisError:
-            log.warning("cannot read drain flags; keeping the last ones", exc_info=True)
-            return
-        if state.drained != self._control.drained:
-            log.info("drained by an admin: taking no jobs" if state.drained else "undrained: taking jobs again")
-        self._control = state
-        if state.unload and not apply_unloads:
-            self._unloads_pending |= state.unload
-        elif state.unload:
-            with self._cache_lock:
-                self._unloads_pending |= state.unload
-                self._apply_unloads()
-
-    def _apply_unloads(self) -> None:
-        """Unload what an admin asked for; called with the cache lock held, never during a job."""
-        if not self._unloads_pending:
-            return
-        models, self._unloads_pending = sorted(self._unloads_pending), set()
-        for model in models:
-            self._unload_model(model)
-        log.info("unloaded %s as an admin asked", ", ".join(models))
-        with self.connection.pipeline(transaction=False) as pipe:
-            self.publish_loaded(pipe)
-            pipe.execute()
-        control.unload_done(self.connection, self.name, models)
-
-    def _refresh_queues(self) -> None:
-        """Re-read what this worker serves and what other workers hold every few seconds, and
-        order the queues (see ``worker_queue_names``) after every job: its loaded set changes."""
-        if time.monotonic() - self._queues_refreshed_at >= self._queue_refresh_interval_s:
-            self._queues_refreshed_at = time.monotonic()
-            try:
-                servable = self._list_servable()
-            except SQLAlchemyError as exc:  # keep serving what it served; retried next interval
-                self.runner.sql.failed("reading the models it serves", exc)
-                servable = self._servable
-            # A read that answers does not end the claims' backoff: on a full disk SQLite reads
-            # and cannot write, and clearing it here had the worker retry a failing claim at
-            # every wake-up. Only a claim that goes through ends it (``JobRunner.claim``).
-            if servable != self._servable:
-                log.info("serving %s", ", ".join(f"{m} ({k})" for m, k in servable) or "nothing")
-                self._servable = servable
-            self._publish_generates()
-            self._loaded_elsewhere = self._models_loaded_by_others()
-        key = (self._servable, frozenset(self._loaded_models()), self._loaded_elsewhere)
-        if key == self._order_key:
-            return
-        self._order_key = key
-        names = worker_queue_names(key[0], loaded=key[1], loaded_elsewhere=key[2], worker=self.name)
-        self.queues = [Queue(n, connection=self.connection) for n in names]
-        self._ordered_queues = self.queues[:]
-
-    def _models_loaded_by_others(self) -> frozenset[str]:
-        keys = [k for k in Worker.all_keys(connection=self.connection) if k != self.key]
-        with self.connection.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hget(key, "gpuq_loaded")
-            values = pipe.execute()
-        return frozenset(m for v in values if v for m in v.decode().split(",") if m)
 
     # ------------------------------------------------------------- running a job
 
@@ -372,66 +303,10 @@ class GpuqWorker(SimpleWorker):
 
     def taking_jobs(self) -> bool:
         """Not drained and not stopping (SIGTERM: finish, take no more); asked by a run's desk."""
-        self._read_control(apply_unloads=False)  # throttled to once a second unless pub/sub said it changed
-        return not (self._control.drained or self._stop_requested)
+        self.controls.read(apply_unloads=False)  # throttled to once a second unless pub/sub said it changed
+        return not (self.controls.drained or self._stop_requested)
 
-    # ------------------------------------------------------------- outages and figures
-
-    def send_or_keep(self, send: Callable[[], None], what: str) -> None:
-        """RQ bookkeeping that must reach Redis some time: sent now, or kept and sent by the
-        loop once Redis answers (the outcome itself is in SQL already: nothing waits on it)."""
-        try:
-            send()
-        except RedisError as exc:
-            self.redis_health.failed(f"recording {what}", exc)
-            self._published_loaded = None  # publish again with the kept bookkeeping
-            self._unsent.append(send)
-
-    def _send_unsent(self) -> None:
-        while self._unsent:
-            self._unsent[0]()  # RedisError: it stays first in line
-            self._unsent.pop(0)
-
-    def publish_loaded(self, pipe: Pipeline) -> None:
-        """Which models this worker holds, on its RQ worker hash (for telemetry, dashboards
-        and GET /v1/workers)."""
-        loaded = ",".join(self._loaded_models())
-        if loaded != self._published_loaded:
-            self._published_loaded = loaded
-            pipe.hset(
-                self.key, mapping={control.LOADED_FIELD: loaded, control.GPUS_FIELD: ",".join(self.runner.gpu_uuids)}
-            )
-
-    def _publish_generates(self) -> None:
-        """The models this worker serves generations of, on its RQ worker hash, when they
-        changed: the API refuses a job asking for more samples than the slots of every worker
-        serving its model (gpuq/fleet/sample_limit.py). Raises RedisError, and publishes at
-        the next refresh, if Redis does not answer."""
-        generates = json.dumps(sorted({m for m, kind in self._servable if kind == JobKind.GENERATE.value}))
-        if generates != self._published_generates:
-            self.connection.hset(self.key, GENERATES_FIELD, generates)
-            self._published_generates = generates
-
-    def _publish_models(self) -> None:
-        """Between jobs: the models loaded (a keep_alive may have unloaded one since the last
-        job's end) and when each will be unloaded if unused (Ollama's /api/ps shows it),
-        written only when they changed."""
-        expiries = self._model_expiries()
-        if expiries == self._published_expiries:
-            return
-        key = loaded_expiry_key(self.name)
-        try:
-            with self.connection.pipeline(transaction=False) as pipe:
-                self.publish_loaded(pipe)
-                pipe.delete(key)
-                if expiries:
-                    pipe.hset(key, mapping={m: "" if at is None else f"{at:.3f}" for m, at in expiries.items()})
-                    pipe.expire(key, CANCEL_FLAG_TTL_S)
-                pipe.execute()
-        except RedisError:
-            log.warning("could not publish model expiry times", exc_info=True)
-            return
-        self._published_expiries = expiries
+    # ------------------------------------------------------------- heartbeats
 
     def _heartbeat_running_job(self) -> None:
         running = self.host.executions()
@@ -459,32 +334,14 @@ class GpuqWorker(SimpleWorker):
                 pipe.sadd(self.executions_key, execution.composite_key)
                 job.prepare_for_execution(self.name, pipeline=pipe)
             pipe.hset(self.key, SLOTS_BUSY_FIELD, self.host.busy())
-            self.publish_loaded(pipe)
+            self.publisher.loaded(pipe)
             pipe.execute()
 
     def handle_payload(self, message: dict[str, Any]) -> None:
-        """RQ's command channel. ``stop-job`` cancels gpuq's running job at its next token;
-        RQ's own handler would try to kill a work horse, which a SimpleWorker does not have."""
-        payload = parse_payload(message)
-        command = payload.get("command")
-        if command == "stop-job":
-            if not self.monitor.cancel(str(payload.get("job_id"))):
-                log.info("stop-job for %s, which is not running here", payload.get("job_id"))
-            return
-        if command == control.REQUEUE_COMMAND:
-            # The row is queued already; the stopped run's outcome, fenced by its run id, is
-            # discarded whenever it is written, even after this worker claims the job again.
-            job_id = str(payload.get("job_id"))
-            if not self.monitor.cancel(job_id):
-                log.info("requeue of %s, which is not running here", job_id)
-            return
-        if command == control.CONTROL_COMMAND:
-            self._control_changed.set()  # the main loop re-reads the flags
-            return
-        if command == control.UNLOAD_COMMAND:
-            self._unload_when_idle(str(payload.get("model")))
-            return
-        super().handle_payload(message)
+        """RQ's command channel: gpuq's commands (and RQ's ``stop-job``) are the admin
+        controls'; RQ handles the rest."""
+        if not self.controls.handle(parse_payload(message)):
+            super().handle_payload(message)
 
     def subscribe(self) -> None:
         """RQ's, with its listener thread waking every second instead of every minute. RQ's
@@ -501,24 +358,10 @@ class GpuqWorker(SimpleWorker):
             sleep_time=PUBSUB_WAKE_S, daemon=True, exception_handler=self._pubsub_exception_handler
         )
 
-    def _unload_when_idle(self, model: str) -> None:
-        """At once if the worker is waiting for work (the cache lock is free), else the main
-        loop does it right after the job (the flag it re-reads says so too)."""
-        if self._cache_lock.acquire(blocking=False):
-            try:
-                self._unloads_pending.add(model)
-                self._apply_unloads()
-            except RedisError:
-                log.warning("unloaded %s but could not report it; will retry", model, exc_info=True)
-            finally:
-                self._cache_lock.release()
-        else:
-            self._control_changed.set()
-
     # ------------------------------------------------------------- fewer writes
 
     # RQ's own loop quits at the first Redis error from any of these; a gpuq worker rides out
-    # an outage instead (its running jobs go on, see ``_send_or_keep``).
+    # an outage instead (its running jobs go on, see ``Publisher.send_or_keep``).
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         now = time.monotonic()
@@ -527,21 +370,16 @@ class GpuqWorker(SimpleWorker):
         self._last_heartbeat_mono = now
         if pipeline is not None:
             super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
-            self._publish_prefix_cache(pipeline)
+            self.publisher.prefix_cache(pipeline)
             return
         try:
             with self.connection.pipeline(transaction=False) as pipe:
                 super().heartbeat(timeout or self.worker_ttl, pipeline=pipe)
-                self._publish_prefix_cache(pipe)
+                self.publisher.prefix_cache(pipe)
                 if pipe.execute()[0]:  # HSET created last_heartbeat: the hash was gone
                     self._register_again()
         except RedisError as exc:
             self.redis_health.failed("sending its heartbeat", exc)
-
-    def _publish_prefix_cache(self, pipe: Pipeline) -> None:
-        """Its prefix cache's figures, for /metrics and the dashboard, with each heartbeat."""
-        if self._prefix_cache_stats is not None:
-            pipe.hset(self.key, PREFIX_CACHE_FIELD, self._prefix_cache_stats().to_json())
 
     def check_for_suspension(self, burst: bool) -> None:
         # RQ asks Redis on every loop; once a second is enough to honour `rq suspend`.
@@ -576,21 +414,7 @@ class GpuqWorker(SimpleWorker):
     def register_birth(self) -> None:
         """RQ's registration, plus what GET /v1/workers shows about a gpuq worker."""
         super().register_birth()
-        self._published_loaded = ""
-        self.connection.hset(
-            self.key,
-            mapping={
-                control.HOST_FIELD: self.runner.host,
-                control.SLOT_FIELD: slot_of(self.name),
-                control.DEVICE_FIELD: self.runner.device,
-                control.GPUS_FIELD: ",".join(self.runner.gpu_uuids),
-                control.LOADED_FIELD: "",
-                SLOTS_FIELD: self.slots,
-                SLOTS_BUSY_FIELD: 0,
-            },
-        )
-        self._published_generates = None
-        self._publish_generates()
+        self.publisher.registered(slot=slot_of(self.name), slots=self.slots, servable=self.order.servable)
 
     def bootstrap(
         self,
