@@ -45,8 +45,7 @@ from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.executions import ExecutionRegistry
 from rq.job import Job
-from rq.worker import Worker, WorkerStatus
-from sqlalchemy.exc import SQLAlchemyError
+from rq.worker import WorkerStatus
 
 from gpuq.db.tables import JobKind
 from gpuq.fleet.prefix_cache_stats import PrefixCacheStats
