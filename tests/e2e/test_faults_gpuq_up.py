@@ -21,6 +21,7 @@ from tests.e2e.conftest import wait_until
 NOOP = {"kind": "noop", "model": "smollm2-135m"}
 # At temperature 0 SmolLM2 keeps counting to max_tokens (about 60 tokens/s on two cores).
 COUNTING = {"kind": "generate", "model": "smollm2-135m", "prompt": "Count: 1, 2, 3,", "temperature": 0}
+LONG_COUNT = "Count from 1 to 1000: 1, 2, 3,"  # greedy, it keeps counting
 
 
 def _output_of_stopped(up: subprocess.Popen[str], timeout_s: float) -> str:
@@ -212,7 +213,9 @@ def test_ctrl_c_answers_the_streaming_calls_still_queued_and_gpuq_up_exits(tmp_p
         key = (data_dir / "admin.key").read_text().strip()
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
-            long = http.post("/v1/jobs", json=COUNTING | {"max_tokens": 300}).json()["id"]
+            # Long enough to outlast the two calls' way into the queue on a loaded host (300
+            # tokens did not once: the worker took a call's job before the Ctrl-C and answered it).
+            long = http.post("/v1/jobs", json=COUNTING | {"prompt": LONG_COUNT, "max_tokens": 1000}).json()["id"]
             wait_until(lambda: http.get(f"/v1/jobs/{long}").json()["status"] == "running", "the long job never ran")
 
             def call() -> None:
