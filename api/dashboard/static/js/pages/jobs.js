@@ -94,6 +94,19 @@ function tokensCell(j) {
   return el("td", { class: "num tokens" }, `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`);
 }
 
+// Its status and priority; beneath, when it is needed by, if it said, marked when it is
+// still queued after it. Short (today's time alone) so the column stays narrow at 800 px.
+function statusCell(j) {
+  if (!j.deadline) return el("td", {}, status(j.status), sub(j.priority));
+  const late = j.status === "queued" && new Date(j.deadline).getTime() <= Date.now();
+  const due = el(
+    "span",
+    { class: `small sub-line deadline${late ? " late" : " muted"}`, title: `deadline ${when(j.deadline)}${late ? ", passed while queued" : ""}` },
+    `${late ? "late" : "due"} ${shortWhen(j.deadline)}`,
+  );
+  return el("td", {}, status(j.status), sub(j.priority), due);
+}
+
 // What it asks (its custom_id or the start of its prompt); beneath, the batch it answers a line of.
 function askedCell(j) {
   const batch = j.batch_id
@@ -108,7 +121,7 @@ function jobRow(j, gpus) {
     "tr",
     { "data-job": j.id },
     el("td", { title: when(j.created_at) }, shortJobLink(j.id), sub(shortWhen(j.created_at))),
-    el("td", {}, status(j.status), sub(j.priority)),
+    statusCell(j),
     el("td", {}, j.model, sub(`${j.kind}${j.owner ? ` · ${j.owner}` : ""}`)),
     askedCell(j),
     runCell(j, gpus),
