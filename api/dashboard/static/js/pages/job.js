@@ -43,7 +43,7 @@ function deadlineText(j) {
   if (!j.deadline) return null;
   const late = j.status === "queued" && new Date(j.deadline).getTime() <= Date.now();
   if (!late) return when(j.deadline);
-  return el("span", {}, when(j.deadline), " ", el("span", { class: "status late", "data-late": "" }, "queued past its deadline"));
+  return el("span", {}, when(j.deadline), " ", el("span", { class: "status late" }, "queued past its deadline"));
 }
 
 // Energy and GPU time are measured through NVML on real GPUs only; a job that ran on the CPU

@@ -99,9 +99,10 @@ function tokensCell(j) {
 function statusCell(j) {
   if (!j.deadline) return el("td", {}, status(j.status), sub(j.priority));
   const late = j.status === "queued" && new Date(j.deadline).getTime() <= Date.now();
+  const title = `deadline ${when(j.deadline)}${late ? ", passed while queued" : ""}`;
   const due = el(
     "span",
-    { class: `small sub-line deadline${late ? " late" : " muted"}`, title: `deadline ${when(j.deadline)}${late ? ", passed while queued" : ""}` },
+    { class: `small sub-line deadline ${late ? "late" : "muted"}`, title },
     `${late ? "late" : "due"} ${shortWhen(j.deadline)}`,
   );
   return el("td", {}, status(j.status), sub(j.priority), due);
