@@ -23,7 +23,7 @@ from api.large_bodies import end_turn
 from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job
-from gpuq.dropin.call import JOB_ID_HEADER, PRIORITY_HEADER, abandon, submit_call, wait_for_end
+from gpuq.dropin.call import DEADLINE_HEADER, JOB_ID_HEADER, PRIORITY_HEADER, abandon, submit_call, wait_for_end
 from gpuq.jobs.submit import JobSpec
 from gpuq.streams.events import End, Event
 from gpuq.streams.follow import follow_job
@@ -31,6 +31,17 @@ from gpuq.streams.follow import follow_job
 PriorityHeader = Annotated[
     str | None,
     Header(alias=PRIORITY_HEADER, description="high, normal or low; default: the key's default priority, else high"),
+]
+
+# On OpenAI's routes only: their bodies are OpenAI's, with no field for it.
+DeadlineHeader = Annotated[
+    str | None,
+    Header(
+        alias=DEADLINE_HEADER,
+        description="when the answer is needed by (ISO 8601 with a time zone), as `deadline` on POST /v1/jobs: "
+        "earliest first among the tenant's jobs of its priority; a call the fleet cannot answer by then is "
+        "refused (429 deadline_unreachable, with Retry-After)",
+    ),
 ]
 
 

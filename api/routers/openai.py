@@ -7,6 +7,7 @@ names its job in ``X-Gpuq-Job-Id``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from anyio import to_thread
@@ -14,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import calls
-from api.calls import DropinCallDep
+from api.calls import DeadlineHeader, DropinCallDep
 from api.deps import SessionDep, StateDep
 from api.schemas import ErrorBody
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, EmbeddingCreate
@@ -24,6 +25,7 @@ from gpuq.db.tables import Job, JobKind, JobStatus
 from gpuq.dropin import openai
 from gpuq.dropin.call import (
     JOB_ID_HEADER,
+    call_deadline,
     call_priority,
     call_spec,
     echoed_tier,
@@ -42,7 +44,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "the model is not registered"},
     409: {"model": ErrorBody, "description": "the job was cancelled (by someone else) before it answered"},
     422: {"model": ErrorBody, "description": "the body does not have the request's shape"},
-    429: {"model": ErrorBody, "description": "the key is over one of its limits (Retry-After)"},
+    429: {
+        "model": ErrorBody,
+        "description": "the key is over one of its limits, or the fleet cannot answer by X-Gpuq-Deadline "
+        "(deadline_unreachable); Retry-After says when trying again can succeed",
+    },
     500: {"model": ErrorBody, "description": "the job failed (its error is the message)"},
     503: {"model": ErrorBody, "description": "the job queue (Redis) is unavailable"},
 }
@@ -62,33 +68,39 @@ _STREAMED = "with stream: true, OpenAI's chunks as server-sent events, ending wi
 async def chat_completions(
     body: ChatCompletionCreate,
     call: DropinCallDep,
+    deadline: DeadlineHeader = None,
 ) -> Response:
     """OpenAI's chat completion, rendered with the model's own chat template."""
     request, db, state, caller, priority = call
-    return await _generate(CHAT, body, request, db, state, caller, priority)
+    return await _generate(CHAT, body, request, db, state, caller, priority, call_deadline(deadline))
 
 
 @router.post("/completions", response_model=None, responses=_answers(_STREAMED))
 async def completions(
     body: CompletionCreate,
     call: DropinCallDep,
+    deadline: DeadlineHeader = None,
 ) -> Response:
     """OpenAI's (legacy) text completion: the prompt as given, no chat template."""
     request, db, state, caller, priority = call
-    return await _generate(COMPLETIONS, body, request, db, state, caller, priority)
+    return await _generate(COMPLETIONS, body, request, db, state, caller, priority, call_deadline(deadline))
 
 
 @router.post("/embeddings", response_model=None, responses=_answers(None))
 async def embeddings(
     body: EmbeddingCreate,
     call: DropinCallDep,
+    deadline: DeadlineHeader = None,
 ) -> Response:
     """Mean-pooled, L2-normalised vectors; `encoding_format` float or base64, `dimensions` to shorten them."""
     request, db, state, caller, priority = call
+    due = call_deadline(deadline)
     job_request = body.to_request()
     model = await find_model(db, body.model, not_found=openai.not_found(body.model))
     await check_dimensions(model, body.dimensions)
-    spec = call_spec(JobKind.EMBED, body.model, job_request, priority=call_priority(priority, caller), stream=False)
+    spec = call_spec(
+        JobKind.EMBED, body.model, job_request, priority=call_priority(priority, caller), stream=False, deadline=due
+    )
     job = await calls.submit(db, state, caller, spec)
     final = await _final(request, state, job)
     if final is None:
@@ -105,6 +117,7 @@ async def _generate(
     state: StateDep,
     caller: Caller,
     priority: str | None,
+    deadline: datetime | None,
 ) -> Response:
     model = await find_model(db, body.model, not_found=openai.not_found(body.model))
     if isinstance(body, ChatCompletionCreate):
@@ -117,6 +130,7 @@ async def _generate(
         await with_max_tokens(db, state.redis, caller, model, job_request),
         priority=call_priority(priority, caller, service_tier=body.service_tier),
         stream=body.stream,
+        deadline=deadline,
     )
     tier = echoed_tier(body.service_tier)
     job = await calls.submit(db, state, caller, spec)

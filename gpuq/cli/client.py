@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,23 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    """A refusal: its status and the API's ``detail``; ``retry_after`` (seconds) when it said
+    when trying again can succeed (a 429's or 503's ``Retry-After``)."""
+
+    def __init__(self, status: int, detail: str, *, retry_after: int | None = None) -> None:
         super().__init__(f"HTTP {status}: {detail}")
         self.status = status
         self.detail = detail
+        self.retry_after = retry_after
+
+    @classmethod
+    def of(cls, response: httpx.Response) -> ApiError:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        retry_after = response.headers.get("retry-after", "")
+        return cls(response.status_code, str(detail), retry_after=int(retry_after) if retry_after.isdigit() else None)
 
 
 class ChatStream:
@@ -60,11 +74,7 @@ class GpuqClient:
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise ApiError(response.status_code, str(detail))
+            raise ApiError.of(response)
         return None if response.status_code == 204 else response.json()
 
     def submit(self, job: dict[str, Any]) -> dict[str, Any]:
@@ -84,21 +94,21 @@ class GpuqClient:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
     @contextmanager
-    def stream_chat(self, body: dict[str, Any], *, priority: str | None = None) -> Iterator[ChatStream]:
+    def stream_chat(
+        self, body: dict[str, Any], *, priority: str | None = None, deadline: datetime | None = None
+    ) -> Iterator[ChatStream]:
         """A streamed chat completion (``/v1/chat/completions``, OpenAI's server-sent events):
         its job id at once, then its text as the worker samples it. Leaving the block early
         closes the connection, which cancels the job."""
         headers = {"X-Gpuq-Priority": priority} if priority else {}
+        if deadline is not None:
+            headers["X-Gpuq-Deadline"] = deadline.isoformat()
         with self._http.stream(
             "POST", "/v1/chat/completions", json=body | {"stream": True}, headers=headers, timeout=None
         ) as response:
             if response.status_code >= 400:
                 response.read()
-                try:
-                    detail = response.json().get("detail", response.text)
-                except ValueError:
-                    detail = response.text
-                raise ApiError(response.status_code, str(detail))
+                raise ApiError.of(response)
             yield ChatStream(response)
 
     # Admin actions (gpuq/job_actions.py, gpuq/workers.py); retry and the bulk forms are also for owners.
@@ -162,12 +172,12 @@ class GpuqClient:
         """Revoke a key (if it is not yet) and cancel every queued or running job it submitted."""
         response = self._http.delete(f"/v1/keys/{key_id}", params={"cancel_jobs": "true"})
         if response.status_code >= 400:
-            raise ApiError(response.status_code, response.json().get("detail", response.text))
+            raise ApiError.of(response)
 
     def delete_rule(self, rule_id: int) -> None:
         response = self._http.delete(f"/v1/affinity-rules/{rule_id}")
         if response.status_code >= 400:
-            raise ApiError(response.status_code, response.json().get("detail", response.text))
+            raise ApiError.of(response)
 
     def preview(self, model: str, kind: str = "generate") -> dict[str, Any]:
         return self._call("GET", "/v1/affinity-rules/preview", params={"model": model, "kind": kind})
@@ -190,7 +200,7 @@ class GpuqClient:
         """Output and error lines answered so far (all of them once the batch is done)."""
         response = self._http.get(f"/v1/batches/{batch_id}/results")
         if response.status_code >= 400:
-            raise ApiError(response.status_code, response.json().get("detail", response.text))
+            raise ApiError.of(response)
         return response.text
 
     def schedules(self, method: str = "GET", path: str = "", **kwargs: Any) -> Any:

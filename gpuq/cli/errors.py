@@ -51,7 +51,10 @@ def unreachable(url: str, exc: Exception) -> Unreachable:
 def describe(exc: Exception) -> CommandFailed | None:
     """The one line a known kind of failure is told in, or None for a bug."""
     if isinstance(exc, ApiError):
-        return CommandFailed(f"{exc.detail} (HTTP {exc.status})")
+        # A refusal that says when to try again (a deadline the fleet cannot make, a limit)
+        # carries its Retry-After in the same line: a script can read it without the body.
+        retry = f", Retry-After: {exc.retry_after} s" if exc.retry_after is not None else ""
+        return CommandFailed(f"{exc.detail} (HTTP {exc.status}{retry})")
     if isinstance(exc, httpx.TransportError):
         try:
             url = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")

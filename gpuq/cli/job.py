@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from gpuq.cli.deadline import shown
 from gpuq.cli.support import connect, duration, url_option
 
 _FIELDS = (
@@ -16,6 +17,7 @@ _FIELDS = (
     ("priority", "priority"),
     ("owner", "owner"),
     ("created", "created_at"),
+    ("deadline", "deadline"),
     ("started", "started_at"),
     ("finished", "finished_at"),
     ("queue wait", "queue_wait_ms"),
@@ -44,7 +46,13 @@ def job(url: str, job_id: str, as_json: bool) -> None:
         return
     click.echo(found["id"])
     for label, key in _FIELDS:
-        value = duration(found[key]) if key.endswith("_ms") else found.get(key)
+        value: Any
+        if key.endswith("_ms"):
+            value = duration(found[key])
+        elif key == "deadline":
+            value = shown(found.get(key), found["status"])
+        else:
+            value = found.get(key)
         if value is not None and value != "":
             click.echo(f"  {label:<18} {value}")
     if found.get("cancel_requested") and found["status"] == "running":

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from typing import Any
 
 import click
 
+from gpuq.cli.deadline import deadline_option, shown
 from gpuq.cli.support import connect, duration, table, url_option
 
 
@@ -22,6 +24,7 @@ from gpuq.cli.support import connect, duration, table, url_option
 @click.option("--temperature", type=float, default=0.8, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--priority", default="normal", show_default=True, help="high, normal or low")
+@deadline_option
 @click.option("--wait/--no-wait", default=True, show_default=True, help="wait for the result and print it")
 def submit(
     url: str,
@@ -34,12 +37,15 @@ def submit(
     temperature: float,
     seed: int | None,
     priority: str,
+    deadline: datetime | None,
     wait: bool,
 ) -> None:
     """Submit one job and print its id at once, then (unless --no-wait) its result. TEXT is a
     user message rendered with the model's chat template (--raw: a plain prompt); for
     `--kind embed`, each TEXT argument is one input. Ctrl-C stops waiting, not the job."""
     job: dict[str, Any] = {"kind": kind, "model": model, "priority": priority}
+    if deadline is not None:
+        job["deadline"] = deadline.isoformat()
     if kind == "embed":
         job["input"] = list(text)
     else:
@@ -88,10 +94,11 @@ def _print_result(job: dict[str, Any]) -> None:
 @click.option("--kind", type=click.Choice(["generate", "embed", "noop"]), default=None)
 @click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
 def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | None, limit: int) -> None:
-    """List recent jobs as a table."""
+    """List recent jobs as a table (with a DEADLINE column when one of them has a deadline)."""
     with connect(url) as client:
         page = client.jobs(status=list(statuses) or None, model=model, kind=kind, limit=limit)
-    rows = [
+    headers: tuple[str, ...] = ("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE")
+    rows: list[tuple[str, ...]] = [
         (
             j["id"],
             j["kind"],
@@ -105,12 +112,12 @@ def jobs(url: str, statuses: tuple[str, ...], model: str | None, kind: str | Non
         )
         for j in page["data"]
     ]
+    # Most jobs have no deadline: the column is there only when it says something.
+    if any(j.get("deadline") for j in page["data"]):
+        headers += ("DEADLINE",)
+        rows = [(*r, shown(j.get("deadline"), j["status"])) for r, j in zip(rows, page["data"], strict=True)]
     filtered = bool(statuses or model or kind)
-    table(
-        ("ID", "KIND", "MODEL", "PRIORITY", "STATUS", "WAIT", "RUN", "TOKENS", "DEVICE"),
-        rows,
-        empty="no jobs match" if filtered else "no jobs yet",
-    )
+    table(headers, rows, empty="no jobs match" if filtered else "no jobs yet")
 
 
 COMMANDS = (submit, jobs)

@@ -10,11 +10,13 @@ its job and, in a conversation, returns to the prompt.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 import click
 
 from gpuq.cli.client import GpuqClient
+from gpuq.cli.deadline import deadline_option
 from gpuq.cli.support import connect, url_option
 
 EXIT_INTERRUPTED = 130
@@ -31,6 +33,7 @@ EXIT_INTERRUPTED = 130
 @click.option(
     "--priority", type=click.Choice(["high", "normal", "low"]), default=None, help="default: the key's, else high"
 )
+@deadline_option
 def run(
     url: str,
     model: str,
@@ -40,23 +43,31 @@ def run(
     temperature: float,
     seed: int | None,
     priority: str | None,
+    deadline: datetime | None,
 ) -> None:
-    """Chat with MODEL: answer PROMPT (or stdin), or talk on the terminal."""
+    """Chat with MODEL: answer PROMPT (or stdin), or talk on the terminal. A --deadline holds
+    for every answer of a conversation: one asked after it is refused."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     sampling: dict[str, Any] = {"model": model, "temperature": temperature, "seed": seed, "max_tokens": max_tokens}
     sampling = {k: v for k, v in sampling.items() if v is not None}
     text = " ".join(prompt) or (sys.stdin.read().strip() if not sys.stdin.isatty() else "")
+    headers = _Headers(priority, deadline)
     with connect(url) as client:
         if text:
-            if _answer(client, sampling, [*messages, {"role": "user", "content": text}], priority) is None:
+            if _answer(client, sampling, [*messages, {"role": "user", "content": text}], headers) is None:
                 sys.exit(EXIT_INTERRUPTED)
             return
-        _converse(client, sampling, messages, priority)
+        _converse(client, sampling, messages, headers)
 
 
-def _converse(
-    client: GpuqClient, sampling: dict[str, Any], messages: list[dict[str, str]], priority: str | None
-) -> None:
+class _Headers(NamedTuple):
+    """What each answer's request says besides its body: gpuq's X-Gpuq-* headers."""
+
+    priority: str | None
+    deadline: datetime | None
+
+
+def _converse(client: GpuqClient, sampling: dict[str, Any], messages: list[dict[str, str]], headers: _Headers) -> None:
     click.echo("Send a message (/bye or Ctrl-D to end; Ctrl-C stops an answer).", err=True)
     while True:
         try:
@@ -72,19 +83,20 @@ def _converse(
         if not line.strip():
             continue
         asked = [*messages, {"role": "user", "content": line}]
-        answer = _answer(client, sampling, asked, priority)
+        answer = _answer(client, sampling, asked, headers)
         if answer is not None:  # an answer stopped by Ctrl-C is not part of the conversation
             messages = [*asked, {"role": "assistant", "content": answer}]
 
 
 def _answer(
-    client: GpuqClient, sampling: dict[str, Any], messages: list[dict[str, str]], priority: str | None
+    client: GpuqClient, sampling: dict[str, Any], messages: list[dict[str, str]], headers: _Headers
 ) -> str | None:
     """Streams one answer to stdout; None if Ctrl-C stopped it (its job is then cancelled)."""
     pieces: list[str] = []
     job_id = ""
     try:
-        with client.stream_chat(sampling | {"messages": messages}, priority=priority) as stream:
+        body = sampling | {"messages": messages}
+        with client.stream_chat(body, priority=headers.priority, deadline=headers.deadline) as stream:
             job_id = stream.job_id
             for piece in stream:
                 pieces.append(piece)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from typing import NamedTuple
 
 import anyio
@@ -21,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuq import store
 from gpuq.auth.access import Caller
-from gpuq.db.tables import Job, JobKind, Model
+from gpuq.db.tables import Job, JobKind, Model, utcnow
 from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.generation_params import GenerationParams
@@ -35,6 +36,7 @@ from gpuq.streams.events import END_ONLY, REQUEST_FIELD, TOKENS, End, Event
 log = logging.getLogger(__name__)
 
 PRIORITY_HEADER = "X-Gpuq-Priority"
+DEADLINE_HEADER = "X-Gpuq-Deadline"  # OpenAI's bodies have no field for it; `deadline` on POST /v1/jobs
 JOB_ID_HEADER = "X-Gpuq-Job-Id"  # on every drop-in answer: the job behind it, for GET /v1/jobs/{id}
 
 
@@ -68,6 +70,28 @@ def call_priority(
     return Priority(caller.priority_or(default))
 
 
+def call_deadline(header: str | None) -> datetime | None:
+    """The ``X-Gpuq-Deadline`` header's moment (ISO 8601 with a time zone, in the future), as
+    ``deadline`` on ``POST /v1/jobs`` takes it; a 400 for anything else."""
+    if header is None or not header.strip():
+        return None
+    try:
+        moment = datetime.fromisoformat(header.strip())
+    except ValueError:
+        raise RequestError(
+            400, f"{DEADLINE_HEADER}: {header!r} is not an ISO 8601 time", param=DEADLINE_HEADER
+        ) from None
+    if moment.tzinfo is None:
+        raise RequestError(
+            400, f"{DEADLINE_HEADER}: give it a time zone, e.g. 2026-01-31T12:00:00Z", param=DEADLINE_HEADER
+        )
+    if moment <= utcnow():
+        raise RequestError(
+            400, f"{DEADLINE_HEADER}: {moment.isoformat()} has passed: give a time in the future", param=DEADLINE_HEADER
+        )
+    return moment
+
+
 def echoed_tier(service_tier: str | None) -> str | None:
     """The tier an answer names, as OpenAI's do (``auto`` runs as ``default``); None when the
     request named none."""
@@ -83,11 +107,12 @@ def call_spec(
     *,
     priority: Priority,
     stream: bool,
+    deadline: datetime | None = None,
 ) -> JobSpec:
     """The job of a call: its request asks for every token (streaming) or only the end."""
     params, counted = request if isinstance(request, SizedRequest) else (request, None)
     params = params.model_copy(update={REQUEST_FIELD: TOKENS if stream else END_ONLY})
-    return JobSpec(kind=kind, model=model, priority=priority, params=params, counted=counted)
+    return JobSpec(kind=kind, model=model, priority=priority, params=params, counted=counted, deadline=deadline)
 
 
 async def find_model(db: AsyncSession, name: str, *, not_found: str) -> Model:

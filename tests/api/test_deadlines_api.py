@@ -182,3 +182,43 @@ def test_metrics_count_the_queued_work_and_the_jobs_past_their_deadline(client, 
     assert value(parsed, "gpuq_queued_completion_tokens", model=MODEL) == 80  # 40 tokens, twice
     counted = session.query(Job).filter(Job.status == "queued", Job.kind == "generate").one().prompt_tokens
     assert value(parsed, "gpuq_queued_prompt_tokens", model=MODEL) == counted + 75  # the embedding at the mean
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", CHAT),
+        ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 100}),
+        ("/v1/embeddings", {"model": MODEL, "input": "Hi"}),
+    ],
+)
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [("soon", "not an ISO 8601 time"), ("2099-01-01T00:00:00", "time zone"), ("2020-01-01T00:00:00Z", "has passed")],
+)
+def test_openais_routes_refuse_a_deadline_header_that_is_not_a_future_time_with_a_zone(
+    client, redis, job_rows, path, body, header, message
+):
+    response = client.post(path, json=body, headers={"X-Gpuq-Deadline": header})
+    assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
+    assert response.json()["error"]["param"] == "X-Gpuq-Deadline"
+    assert job_rows() == [] and redis_job_keys(redis) == []
+
+
+@both_databases
+def test_a_call_the_fleet_cannot_answer_by_its_deadline_header_is_refused_in_openais_shape(
+    client, session, redis, job_rows
+):
+    slow_history(session)
+    before = len(job_rows())
+
+    refused = client.post("/v1/chat/completions", json=CHAT, headers={"X-Gpuq-Deadline": in_(30).isoformat()})
+
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "deadline_unreachable")
+    assert int(refused.headers["Retry-After"]) > 0
+    assert len(job_rows()) == before and redis_job_keys(redis) == []

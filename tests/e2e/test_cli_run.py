@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 from tests.e2e.conftest import as_a_foreground_job
 
@@ -164,3 +165,37 @@ def test_submit_prints_the_id_at_once_and_job_and_cancel_read_and_stop_it(system
     assert again.returncode == 1 and "already cancelled" in again.stderr
     unknown = _cli(system, tmp_path, "job", "--url", system.url, "job_nope")
     assert unknown.returncode == 1 and "does not exist" in unknown.stderr
+
+
+def test_run_and_submit_with_a_deadline_are_answered_and_their_jobs_carry_it(system, tmp_path):
+    # No pace is known that makes an hour too short: both are accepted, answered by a worker,
+    # and the deadline sent is the job's.
+    before = datetime.now(UTC)
+    out = _cli(
+        system, tmp_path, "run", "--url", system.url, MODEL, "Name a colour.", "--max-tokens", "8", "--deadline", "1h"
+    )
+    assert out.returncode == 0, out.stderr
+    job = _latest(system)
+    assert out.stdout == job["result"]["text"] + "\n"
+    deadline = datetime.fromisoformat(job["deadline"]).replace(tzinfo=UTC)
+    assert before + timedelta(hours=1) <= deadline <= datetime.now(UTC) + timedelta(hours=1)
+
+    due = (datetime.now(UTC) + timedelta(minutes=30)).replace(microsecond=0)
+    submitted = _cli(
+        system,
+        tmp_path,
+        "submit",
+        "--url",
+        system.url,
+        MODEL,
+        "Name a colour.",
+        "--max-tokens",
+        "6",
+        "--deadline",
+        due.isoformat(),
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stderr.split()[0]
+    assert datetime.fromisoformat(system.client.job(job_id)["deadline"]).replace(tzinfo=UTC) == due
+    shown = _cli(system, tmp_path, "job", "--url", system.url, job_id)
+    assert f"deadline           {due.strftime('%Y-%m-%d %H:%M:%SZ')}\n" in shown.stdout  # answered: not late

@@ -37,6 +37,15 @@ function promptText(request) {
   return JSON.stringify(request, null, 2);
 }
 
+// When it is needed by; a job still queued after it says so, as /metrics counts it
+// (gpuq_queued_jobs_past_deadline). Null when it gave none: the row is then left out.
+function deadlineText(j) {
+  if (!j.deadline) return null;
+  const late = j.status === "queued" && new Date(j.deadline).getTime() <= Date.now();
+  if (!late) return when(j.deadline);
+  return el("span", {}, when(j.deadline), " ", el("span", { class: "status late" }, "queued past its deadline"));
+}
+
 // Energy and GPU time are measured through NVML on real GPUs only; a job that ran on the CPU
 // or a simulated GPU has none, which is said rather than left blank.
 function unmeasured(j) {
@@ -87,8 +96,10 @@ export async function load() {
     ["attempts", String(j.attempts)],
     ["error", j.error],
   ]);
+  const deadline = deadlineText(j);
   fields($("#job-timings"), [
     ["created", when(j.created_at)],
+    ...(deadline === null ? [] : [["deadline", deadline]]),
     ["started", when(j.started_at)],
     ["finished", when(j.finished_at)],
     ["queue wait", duration(j.queue_wait_ms)],

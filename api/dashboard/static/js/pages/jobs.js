@@ -7,6 +7,7 @@ import { $, device, duration, el, fillTable, gpusByUuid, numCell, shortJobLink, 
 import { refresh } from "../refresh.js";
 
 const PAGE_SIZE = 50;
+const FINAL = new Set(["succeeded", "failed", "cancelled"]);
 
 // The cursors of the pages seen, newest first: pages[i] is the `after` that gives page i
 // (null: the newest page). The API pages forward only, so "newer" walks back this list;
@@ -94,6 +95,26 @@ function tokensCell(j) {
   return el("td", { class: "num tokens" }, `${j.prompt_tokens} + ${j.completion_tokens ?? 0}`);
 }
 
+// Its status and priority; beneath, how it stands with its deadline, if it gave one: "due in
+// 59 min", "late 3.0 s" (red: unfinished past it), or once it ended "in time" or "ended late".
+// Relative, so the line stays as narrow as a time of day whatever the date (800 px); the
+// deadline itself is the line's title.
+function deadlineLine(j) {
+  const due = new Date(j.deadline).getTime();
+  const title = `deadline ${when(j.deadline)}`;
+  const line = (text, late) => el("span", { class: `small sub-line deadline ${late ? "late" : "muted"}`, title }, text);
+  if (FINAL.has(j.status)) {
+    const ended = j.finished_at ? new Date(j.finished_at).getTime() : due;
+    return line(ended <= due ? "in time" : "ended late", false);
+  }
+  const left = due - Date.now();
+  return left > 0 ? line(`due in ${duration(left)}`, false) : line(`late ${duration(-left)}`, true);
+}
+
+function statusCell(j) {
+  return el("td", {}, status(j.status), sub(j.priority), j.deadline ? deadlineLine(j) : "");
+}
+
 // What it asks (its custom_id or the start of its prompt); beneath, the batch it answers a line of.
 function askedCell(j) {
   const batch = j.batch_id
@@ -108,7 +129,7 @@ function jobRow(j, gpus) {
     "tr",
     { "data-job": j.id },
     el("td", { title: when(j.created_at) }, shortJobLink(j.id), sub(shortWhen(j.created_at))),
-    el("td", {}, status(j.status), sub(j.priority)),
+    statusCell(j),
     el("td", {}, j.model, sub(`${j.kind}${j.owner ? ` · ${j.owner}` : ""}`)),
     askedCell(j),
     runCell(j, gpus),
