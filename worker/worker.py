@@ -33,6 +33,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from types import FrameType
 from typing import Any
 
@@ -45,12 +46,12 @@ from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.executions import ExecutionRegistry
 from rq.job import Job
-from rq.worker import Worker, WorkerStatus
-from sqlalchemy.exc import SQLAlchemyError
+from rq.worker import WorkerStatus
 
 from gpuq.db.tables import JobKind
 from gpuq.fleet.prefix_cache_stats import PrefixCacheStats
 from gpuq.jobs import fair
+from gpuq.jobs.prefix_routing import count_stolen, hand_back
 from gpuq.jobs.reconciler import redis_age_s
 from gpuq.queue_names import parse_queue_name
 from gpuq.redis_keys import SLOTS_BUSY_FIELD
@@ -58,6 +59,7 @@ from worker.admin_controls import AdminControls
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.outages import RECONNECT_BACKOFF_MAX_S, Dependency
+from worker.prefix_index import IndexPublisher
 from worker.publishing import Publisher
 from worker.queue_order import QueueOrder
 from worker.run_host import RunHost
@@ -94,6 +96,8 @@ class GpuqWorker(SimpleWorker):
         slots: int = 1,
         preemption: bool = True,
         prefix_cache_stats: Callable[[], PrefixCacheStats] | None = None,
+        prefix_index: Callable[[], set[bytes]] | None = None,
+        steal_s: float = fair.STEAL_S,
         connection: Redis,
         **kwargs: Any,  # RQ's other Worker options, passed on
     ) -> None:
@@ -106,6 +110,7 @@ class GpuqWorker(SimpleWorker):
             loaded_models=loaded_models,
             refresh_interval_s=queue_refresh_interval_s,
             sql=runner.sql,
+            steal_s=steal_s,
         )
         super().__init__(
             [Queue(name, connection=connection) for name in self.order.names],
@@ -133,6 +138,11 @@ class GpuqWorker(SimpleWorker):
             prefix_cache_stats=prefix_cache_stats,
             redis_health=self.redis_health,
         )
+        # The starts its caches hold, for the API's prefix-aware placement (None: routing off).
+        self.index = (
+            None if prefix_index is None else IndexPublisher(runner.worker_name, prefix_index, ttl_s=worker_ttl_s)
+        )
+        self._lanes_handed_back = False  # while drained or serving nothing: its lane went back to the shared queues
         self.job_error: Exception | None = None  # what a job's run raised (RQ's loop then quits: see ended_unasked)
         self._asked_to_stop = False  # a signal asked the loop to stop (see request_stop)
         self.monitor = JobMonitor(
@@ -218,6 +228,8 @@ class GpuqWorker(SimpleWorker):
                 waited = True
                 continue
             found = self.fetch(*taken)
+            if picker.last_how == "stolen":
+                count_stolen(self.connection, parse_queue_name(taken[0])[0])
             if found is not None:
                 return found
 
@@ -234,13 +246,30 @@ class GpuqWorker(SimpleWorker):
     def _pause_s(self, timeout: int | None) -> float | None:
         """How long to wait before looking at the queues, when no job should be taken now."""
         if self.controls.drained:  # take nothing; stay alive, heartbeat, wait for undrain
+            self._hand_back_lanes()
             return DRAINED_WAKE_S
         if not self.order.names:  # nothing to serve (unhealthy GPU, no allowed model)
+            self._hand_back_lanes()
             return float(timeout or 0)
+        self._lanes_handed_back = False
         waits = [d.wait_s for d in (self.runner.sql, self.redis_health) if d.wait_s > 0]
         if waits:  # a job taken now could not be claimed, or Redis does not answer
             return min(max(waits), self.dequeue_timeout)
         return None
+
+    def _hand_back_lanes(self) -> None:
+        """Jobs placed in its lane go back to the shared queues, once per drain (the reconciler
+        does it too, and for a worker that died)."""
+        if self._lanes_handed_back:
+            return
+        try:
+            moved = hand_back(self.connection, self.name)
+        except RedisError as exc:
+            self.redis_health.failed("handing its lane back", exc)
+            return
+        self._lanes_handed_back = True
+        if moved:
+            log.info("%d jobs of its lane back to the shared queues", moved)
 
     def _housekeeping(self) -> None:
         """Between jobs and on every idle wake-up: model expiry and unloads, the queue list,
@@ -371,14 +400,20 @@ class GpuqWorker(SimpleWorker):
         if pipeline is not None:
             super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
             self.publisher.prefix_cache(pipeline)
+            if self.index is not None:
+                self.index.send(pipeline)
             return
         try:
             with self.connection.pipeline(transaction=False) as pipe:
                 super().heartbeat(timeout or self.worker_ttl, pipeline=pipe)
                 self.publisher.prefix_cache(pipe)
+                if self.index is not None:
+                    self.index.send(pipe)
                 if pipe.execute()[0]:  # HSET created last_heartbeat: the hash was gone
                     self._register_again()
         except RedisError as exc:
+            if self.index is not None:
+                self.index.forget()
             self.redis_health.failed("sending its heartbeat", exc)
 
     def check_for_suspension(self, burst: bool) -> None:
@@ -450,4 +485,8 @@ class GpuqWorker(SimpleWorker):
 
     def teardown(self) -> None:
         self.monitor.stop()
+        with suppress(RedisError):  # else the reconciler hands the lane back, and the index expires
+            hand_back(self.connection, self.name)
+            if self.index is not None:
+                self.connection.delete(self.index.key)
         super().teardown()
