@@ -15,6 +15,7 @@ start of their own) stay in the shared queues. Pure: tested without Redis.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from gpuq.batches.planning import KEY_BYTES, PlannedLine
@@ -55,7 +56,7 @@ def groups(lines: Sequence[PlannedLine], *, share: int) -> list[list[PlannedLine
 
     run = ordered[:1]
     links: list[int] = []
-    for previous, line in zip(ordered, ordered[1:], strict=False):
+    for previous, line in itertools.pairwise(ordered):
         shared = _common(previous.chain, line.chain)
         if shared >= MIN_SHARED_BLOCKS:
             run.append(line)
