@@ -31,7 +31,7 @@ from gpuq.batches.lane_split import spread
 from gpuq.batches.planning import Plan, PlannedLine, plan, plan_chain
 from gpuq.fleet.workers import LiveWorker
 from gpuq.jobs.generation_params import GenerationParams
-from gpuq.queue_names import QueueEntry
+from gpuq.queue_names import QueueEntry, is_valid_lane
 from gpuq.settings import DEFAULT_CPU_SLOTS, DEFAULT_GPU_SLOTS, Settings
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,11 @@ class QueueOrder:
         entry_of = dict(by_line)
         if self._lanes:
             for model, lines in self._models.items():
-                serving = [w.name for w in workers if not w.drain_requested and model in (w.generates or ())]
+                serving = [
+                    w.name
+                    for w in workers
+                    if not w.drain_requested and model in (w.generates or ()) and is_valid_lane(w.name)
+                ]
                 for line, lane in spread(lines, serving).items():
                     entry_of[line] = entry_of[line]._replace(lane=lane)
         first = [entry_of.pop(line) for p in plans for line in p.order]

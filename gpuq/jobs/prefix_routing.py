@@ -42,7 +42,7 @@ from redis.client import Pipeline
 from gpuq.fleet.workers import LiveWorker, live_workers
 from gpuq.jobs.fair import INSERT_AT
 from gpuq.prefix_blocks import BLOCK_TOKENS, block_hashes, cache_scope, model_fingerprint, namespace_salt
-from gpuq.queue_names import QueueEntry, parse_queue
+from gpuq.queue_names import QueueEntry, is_valid_lane, parse_queue
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
     FAIR_EDF_PREFIX,
@@ -117,7 +117,7 @@ def place(
     if not routing.on or not any(c is not None and len(c) >= routing.min_blocks for c in chains):
         return Placed(list(entries))
     by_model: dict[str, list[_Worker]] = {}
-    live = [lw for lw in live_workers(redis) if not lw.drain_requested and lw.generates]
+    live = [lw for lw in live_workers(redis) if not lw.drain_requested and lw.generates and is_valid_lane(lw.name)]
     loads = _loads(redis, live)
     for live_worker in live:
         for model in live_worker.generates or ():
