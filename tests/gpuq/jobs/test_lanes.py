@@ -229,3 +229,24 @@ def test_the_reconciler_hands_back_lanes_of_dead_and_drained_workers(redis):
     redis.hset(rq_worker_key(W1), DRAIN_FIELD, "1")
     assert hand_back_lanes(redis) == 1
     assert redis.lrange(rq_queue_key(f"{NORMAL}:alice"), 0, -1) == [b"lane-dead", b"lane-live"]
+
+
+def test_a_lane_jobs_position_counts_its_place_in_its_lane_at_its_tenants_turns(session, redis):
+    from gpuq.db.tables import Job
+    from gpuq.jobs.position import job_position
+
+    def row(job_id: str, owner: str) -> Job:
+        return Job(
+            id=job_id, kind="generate", model=MODEL, priority=Priority.NORMAL, status="queued", request_hash="h",
+            request={}, owner=owner,
+        )  # fmt: skip
+
+    session.add_all([row(f"a{i}", "alice") for i in range(3)] + [row(f"b{i}", "bob") for i in range(3)])
+    session.commit()
+    enqueue_jobs(redis, [entry(f"a{i}", lane=W1) for i in range(3)], timeout_s=60)
+    enqueue_jobs(redis, [entry(f"b{i}", "bob") for i in range(3)], timeout_s=60)
+
+    third = job_position(session, redis, session.get_one(Job, "a2"))
+
+    assert third.queue == f"{NORMAL}:alice@{W1}"
+    assert (third.ahead_in_queue, third.position) == (2 + 2, 4)  # its lane's 2, and bob's 2 at their turns
