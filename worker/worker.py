@@ -13,6 +13,10 @@ lives in SQL can do less than plain RQ:
 * the queue list is refreshed from the registry and the affinity rules, so a new model
   or a changed rule is served without a restart, and is ordered with the models this
   worker has loaded first within each priority (sticky routing).
+* prefix-aware placement (``gpuq.jobs.prefix_routing``): its pick takes its own lane first
+  within a tenant's fair turn, and another's lane whose first job waited past the steal
+  bound; its heartbeats carry the starts its caches hold (worker/prefix_index.py); drained,
+  serving nothing or stopping, it hands its lane back to the shared queues.
 * admin controls (``gpuq/fleet/workers.py``): drained (by its own flag or its host's), it
   finishes its job and takes no more, staying alive and heartbeating; asked to unload a
   model, it does so at once when idle, else right after its job; told an admin requeued
