@@ -28,9 +28,9 @@ def _model_holding(tokens: list[int], scope: bytes) -> SimpleNamespace:
 
 
 def test_what_a_stream_holds_is_published_as_the_chain_the_api_computes(model_path):
-    held = held_hashes(None, [_model_holding(TOKENS, _scope(model_path, "alice"))])  # type: ignore[list-item]
+    held = held_hashes(None, [_model_holding(TOKENS, _scope(model_path, "alice"))])
 
-    api = prefix_chain(model_path, "alice", TOKENS + [9, 9, 9], shared_tenants=False)
+    api = prefix_chain(model_path, "alice", [*TOKENS, 9, 9, 9], shared_tenants=False)
     assert set(api[:12]) <= held and len(held) == 12
     assert not set(prefix_chain(model_path, "bob", TOKENS, shared_tenants=False)) & held
 
