@@ -100,7 +100,13 @@ async def submit(db: AsyncSession, state: AppState, caller: Caller, spec: JobSpe
     """Queues the call's job, then lets the session go: the wait that follows may last
     minutes and holds no database connection."""
     job = await submit_call(
-        db, state.redis, caller, spec, timeout_s=state.settings.job_timeout_s, worker_slots=state.settings.worker_slots
+        db,
+        state.redis,
+        caller,
+        spec,
+        timeout_s=state.settings.job_timeout_s,
+        worker_slots=state.settings.worker_slots,
+        routing=state.routing,
     )
     await db.close()
     end_turn()  # the call's costly part is over: its key's next large body may be read

@@ -21,6 +21,7 @@ from gpuq.auth.access import Caller
 from gpuq.batches.destinations import DestinationPolicy, check_webhook_url
 from gpuq.db.tables import Batch, File, Job
 from gpuq.errors import RequestError
+from gpuq.jobs.prefix_routing import PrefixRouting, routing_of
 from gpuq.settings import Settings
 
 
@@ -40,6 +41,11 @@ class AppState:
     # The jobs of the interactive calls this process is answering: when it stops, those not
     # yet started are cancelled and their calls answered (gpuq/dropin/shutdown.py).
     calls: set[str] = field(default_factory=set)
+
+    @property
+    def routing(self) -> PrefixRouting:
+        """Prefix-aware placement as the settings have it (``gpuq.jobs.prefix_routing``)."""
+        return routing_of(self.settings)
 
     async def check_webhook_url(self, url: object | None) -> None:
         """A 422 for a webhook URL that may not be sent to; the lookup runs off the event loop."""

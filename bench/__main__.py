@@ -17,6 +17,7 @@ from bench import (
     decoder_steps,
     dispatch,
     fairness,
+    fleet_prefix,
     generation,
     intake_burst,
     invariance,
@@ -648,6 +649,59 @@ def bench_batch_plan(args: argparse.Namespace) -> None:
     )
 
 
+def bench_fleet_prefix(args: argparse.Namespace) -> None:
+    """Two workers, W3's prompt families: prefix routing off against on (bench/fleet_prefix.py),
+    per workload, sides interleaved, on fresh state."""
+    workloads = [w for w in args.fleet_workloads if w in fleet_prefix.WORKLOADS]
+    sides: dict[tuple[str, bool], list[fleet_prefix.Side]] = {(w, r): [] for w in workloads for r in (False, True)}
+    for round_ in range(1, args.rounds + 1):
+        for workload in workloads:
+            for routing in (False, True):
+                with fresh_system_state(args.redis_url, args.database_url) as (redis_url, db, workdir):
+                    side = fleet_prefix.run(
+                        db,
+                        redis_url,
+                        workdir,
+                        workload=workload,
+                        routing=routing,
+                        families=args.plan_families,
+                        per_family=args.plan_per_family,
+                        max_tokens=args.max_tokens,
+                        slots=args.plan_slots,
+                        threads=args.threads,
+                    )
+                sides[(workload, routing)].append(side)
+                print(
+                    f"round {round_} {workload} routing {'on' if routing else 'off'}: {side.cached_share:.2f} of "
+                    f"{side.prompt_tokens} prompt tokens from a cache, {side.jobs_per_s:.3f} jobs/s "
+                    f"({side.seconds:.1f} s), jobs per worker {side.per_worker}",
+                    flush=True,
+                )
+    lines = args.plan_families * args.plan_per_family
+    print(
+        f"\nfleet-prefix: {lines} jobs ({args.plan_families} families of {args.plan_per_family}, interleaved), greedy, "
+        f"max_tokens {args.max_tokens}, 2 CPU workers (GPUQ_SIMULATED_GPUS=24,24), K={args.plan_slots}, "
+        f"{args.threads} threads each, median of {args.rounds} rounds"
+    )
+    print("  workload   routing   from cache   jobs/s    seconds   jobs per worker")
+    for workload in workloads:
+        for routing in (False, True):
+            runs = sides[(workload, routing)]
+            print(
+                f"  {workload:<10} {'on' if routing else 'off':<9} {median(s.cached_share for s in runs):10.2f}   "
+                f"{median(s.jobs_per_s for s in runs):6.3f}   {median(s.seconds for s in runs):7.1f}   "
+                f"{runs[0].per_worker}"
+            )
+    for workload in workloads:
+        on, off = sides[(workload, True)], sides[(workload, False)]
+        ratio = median(s.jobs_per_s for s in on) / median(s.jobs_per_s for s in off)
+        target = "within 5%: 0.95x..1.05x" if workload == "distinct" else "targets: on >= 0.7 from cache, >= 1.5x"
+        print(
+            f"fleet-prefix {workload}: from cache off {median(s.cached_share for s in off):.2f}, "
+            f"on {median(s.cached_share for s in on):.2f}; jobs/s on / off {ratio:.2f}x ({target})"
+        )
+
+
 def bench_admission(args: argparse.Namespace) -> None:
     """One tenant's queue of --admission-jobs jobs, without deadlines, with one, and with 7
     interleaved (bench/admission.py), interleaved rounds on fresh state."""
@@ -741,6 +795,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "restore": bench_restore,
     "fairness": bench_fairness,
     "batch-plan": bench_batch_plan,
+    "fleet-prefix": bench_fleet_prefix,
     "admission": bench_admission,
     "preempt": bench_preempt,
 }
@@ -809,6 +864,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--plan-ram-bytes", type=int, default=-1, help="batch-plan: the worker's RAM tier (-1: its default; 0: off)"
+    )
+    parser.add_argument(
+        "--fleet-workloads",
+        type=lambda text: text.split(","),
+        default=list(fleet_prefix.WORKLOADS),
+        help="fleet-prefix: the workloads to run, comma-separated (stream, batch, distinct); it uses --plan-families, "
+        "--plan-per-family and --plan-slots",
     )
     parser.add_argument("--admission-jobs", type=int, default=50_000, help="admission: jobs in the queue")
     parser.add_argument("--preempt-slots", type=int, default=4, help="preempt: K, the worker's slots")

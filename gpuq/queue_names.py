@@ -3,10 +3,12 @@
 Work waits in RQ queues, one per tenant within each *band* (a model, kind and priority):
 ``gpuq:<model>:<kind>:<priority>:<tenant>``, and ``gpuq:<model>:<kind>:<priority>`` (the band's
 own name) for jobs that belong to no tenant. Workers take from a band's queues by fair shares
-(``gpuq.jobs.fair``). These names sit low in the layers because everything above names queues:
-the store returns a job's ``QueueEntry`` for the rows it changes, the stats name queues, the
-registry refuses model names no queue could carry. The order a worker listens in is
-``gpuq.jobs.queues``'s.
+(``gpuq.jobs.fair``). A worker's *lane* (``gpuq.jobs.prefix_routing``: jobs placed on it by
+their prompt's start) is a further queue per tenant of the band: ``<band>:<tenant>@<lane>``
+(the tenant segment "" for jobs of no tenant), the lane being the worker's name. These names
+sit low in the layers because everything above names queues: the store returns a job's
+``QueueEntry`` for the rows it changes, the stats name queues, the registry refuses model names
+no queue could carry. The order a worker listens in is ``gpuq.jobs.queues``'s.
 """
 
 from __future__ import annotations
@@ -78,9 +80,20 @@ def queue_name(model: str, kind: str, priority: Priority, owner: str | None = No
     return tenant_queue(band_name(model, kind, priority), tenant_segment(owner))
 
 
-def tenant_queue(band: str, tenant: str) -> str:
-    """The queue of a band's tenant, by its tenant segment ("": the band's own queue)."""
+def tenant_queue(band: str, tenant: str, lane: str = "") -> str:
+    """The queue of a band's tenant, by its tenant segment ("": the band's own queue); with
+    ``lane``, that tenant's queue in the worker ``lane``'s lane."""
+    if lane:
+        return f"{band}:{tenant}@{lane}"
     return f"{band}:{tenant}" if tenant else band
+
+
+_LANE_SAFE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+def is_valid_lane(lane: str) -> bool:
+    """Lanes are worker names (``<host>.<slot>.<pid>.<hex>``), which queue names can carry."""
+    return bool(_LANE_SAFE.match(lane))
 
 
 class QueueName(NamedTuple):
@@ -88,24 +101,33 @@ class QueueName(NamedTuple):
     kind: str
     priority: Priority
     tenant: str  # its tenant_segment: "" for the band's queue of jobs of no tenant
+    lane: str = ""  # the worker whose lane it is; "" for the band's shared queues
 
     @property
     def band(self) -> str:
         return band_name(self.model, self.kind, self.priority)
 
+    @property
+    def shared(self) -> str:
+        """The shared queue of its band and tenant (itself, when it is no lane's)."""
+        return tenant_queue(self.band, self.tenant)
+
 
 def parse_queue(name: str) -> QueueName:
     """Inverse of :func:`queue_name`; refuses names gpuq did not make."""
     parts = name.split(":")
+    tenant, lane = (parts[4].split("@", 1) if "@" in parts[4] else (parts[4], "")) if len(parts) == 5 else ("", "")
     if (
         len(parts) not in (4, 5)
         or parts[0] != redis_keys.PREFIX
         or not is_valid_model_name(parts[1])
         or parts[2] not in KINDS
-        or (len(parts) == 5 and not (_TENANT_SAFE.match(parts[4]) or re.match(r"^~[0-9a-f]{2,}$", parts[4])))
+        or (len(parts) == 5 and not lane and not tenant)
+        or (tenant and not (_TENANT_SAFE.match(tenant) or re.match(r"^~[0-9a-f]{2,}$", tenant)))
+        or (lane and not is_valid_lane(lane))
     ):
         raise ValueError(f"{name!r} is not a gpuq queue name")
-    return QueueName(parts[1], parts[2], Priority.parse(parts[3]), parts[4] if len(parts) == 5 else "")
+    return QueueName(parts[1], parts[2], Priority.parse(parts[3]), tenant, lane)
 
 
 def parse_queue_name(name: str) -> tuple[str, str, Priority]:
@@ -142,6 +164,7 @@ class QueueEntry(NamedTuple):
     priority: int
     owner: str | None = None  # the tenant: whose fair share it is
     deadline: datetime | None = None
+    lane: str = ""  # the worker whose lane it waits in (``gpuq.jobs.placement``); "": the shared queues
 
     @classmethod
     def of(cls, job: Queueable) -> QueueEntry:
@@ -154,7 +177,7 @@ class QueueEntry(NamedTuple):
 
     @property
     def queue(self) -> str:
-        return queue_name(self.model, self.kind, Priority(self.priority), self.owner)
+        return tenant_queue(self.band, tenant_segment(self.owner), self.lane)
 
     @property
     def band(self) -> str:

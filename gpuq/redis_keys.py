@@ -71,6 +71,40 @@ def fair_edf_key(queue: str) -> str:
     return FAIR_EDF_PREFIX + queue
 
 
+def fair_lane_flows_key(band: str) -> str:
+    """The lanes with jobs waiting in a band (a set of ``<tenant segment>@<lane>``): the
+    worker-owned queues its fair pick looks at beside the shared ones (``gpuq.jobs.fair``,
+    ``gpuq.jobs.placement``). Kept apart from the flows so that a pick finding a tenant's shared
+    queue empty never drops a tenant whose jobs wait only in a lane."""
+    return f"{PREFIX}:fair:lane-flows:{band}"
+
+
+LANE_QUEUES_PREFIX = f"{PREFIX}:lanes:"  # + lane: a set, below
+
+
+def lane_queues_key(lane: str) -> str:
+    """The queues of one worker's lane (a set of queue names, any band): its depth, for the
+    load guard, and what is handed back when the worker dies, drains or stops serving."""
+    return LANE_QUEUES_PREFIX + lane
+
+
+LANES_KEY = f"{PREFIX}:lanes"  # the lanes that have had jobs (a set): the reconciler's round
+JOB_LANED_AT_FIELD = "gpuq_laned_at"  # in RQ's job hash: when it went into a lane (ms): stealing's clock
+
+
+def prefix_index_key(worker: str) -> str:
+    """The block hashes (``gpuq.prefix_blocks``) a worker's slots and RAM tier hold now: a set
+    of 16-byte hashes it keeps in step as it gains and loses them, with its worker TTL, so a
+    dead worker's index expires with it."""
+    return f"{PREFIX}:prefix-index:{worker}"
+
+
+def prefix_promised_key(worker: str) -> str:
+    """Starts placed on a worker that it does not hold yet (a set of block hashes, with a short
+    TTL): the next jobs of a family follow its first before the worker has computed it."""
+    return f"{PREFIX}:prefix-promised:{worker}"
+
+
 JOB_DEADLINE_FIELD = "gpuq_deadline"  # in RQ's job hash: the job's deadline (ms since the epoch), if it has one
 FAIR_WEIGHTS_KEY = f"{PREFIX}:fair:weights"  # tenant segment -> weight (1 when absent); rebuilt from SQL
 
@@ -219,4 +253,6 @@ METRICS_QUEUE_WAIT = f"{PREFIX}:metrics:queue_wait"  # histogram by model, kind
 METRICS_RUN = f"{PREFIX}:metrics:run"  # histogram by model, kind
 METRICS_LOAD_TIME = f"{PREFIX}:metrics:load_time"  # histogram by model
 METRICS_PARKING = f"{PREFIX}:metrics:parking"  # model, "parked" or "resumed" -> sequences
+METRICS_PLACEMENT = f"{PREFIX}:metrics:placement"  # model, how ("affinity", "load", "stolen") -> jobs
+METRICS_PROMPT_TOKENS = f"{PREFIX}:metrics:prompt-tokens"  # host, slot, "all" or "cached" -> prompt tokens
 METRICS_RESTARTS = f"{PREFIX}:metrics:restarts"  # host, supervisor slot -> workers restarted

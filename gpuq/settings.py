@@ -138,6 +138,19 @@ class Settings(BaseSettings):
         description="one prefix cache for all tenants of a model; false (the default): each tenant's cached starts "
         "are its own, so no tenant learns from timing how another's prompts start",
     )
+    prefix_routing: Literal["on", "off"] = Field(
+        "on",
+        description="on: a generation job whose prompt's start a live worker's cache holds waits in that worker's own "
+        "lane, while its load stays within its slots of the least loaded worker's; a start no worker holds goes to the "
+        "least loaded worker's lane (docs/architecture.md, 'Prefix-aware placement'); off: every job in the shared "
+        "queues",
+    )
+    prefix_routing_steal_s: float = Field(
+        5.0, gt=0, description="a lane's first job waiting this long may be taken by any worker serving its model"
+    )
+    prefix_routing_min_blocks: int = Field(
+        4, ge=1, description="the fewest 16-token blocks of a prompt's start that place a job by its start"
+    )
     worker_preemption: Literal["auto", "park", "strict", "off"] = Field(
         "auto",
         description="park: with every slot decoding, a waiting job of a higher priority parks the least urgent, "

@@ -36,6 +36,7 @@ from worker.model_cache import ModelCache, ModelSpec
 from worker.outages import is_outage, wait_for_dependencies
 from worker.outcome_writer import OutcomeWriter
 from worker.prefix_cache import PrefixCache, mem_available_bytes, ram_limit_bytes
+from worker.prefix_index import held_hashes
 from worker.runner import JobRunner
 from worker.worker import GpuqWorker
 
@@ -143,6 +144,10 @@ def _run_worker(
         slots=settings.slots_for(on_gpu=device.on_gpu),
         preemption=settings.worker_preemption != "off",
         prefix_cache_stats=prefix_cache.stats,
+        prefix_index=(lambda: held_hashes(prefix_cache, cache.loaded_models()))
+        if settings.prefix_routing == "on"
+        else None,
+        steal_s=settings.prefix_routing_steal_s,
         connection=redis,
     )
     log.info(

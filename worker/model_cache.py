@@ -124,6 +124,10 @@ class ModelCache:
     def used_mib(self) -> int:
         return sum(spec.vram_mib for spec, _ in self._loaded.values())
 
+    def loaded_models(self) -> list[LoadedModel]:
+        """The models loaded now (a copy: read by the heartbeat's thread)."""
+        return [model for _spec, model in list(self._loaded.values())]
+
     def loaded_names(self) -> list[str]:
         return sorted({name for name, _ in self._loaded})
 

@@ -38,9 +38,11 @@ class QueueOrder:
         loaded_models: Callable[[], list[str]],
         refresh_interval_s: float,
         sql: Dependency,
+        steal_s: float = fair.STEAL_S,
     ) -> None:
         self._redis = connection
         self._worker_name = worker_name
+        self._steal_s = steal_s
         self._worker_key = Worker.redis_worker_namespace_prefix + worker_name
         self._list_servable = list_servable
         self._loaded_models = loaded_models
@@ -78,9 +80,10 @@ class QueueOrder:
         return True
 
     def picker(self) -> fair.Picker:
-        """The fair pick over the ordered bands, rebuilt when the order changes."""
+        """The fair pick over the ordered bands and this worker's lane (its name:
+        ``gpuq.jobs.prefix_routing``), rebuilt when the order changes."""
         if self._picker is None or self._picker.bands != self.names:
-            self._picker = fair.Picker(self._redis, self.names)
+            self._picker = fair.Picker(self._redis, self.names, lane=self._worker_name, steal_s=self._steal_s)
         return self._picker
 
     def _models_loaded_by_others(self) -> frozenset[str]:

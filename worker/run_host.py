@@ -31,6 +31,7 @@ from rq.worker import WorkerStatus
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.jobs import fair
+from gpuq.jobs.prefix_routing import count_stolen
 from gpuq.queue_names import parse_queue_name
 from gpuq.redis_keys import RUN_ALONE_KEY, SLOTS_BUSY_FIELD, rq_intermediate_key, rq_queue_key
 from worker.batching import Started
@@ -128,6 +129,8 @@ class RunHost:
                 taken = picker.take(only=ours)
                 if taken is None:
                     return None
+                if picker.last_how == "stolen":
+                    count_stolen(self._worker.connection, model)
                 found = self._worker.fetch(*taken)
                 if found is not None:
                     return found

@@ -367,7 +367,8 @@ class JobRunner:
         if measured.energy_j is not None or measured.gpu_seconds is not None:
             outcome.energy_share = round(running.share, 4)
         end = _end(outcome, running.generation) if wants_end(running.params.events) else None
-        self._writer.submit(outcome, _finished(running, outcome), end)
+        slot = parts[1] if len(parts := self.worker_name.rsplit(".", 3)) == 4 else ""  # as worker.slot_of reads it
+        self._writer.submit(outcome, _finished(running, outcome, host=self.host or "", slot=slot), end)
 
     def _hand_back_or_settle(self, running: _Running, exc: HandBack) -> None:
         self._hand_back_or_fail(running.claimed, running.outcome, exc)
@@ -415,7 +416,7 @@ class JobRunner:
             outcome.status = JobStatus.CANCELLED
 
 
-def _finished(running: _Running, outcome: store.Outcome) -> FinishedJob:
+def _finished(running: _Running, outcome: store.Outcome, *, host: str, slot: str) -> FinishedJob:
     """What the metrics count for this job, once its outcome is written."""
     claimed = running.claimed
     wait_s = (claimed.started_at - claimed.created_at).total_seconds() if claimed.created_at else None
@@ -428,6 +429,10 @@ def _finished(running: _Running, outcome: store.Outcome) -> FinishedJob:
         completion_tokens=outcome.completion_tokens,
         parks=running.parks,
         resumes=running.resumes,
+        host=host,
+        slot=slot,
+        prompt_tokens=outcome.prompt_tokens,
+        cached_tokens=outcome.cached_tokens,
     )
 
 

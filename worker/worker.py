@@ -13,6 +13,10 @@ lives in SQL can do less than plain RQ:
 * the queue list is refreshed from the registry and the affinity rules, so a new model
   or a changed rule is served without a restart, and is ordered with the models this
   worker has loaded first within each priority (sticky routing).
+* prefix-aware placement (``gpuq.jobs.prefix_routing``): its pick takes its own lane first
+  within a tenant's fair turn, and another's lane whose first job waited past the steal
+  bound; its heartbeats carry the starts its caches hold (worker/prefix_index.py); drained,
+  serving nothing or stopping, it hands its lane back to the shared queues.
 * admin controls (``gpuq/fleet/workers.py``): drained (by its own flag or its host's), it
   finishes its job and takes no more, staying alive and heartbeating; asked to unload a
   model, it does so at once when idle, else right after its job; told an admin requeued
@@ -33,6 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from types import FrameType
 from typing import Any
 
@@ -50,6 +55,7 @@ from rq.worker import WorkerStatus
 from gpuq.db.tables import JobKind
 from gpuq.fleet.prefix_cache_stats import PrefixCacheStats
 from gpuq.jobs import fair
+from gpuq.jobs.prefix_routing import count_stolen, hand_back
 from gpuq.jobs.reconciler import redis_age_s
 from gpuq.queue_names import parse_queue_name
 from gpuq.redis_keys import SLOTS_BUSY_FIELD
@@ -57,6 +63,7 @@ from worker.admin_controls import AdminControls
 from worker.batching import EmbeddingRun, GenerationRun
 from worker.monitor import JobMonitor
 from worker.outages import RECONNECT_BACKOFF_MAX_S, Dependency
+from worker.prefix_index import IndexPublisher
 from worker.publishing import Publisher
 from worker.queue_order import QueueOrder
 from worker.run_host import RunHost
@@ -93,6 +100,8 @@ class GpuqWorker(SimpleWorker):
         slots: int = 1,
         preemption: bool = True,
         prefix_cache_stats: Callable[[], PrefixCacheStats] | None = None,
+        prefix_index: Callable[[], set[bytes]] | None = None,
+        steal_s: float = fair.STEAL_S,
         connection: Redis,
         **kwargs: Any,  # RQ's other Worker options, passed on
     ) -> None:
@@ -105,6 +114,7 @@ class GpuqWorker(SimpleWorker):
             loaded_models=loaded_models,
             refresh_interval_s=queue_refresh_interval_s,
             sql=runner.sql,
+            steal_s=steal_s,
         )
         super().__init__(
             [Queue(name, connection=connection) for name in self.order.names],
@@ -132,6 +142,11 @@ class GpuqWorker(SimpleWorker):
             prefix_cache_stats=prefix_cache_stats,
             redis_health=self.redis_health,
         )
+        # The starts its caches hold, for the API's prefix-aware placement (None: routing off).
+        self.index = (
+            None if prefix_index is None else IndexPublisher(runner.worker_name, prefix_index, ttl_s=worker_ttl_s)
+        )
+        self._lanes_handed_back = False  # while drained or serving nothing: its lane went back to the shared queues
         self.job_error: Exception | None = None  # what a job's run raised (RQ's loop then quits: see ended_unasked)
         self._asked_to_stop = False  # a signal asked the loop to stop (see request_stop)
         self.monitor = JobMonitor(
@@ -217,6 +232,8 @@ class GpuqWorker(SimpleWorker):
                 waited = True
                 continue
             found = self.fetch(*taken)
+            if picker.last_how == "stolen":
+                count_stolen(self.connection, parse_queue_name(taken[0])[0])
             if found is not None:
                 return found
 
@@ -233,13 +250,30 @@ class GpuqWorker(SimpleWorker):
     def _pause_s(self, timeout: int | None) -> float | None:
         """How long to wait before looking at the queues, when no job should be taken now."""
         if self.controls.drained:  # take nothing; stay alive, heartbeat, wait for undrain
+            self._hand_back_lanes()
             return DRAINED_WAKE_S
         if not self.order.names:  # nothing to serve (unhealthy GPU, no allowed model)
+            self._hand_back_lanes()
             return float(timeout or 0)
+        self._lanes_handed_back = False
         waits = [d.wait_s for d in (self.runner.sql, self.redis_health) if d.wait_s > 0]
         if waits:  # a job taken now could not be claimed, or Redis does not answer
             return min(max(waits), self.dequeue_timeout)
         return None
+
+    def _hand_back_lanes(self) -> None:
+        """Jobs placed in its lane go back to the shared queues, once per drain (the reconciler
+        does it too, and for a worker that died)."""
+        if self._lanes_handed_back:
+            return
+        try:
+            moved = hand_back(self.connection, self.name)
+        except RedisError as exc:
+            self.redis_health.failed("handing its lane back", exc)
+            return
+        self._lanes_handed_back = True
+        if moved:
+            log.info("%d jobs of its lane back to the shared queues", moved)
 
     def _housekeeping(self) -> None:
         """Between jobs and on every idle wake-up: model expiry and unloads, the queue list,
@@ -370,14 +404,20 @@ class GpuqWorker(SimpleWorker):
         if pipeline is not None:
             super().heartbeat(timeout or self.worker_ttl, pipeline=pipeline)
             self.publisher.prefix_cache(pipeline)
+            if self.index is not None:
+                self.index.send(pipeline)
             return
         try:
             with self.connection.pipeline(transaction=False) as pipe:
                 super().heartbeat(timeout or self.worker_ttl, pipeline=pipe)
                 self.publisher.prefix_cache(pipe)
+                if self.index is not None:
+                    self.index.send(pipe)
                 if pipe.execute()[0]:  # HSET created last_heartbeat: the hash was gone
                     self._register_again()
         except RedisError as exc:
+            if self.index is not None:
+                self.index.forget()
             self.redis_health.failed("sending its heartbeat", exc)
 
     def check_for_suspension(self, burst: bool) -> None:
@@ -449,4 +489,8 @@ class GpuqWorker(SimpleWorker):
 
     def teardown(self) -> None:
         self.monitor.stop()
+        with suppress(RedisError):  # else the reconciler hands the lane back, and the index expires
+            hand_back(self.connection, self.name)
+            if self.index is not None:
+                self.connection.delete(self.index.key)
         super().teardown()

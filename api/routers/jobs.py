@@ -70,6 +70,7 @@ async def create_job(
         timeout_s=state.settings.job_timeout_s,
         caller=caller,
         worker_slots=state.settings.worker_slots,
+        routing=state.routing,
     )
     if not accepted.created:
         response.status_code = status.HTTP_200_OK
@@ -93,6 +94,7 @@ async def create_jobs(body: JobsCreate, db: SessionDep, state: StateDep, caller:
         timeout_s=state.settings.job_timeout_s,
         caller=caller,
         worker_slots=state.settings.worker_slots,
+        routing=state.routing,
     )
     return JobsAccepted(data=[JobPublic.of(a.job) for a in accepted])
 

@@ -11,7 +11,10 @@ queue order once every job is made.
 - **Slots**: those of the workers that serve the model, all together (the workers with it
   loaded, else every live worker), else the default of ``GPUQ_WORKER_SLOTS`` (no worker is up
   yet: a cron run at night, say).
-- **What changes**: only the order jobs are queued in. Job ids, line numbers, and so the
+- **Lanes**: with prefix-aware placement on, the groups of lines that share a start go to the
+  lanes of the live workers serving the model, spread by prompt bytes
+  (``gpuq.batches.lane_split``), each lane in the planned order.
+- **What changes**: only the order jobs are queued in (and, with lanes, the queues). Job ids, line numbers, and so the
   results file, follow the file. Embedding lines are queued in file order, after the planned
   lines (they have queues of their own).
 """
@@ -24,10 +27,11 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuq.batches.lane_split import spread
 from gpuq.batches.planning import Plan, PlannedLine, plan, plan_chain
 from gpuq.fleet.workers import LiveWorker
 from gpuq.jobs.generation_params import GenerationParams
-from gpuq.queue_names import QueueEntry
+from gpuq.queue_names import QueueEntry, is_valid_lane
 from gpuq.settings import DEFAULT_CPU_SLOTS, DEFAULT_GPU_SLOTS, Settings
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ class Planning:
     """What planning needs from the settings."""
 
     enabled: bool = True  # GPUQ_BATCH_PLAN; false: file order
+    lanes: bool = False  # GPUQ_PREFIX_ROUTING: groups of lines sharing a start go to workers' lanes
     gpu_slots: int = DEFAULT_GPU_SLOTS  # slots when no live worker says its own, on a fleet of GPUs
     cpu_slots: int = DEFAULT_CPU_SLOTS  # ... and on one without
 
@@ -45,6 +50,7 @@ class Planning:
     def of(cls, settings: Settings) -> Planning:
         return cls(
             enabled=settings.batch_plan,
+            lanes=settings.prefix_routing == "on",
             gpu_slots=settings.slots_for(on_gpu=True),
             cpu_slots=settings.slots_for(on_gpu=False),
         )
@@ -81,6 +87,7 @@ class QueueOrder:
 
     def __init__(self, planning: Planning, *, on_gpu: bool) -> None:
         self._default_slots = planning.gpu_slots if on_gpu else planning.cpu_slots
+        self._lanes = planning.lanes
         self._models: dict[str, list[PlannedLine]] = {}
 
     def note(self, model: str, line_number: int, params: GenerationParams) -> None:
@@ -100,6 +107,15 @@ class QueueOrder:
             plan(lines, slots=_slots(model, workers, self._default_slots)) for model, lines in self._models.items()
         ]
         entry_of = dict(by_line)
+        if self._lanes:
+            for model, lines in self._models.items():
+                serving = [
+                    w.name
+                    for w in workers
+                    if not w.drain_requested and model in (w.generates or ()) and is_valid_lane(w.name)
+                ]
+                for line, lane in spread(lines, serving).items():
+                    entry_of[line] = entry_of[line]._replace(lane=lane)
         first = [entry_of.pop(line) for p in plans for line in p.order]
         rest = [entry for line, entry in by_line if line in entry_of]  # embeddings
         figures = PlanFigures(

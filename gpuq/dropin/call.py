@@ -27,6 +27,7 @@ from gpuq.errors import RequestError
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.limits import precheck, tokenising_turn
+from gpuq.jobs.prefix_routing import OFF, PrefixRouting
 from gpuq.jobs.prompt import Counted, vocab_tokenizer
 from gpuq.jobs.request import JobParams
 from gpuq.jobs.submit import JobSpec, refuse_surely_too_long, submit_jobs
@@ -201,13 +202,22 @@ async def with_max_tokens(
 
 
 async def submit_call(
-    db: AsyncSession, redis: Redis, caller: Caller, spec: JobSpec, *, timeout_s: int, worker_slots: int
+    db: AsyncSession,
+    redis: Redis,
+    caller: Caller,
+    spec: JobSpec,
+    *,
+    timeout_s: int,
+    worker_slots: int,
+    routing: PrefixRouting = OFF,
 ) -> Job:
     """Queue the call's job as ``POST /v1/jobs`` would. Refusals are 400s, as OpenAI and Ollama
     answer a request they cannot run (gpuq's own API says 422). ``submit_jobs`` applies the
     key's limits once every check has passed: one submission per call, none for a refused one."""
     try:
-        [accepted] = await submit_jobs(db, redis, [spec], timeout_s=timeout_s, caller=caller, worker_slots=worker_slots)
+        [accepted] = await submit_jobs(
+            db, redis, [spec], timeout_s=timeout_s, caller=caller, worker_slots=worker_slots, routing=routing
+        )
     except RequestError as exc:
         if exc.status != 422:
             raise

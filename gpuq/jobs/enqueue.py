@@ -8,6 +8,7 @@ could drift. ``result_ttl=0`` because results are written to SQL, not to Redis.
 from __future__ import annotations
 
 import pickle
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -19,12 +20,18 @@ from gpuq.jobs.queues import JOB_FUNC
 from gpuq.queue_names import QueueEntry, parse_queue
 from gpuq.redis_keys import (
     FAIR_BELL_MAX,
+    FAIR_EDF_PREFIX,
     JOB_DEADLINE_FIELD,
+    JOB_LANED_AT_FIELD,
+    LANES_KEY,
     RQ_JOB_PREFIX,
+    RQ_QUEUE_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
     fair_edf_key,
     fair_flows_key,
+    fair_lane_flows_key,
+    lane_queues_key,
     rq_job_key,
     rq_queue_key,
 )
@@ -35,9 +42,11 @@ SCRIPT_CHUNK = 2000  # jobs per script call
 
 # Writes RQ's job hash (the fields of ``rq.job.Job.to_dict`` a worker reads) and queues the id,
 # for many jobs of one queue in one call, inside Redis; then adds the queue's tenant to its
-# band's flows and rings the band's bell once per job (up to its length), so the fair pick
-# sees the queue and idle workers wake (``gpuq.jobs.fair``). ARGV from 9: each job's id and
-# deadline (ms; '' for none).
+# band's flows (a lane's queue: ``<tenant>@<lane>`` to the band's lane flows) and rings the
+# band's bell once per job (up to its length), so the fair pick sees the queue and idle workers
+# wake (``gpuq.jobs.fair``). ARGV 9 and 10: the job hash's lane time field and now (ms), for a
+# lane's jobs ('' otherwise: stealing's clock); from 11: each job's id and deadline (ms; '' for
+# none).
 #
 # The list is kept in the order the pick gives jobs out: jobs with a deadline first, earliest
 # first, then the others, each part in queueing order. Jobs without one are pushed at the end.
@@ -49,6 +58,7 @@ SCRIPT_CHUNK = 2000  # jobs per script call
 _ENQUEUE = """
 local origin, now, timeout, failure_ttl, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local tenant, bell_max, deadline_field = ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local laned_field, laned_at = ARGV[9], ARGV[10]
 local list, edf = KEYS[1], KEYS[6]
 local function push(ids, first, last)
   for s = first, last, 1000 do
@@ -57,11 +67,12 @@ local function push(ids, first, last)
 end
 redis.call('SADD', KEYS[2], list)
 local plain, dated = {}, {}
-for i = 9, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   local id, deadline = ARGV[i], ARGV[i + 1]
   redis.call('HSET', KEYS[3] .. id, 'data', data, 'created_at', now, 'enqueued_at', now,
              'origin', origin, 'status', 'queued', 'description', 'gpuq ' .. id, 'timeout', timeout,
              'result_ttl', 0, 'failure_ttl', failure_ttl)
+  if laned_field ~= '' then redis.call('HSET', KEYS[3] .. id, laned_field, laned_at) end
   if deadline == '' then
     table.insert(plain, id)
   else
@@ -91,7 +102,7 @@ if #dated > 0 then
   push(merged, 1, #merged)
 end
 push(plain, 1, #plain)
-local count = (#ARGV - 8) / 2
+local count = (#ARGV - 10) / 2
 redis.call('SADD', KEYS[4], tenant)
 local rings = math.min(count, bell_max)
 for i = 1, rings do redis.call('RPUSH', KEYS[5], 1) end
@@ -115,6 +126,7 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
         deadline = entry.deadline_ms
         by_queue[entry.queue] += [entry.job_id, "" if deadline is None else str(deadline)]  # a tenant's queue
     now = utcformat(rq_now())
+    now_ms = str(int(time.time() * 1000))
     call = pickle.dumps((JOB_FUNC, None, (), {}), protocol=pickle.HIGHEST_PROTOCOL)  # the same for every job
     script = redis.register_script(_ENQUEUE)
     with redis.pipeline(transaction=True) as pipe:
@@ -125,10 +137,13 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
                 rq_queue_key(name),
                 RQ_QUEUES,
                 RQ_JOB_PREFIX,
-                fair_flows_key(band),
+                fair_lane_flows_key(band) if parsed.lane else fair_flows_key(band),
                 fair_bell_key(band),
                 fair_edf_key(name),
             ]
+            if parsed.lane:
+                pipe.sadd(lane_queues_key(parsed.lane), name)
+                pipe.sadd(LANES_KEY, parsed.lane)
             for start in range(0, len(ids), 2 * SCRIPT_CHUNK):
                 args: list[str | int | bytes] = [
                     name,
@@ -136,22 +151,43 @@ def enqueue_jobs(redis: Redis, entries: Iterable[QueueEntry], *, timeout_s: int)
                     timeout_s,
                     FAILURE_TTL_S,
                     call,
-                    parsed.tenant,
+                    f"{parsed.tenant}@{parsed.lane}" if parsed.lane else parsed.tenant,
                     FAIR_BELL_MAX,
                     JOB_DEADLINE_FIELD,
+                    JOB_LANED_AT_FIELD if parsed.lane else "",
+                    now_ms if parsed.lane else "",
                 ]
                 args.extend(ids[start : start + 2 * SCRIPT_CHUNK])
                 script(keys=keys, args=args, client=pipe)
         pipe.execute()
 
 
+# KEYS: the queue its row names, the job's hash. ARGV: the job id, RQ's queue prefix, the
+# deadline sets' prefix. Out of the queue its hash says it waits in (a worker's lane, or a
+# queue aging moved it to) and of the one its row names, then the hash.
+_REMOVE = """
+local origin = redis.call('HGET', KEYS[2], 'origin')
+if origin and ARGV[2] .. origin ~= KEYS[1] then
+  redis.call('LREM', ARGV[2] .. origin, 0, ARGV[1])
+  redis.call('ZREM', ARGV[3] .. origin, ARGV[1])
+end
+redis.call('LREM', KEYS[1], 0, ARGV[1])
+redis.call('ZREM', ARGV[3] .. string.sub(KEYS[1], #ARGV[2] + 1), ARGV[1])
+redis.call('DEL', KEYS[2])
+"""
+
+
 def remove_queued(redis: Redis, entries: Iterable[QueueEntry]) -> None:
     """Take jobs out of their queues, and out of their deadline sets (cancelled before a worker
-    took them). A tenant's queue left empty stays among its band's flows until the next pick
-    passes over it."""
+    took them): the queue RQ's hash names as the job's (a lane's, say) and the one its row
+    names. A tenant's queue left empty stays among its band's flows until the next pick passes
+    over it."""
+    script = redis.register_script(_REMOVE)
     with redis.pipeline(transaction=True) as pipe:
         for e in entries:
-            pipe.lrem(rq_queue_key(e.queue), 0, e.job_id)
-            pipe.zrem(fair_edf_key(e.queue), e.job_id)
-            pipe.delete(rq_job_key(e.job_id))
+            script(
+                keys=[rq_queue_key(e.queue), rq_job_key(e.job_id)],
+                args=[e.job_id, RQ_QUEUE_PREFIX, FAIR_EDF_PREFIX],
+                client=pipe,
+            )
         pipe.execute()

@@ -21,6 +21,14 @@ job's index in it; a sorted set beside the list (``gpuq.redis_keys.fair_edf_key`
 deadlines of its deadline jobs, to find where a new one goes. A tenant's deadlines thus order
 its own jobs and never buy it a larger share.
 
+Lanes (``gpuq.jobs.prefix_routing``): a job placed on a worker by its prompt's start waits in
+that worker's lane, one more queue of its tenant in the band (its tenant kept in the band's
+lane flows, ``gpuq.redis_keys.fair_lane_flows_key``). A worker's pick counts a tenant's
+shared queue, its own lane's queue, and other lanes' queues whose first job has waited past the
+steal bound, and chooses the tenant by its pass over all of them; within the tenant its own
+lane goes first, then the shared queue, then the most overdue other lane. So a lane changes
+only which of a tenant's jobs of one priority a worker takes, never whose turn it is.
+
 Priorities stay strict: the worker's ordered list of bands (``gpuq.jobs.queues``) is walked
 in order and the first band with a job gives it. Idle workers block (``BLPOP``) on their
 bands' *bells* (``gpuq.redis_keys.fair_bell_key``), to which every push adds a token,
@@ -33,6 +41,7 @@ time ``max(pass_f, V) + j * stride_f``, and jobs leave in the order of (virtual 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -49,11 +58,14 @@ from gpuq.redis_keys import (
     FAIR_EDF_PREFIX,
     FAIR_WEIGHTS_KEY,
     JOB_DEADLINE_FIELD,
+    JOB_LANED_AT_FIELD,
+    RQ_JOB_PREFIX,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
     fair_bell_key,
     fair_edf_key,
     fair_flows_key,
+    fair_lane_flows_key,
     fair_passes_key,
     rq_job_key,
     rq_queue_key,
@@ -62,6 +74,7 @@ from gpuq.redis_keys import (
 QUANTUM = 720_720  # divisible by every weight from 1 to 16: strides stay whole numbers
 MAX_WEIGHT = 1000
 DEFAULT_WEIGHT = 1
+STEAL_S = 5.0  # GPUQ_PREFIX_ROUTING_STEAL_S's default: a lane's first job waits this long before others take it
 
 
 def stride(weight: int) -> int:
@@ -80,50 +93,87 @@ local function insert_at(list, at, id)
 end
 """
 
-# KEYS: the weights hash, then per band its flows set, passes hash and bell.
+# KEYS: the weights hash, then per band its flows set, passes hash, bell and lane flows set.
 # ARGV: mode ('pop', 'peek'), accepted band numbers (',1,3,' or '' for all), quantum, RQ's
-# queue prefix, the deadline sets' prefix, then each band's name. Returns {queue name, job id}
-# or false.
+# queue prefix, the deadline sets' prefix, RQ's job prefix, this worker's lane ('' for none),
+# now (ms), the steal bound (ms), the job hash's lane time field, then each band's name.
+# Returns {queue name, job id, how} (how: 'shared', 'own' for its lane, 'stolen' from another's
+# whose first job waited past the bound), or {'', '', ms} when nothing is to be had now but
+# a lane's first job may be stolen in ms, or false.
+#
+# A tenant's candidates are its shared queue, its queue in this worker's lane, and its queues
+# in other lanes whose first job is overdue. The tenant is chosen by its pass over all of them
+# (fair shares first); within the tenant, this worker's lane goes first, then the shared queue,
+# then the most overdue other lane.
 _PICK = """
 local mode, accept, quantum, prefix, edf_prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local bands = (#KEYS - 1) / 3
+local job_prefix, lane, now, steal_ms, laned_field = ARGV[6], ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
+local bands = (#KEYS - 1) / 4
+local steal_in
 for b = 1, bands do
-  local flows, passes = KEYS[3 * b - 1], KEYS[3 * b]
-  local band = ARGV[5 + b]
+  local flows, passes, lane_flows = KEYS[4 * b - 2], KEYS[4 * b - 1], KEYS[4 * b + 1]
+  local band = ARGV[10 + b]
   local members = redis.call('SMEMBERS', flows)
   if redis.call('SISMEMBER', flows, '') == 0 then table.insert(members, '') end
-  do
-    local v = tonumber(redis.call('HGET', passes, '@') or '0')
-    local best, best_at
-    for _, t in ipairs(members) do
-      local name = band
-      if t ~= '' then name = band .. ':' .. t end
-      if redis.call('LLEN', prefix .. name) > 0 then
-        local at = tonumber(redis.call('HGET', passes, t) or '0')
-        if at < v then at = v end
-        if best == nil or at < best_at or (at == best_at and t < best) then best, best_at = t, at end
-      else
-        redis.call('SREM', flows, t)
+  local shared, own, stolen, stolen_at = {}, {}, {}, {}
+  local tenants = {}
+  for _, t in ipairs(members) do
+    local name = band
+    if t ~= '' then name = band .. ':' .. t end
+    if redis.call('LLEN', prefix .. name) > 0 then
+      shared[t] = name
+      tenants[t] = true
+    else
+      redis.call('SREM', flows, t)
+    end
+  end
+  for _, m in ipairs(redis.call('SMEMBERS', lane_flows)) do
+    local at_sign = string.find(m, '@', 1, true)
+    local t, l = string.sub(m, 1, at_sign - 1), string.sub(m, at_sign + 1)
+    local name = band .. ':' .. m
+    local head = redis.call('LINDEX', prefix .. name, 0)
+    if not head then
+      redis.call('SREM', lane_flows, m)
+    elseif l == lane then
+      own[t] = name
+      tenants[t] = true
+    else
+      local laned = tonumber(redis.call('HGET', job_prefix .. head, laned_field) or '0')
+      local due = laned + steal_ms - now
+      if due <= 0 then
+        if stolen[t] == nil or laned < stolen_at[t] then stolen[t], stolen_at[t] = name, laned end
+        tenants[t] = true
+      elseif steal_in == nil or due < steal_in then
+        steal_in = due
       end
     end
-    if best ~= nil then
-      if accept ~= '' and not string.find(accept, ',' .. b .. ',', 1, true) then return false end
-      local name = band
-      if best ~= '' then name = band .. ':' .. best end
-      if mode == 'peek' then return {name, redis.call('LINDEX', prefix .. name, 0)} end
-      local id = redis.call('LPOP', prefix .. name)
-      redis.call('ZREM', edf_prefix .. name, id)
-      local w = tonumber(redis.call('HGET', KEYS[1], best) or '1')
-      if w < 1 then w = 1 end
-      redis.call('HSET', passes, best, string.format('%.0f', best_at + math.floor(quantum / w)),
-                 '@', string.format('%.0f', best_at))
-      return {name, id}
-    end
+  end
+  local v = tonumber(redis.call('HGET', passes, '@') or '0')
+  local best, best_at
+  for t, _ in pairs(tenants) do
+    local at = tonumber(redis.call('HGET', passes, t) or '0')
+    if at < v then at = v end
+    if best == nil or at < best_at or (at == best_at and t < best) then best, best_at = t, at end
+  end
+  if best ~= nil then
+    if accept ~= '' and not string.find(accept, ',' .. b .. ',', 1, true) then return false end
+    local name, how = own[best], 'own'
+    if name == nil then name, how = shared[best], 'shared' end
+    if name == nil then name, how = stolen[best], 'stolen' end
+    if mode == 'peek' then return {name, redis.call('LINDEX', prefix .. name, 0), how} end
+    local id = redis.call('LPOP', prefix .. name)
+    redis.call('ZREM', edf_prefix .. name, id)
+    local w = tonumber(redis.call('HGET', KEYS[1], best) or '1')
+    if w < 1 then w = 1 end
+    redis.call('HSET', passes, best, string.format('%.0f', best_at + math.floor(quantum / w)),
+               '@', string.format('%.0f', best_at))
+    return {name, id, how}
   end
 end
 if mode == 'pop' and accept == '' then
-  for b = 1, bands do redis.call('DEL', KEYS[3 * b + 1]) end
+  for b = 1, bands do redis.call('DEL', KEYS[4 * b]) end
 end
+if steal_in ~= nil then return {'', '', string.format('%.0f', steal_in)} end
 return false
 """
 
@@ -148,16 +198,26 @@ return out
 
 
 class Picker:
-    """A worker's ordered bands (``gpuq.jobs.queues.worker_queue_names``) as one pick."""
+    """A worker's ordered bands (``gpuq.jobs.queues.worker_queue_names``) as one pick, with its
+    lane (``gpuq.jobs.placement``: its worker name; "" for a reader that has none)."""
 
-    def __init__(self, redis: Redis, bands: Sequence[str]) -> None:
+    def __init__(self, redis: Redis, bands: Sequence[str], *, lane: str = "", steal_s: float = STEAL_S) -> None:
         self._redis = redis
         self.bands = list(bands)
+        self.lane = lane
+        self.steal_ms = int(steal_s * 1000)
         self._keys = [FAIR_WEIGHTS_KEY]
         for band in self.bands:
-            self._keys += [fair_flows_key(band), fair_passes_key(band), fair_bell_key(band)]
+            self._keys += [
+                fair_flows_key(band),
+                fair_passes_key(band),
+                fair_bell_key(band),
+                fair_lane_flows_key(band),
+            ]
         self.bells = [fair_bell_key(band) for band in self.bands]
         self._script = redis.register_script(_PICK)
+        self.steal_in_s: float | None = None  # after a pick that found nothing: when a lane's job may be stolen
+        self.last_how = ""  # how the last job taken was placed: 'shared', 'own', 'stolen'
 
     def take(self, *, only: Sequence[str] | None = None) -> tuple[str, str] | None:
         """Pops the next job of the first band in order that has one: (queue name, job id).
@@ -173,19 +233,40 @@ class Picker:
         return self._call("peek", "")
 
     def _call(self, mode: str, accept: str) -> tuple[str, str] | None:
+        self.steal_in_s = None
         if not self.bands:
             return None
-        args: list[str | int] = [mode, accept, QUANTUM, RQ_QUEUE_PREFIX, FAIR_EDF_PREFIX, *self.bands]
+        args: list[str | int] = [
+            mode,
+            accept,
+            QUANTUM,
+            RQ_QUEUE_PREFIX,
+            FAIR_EDF_PREFIX,
+            RQ_JOB_PREFIX,
+            self.lane,
+            int(time.time() * 1000),
+            self.steal_ms,
+            JOB_LANED_AT_FIELD,
+            *self.bands,
+        ]
         found = cast(list[bytes] | None, self._script(keys=self._keys, args=args))
         if not found:
             return None
+        if not found[0]:
+            self.steal_in_s = int(found[2]) / 1000
+            return None
+        self.last_how = found[2].decode()
         return found[0].decode(), found[1].decode()
 
     def wait(self, timeout_s: int) -> bool:
-        """Blocks until a push to one of the bands rings (True) or ``timeout_s`` passes."""
+        """Blocks until a push to one of the bands rings (True) or ``timeout_s`` passes (or,
+        sooner, a lane's first job may be stolen)."""
         if not self.bells:
             return False
-        return self._redis.blpop(self.bells, timeout_s) is not None
+        wait_s: float = timeout_s
+        if self.steal_in_s is not None:
+            wait_s = max(0.05, min(wait_s, self.steal_in_s + 0.01))
+        return self._redis.blpop(self.bells, wait_s) is not None
 
 
 def note_push(pipe: Pipeline, queue: str) -> None:
@@ -193,7 +274,10 @@ def note_push(pipe: Pipeline, queue: str) -> None:
     the band's flows, and a token on the band's bell."""
     parsed = parse_queue(queue)
     band = parsed.band
-    pipe.sadd(fair_flows_key(band), parsed.tenant)
+    if parsed.lane:
+        pipe.sadd(fair_lane_flows_key(band), f"{parsed.tenant}@{parsed.lane}")
+    else:
+        pipe.sadd(fair_flows_key(band), parsed.tenant)
     pipe.rpush(fair_bell_key(band), 1)
     pipe.ltrim(fair_bell_key(band), 0, FAIR_BELL_MAX - 1)
 
@@ -351,7 +435,10 @@ def register_flows(redis: Redis) -> int:
     with redis.pipeline(transaction=False) as pipe:
         for name, parsed in names:
             pipe.llen(rq_queue_key(name))
-            pipe.sismember(fair_flows_key(parsed.band), parsed.tenant)
+            if parsed.lane:
+                pipe.sismember(fair_lane_flows_key(parsed.band), f"{parsed.tenant}@{parsed.lane}")
+            else:
+                pipe.sismember(fair_flows_key(parsed.band), parsed.tenant)
         raw = pipe.execute()
     missing = [
         name for (name, _p), length, member in zip(names, raw[::2], raw[1::2], strict=True) if length and not member

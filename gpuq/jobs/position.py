@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from anyio import to_thread
 from redis import Redis
@@ -26,8 +26,8 @@ from gpuq import store
 from gpuq.db.tables import Job, JobStatus, utcnow
 from gpuq.jobs import fair
 from gpuq.jobs.aging import gpuq_queues
-from gpuq.queue_names import Priority, band_name, queue_name, tenant_queue, tenant_segment
-from gpuq.redis_keys import rq_queue_key
+from gpuq.queue_names import Priority, band_name, parse_queue, queue_name, tenant_queue, tenant_segment
+from gpuq.redis_keys import rq_job_key, rq_queue_key
 from gpuq.stats import throughput
 from gpuq.stats.filters import StatsFilter
 from gpuq.stats.throughput import Throughput
@@ -247,6 +247,16 @@ def _find(redis: Redis, job_id: str, model: str, kind: str, owner: str | None) -
             (band_name(model, kind, p), ""),
         )
     ]
+    # In a worker's lane (gpuq.jobs.prefix_routing) its place counts as that in its tenant's
+    # shared queue: a lane's jobs go at their tenant's fair turns, as the shared queue's do.
+    origin = cast(bytes | None, redis.hget(rq_job_key(job_id), "origin"))
+    if origin is not None:
+        try:
+            parsed = parse_queue(origin.decode())
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.lane and (parsed.model, parsed.kind) == (model, kind):
+            places.insert(0, (parsed.priority, origin.decode(), parsed.tenant))
     with redis.pipeline(transaction=False) as pipe:
         for _p, name, _t in places:
             pipe.lpos(rq_queue_key(name), job_id)

@@ -51,6 +51,7 @@ from gpuq import store
 from gpuq.db.tables import JobStatus, utcnow
 from gpuq.jobs import fair, outcome_spool
 from gpuq.jobs.enqueue import enqueue_jobs
+from gpuq.jobs.prefix_routing import hand_back_lanes
 from gpuq.queue_names import QueueEntry
 from gpuq.redis_keys import (
     LOST_SUSPECTS_KEY,
@@ -83,6 +84,7 @@ class ReconcileReport:
     failed: list[str] = field(default_factory=list)  # running on a dead worker, out of attempts
     spooled: list[str] = field(default_factory=list)  # finished on a dead worker during an outage: written
     orphaned: list[str] = field(default_factory=list)  # running where no worker runs it, queued again
+    handed_back: int = 0  # jobs of lanes of dead, drained or no longer serving workers, back in the shared queues
 
 
 def reconcile_once(
@@ -104,6 +106,8 @@ def reconcile_once(
     settled = redis_age_s(redis) >= redis_settle_s
     if settled:
         _write_spools_of_dead_workers(session, redis, report=report, spool_dir=spool_dir)
+        # Before the lost entries' round reads the queues (each lane queue moves in one script).
+        report.handed_back = hand_back_lanes(redis)
     _requeue_lost_entries(
         session, redis, grace_s=grace_s, timeout_s=timeout_s, in_flight_limit_s=in_flight_limit_s, report=report
     )
@@ -111,15 +115,16 @@ def reconcile_once(
         _recover_from_dead_workers(session, redis, max_attempts=max_attempts, timeout_s=timeout_s, report=report)
         _requeue_orphans(session, redis, limit_s=orphan_limit_s, timeout_s=timeout_s, report=report)
     fair.register_flows(redis)
-    if report.requeued or report.recovered or report.failed or report.spooled or report.orphaned:
+    if report.requeued or report.recovered or report.failed or report.spooled or report.orphaned or report.handed_back:
         log.warning(
             "reconciler: %d re-enqueued, %d recovered from dead workers, %d failed, "
-            "%d outcomes written from spools, %d orphans re-enqueued",
+            "%d outcomes written from spools, %d orphans re-enqueued, %d jobs of lanes handed back",
             len(report.requeued),
             len(report.recovered),
             len(report.failed),
             len(report.spooled),
             len(report.orphaned),
+            report.handed_back,
         )
     return report
 

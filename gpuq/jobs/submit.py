@@ -35,7 +35,15 @@ from gpuq.jobs.admission import Planned, refuse_late_jobs
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.limits import admit, precheck, tokenising_turn
-from gpuq.jobs.prompt import Counted, VocabTokenizer, out_of_vocabulary, vocab_tokenizer
+from gpuq.jobs.prefix_routing import OFF, PrefixRouting, place, prefix_chain
+from gpuq.jobs.prompt import (
+    Counted,
+    VocabTokenizer,
+    out_of_vocabulary,
+    unpack_prompt_ids,
+    vocab_tokenizer,
+    vocabulary_file_tag,
+)
 from gpuq.jobs.request import EmbeddingParams, JobParams
 from gpuq.queue_names import Priority, QueueEntry
 
@@ -270,11 +278,13 @@ async def submit_jobs(
     timeout_s: int,
     caller: Caller,
     worker_slots: int,
+    routing: PrefixRouting = OFF,
 ) -> list[Accepted]:
     """Validate and accept jobs, all or none, owned by the caller's tenant. The key's limits
     (gpuq/jobs/limits.py) are applied once every check has passed, to the jobs that are new:
     a refused request, or an idempotent replay, spends none of its submissions.
-    ``worker_slots`` is ``GPUQ_WORKER_SLOTS``, the samples limit while no worker is live."""
+    ``worker_slots`` is ``GPUQ_WORKER_SLOTS``, the samples limit while no worker is live.
+    ``routing``: prefix-aware placement (``gpuq.jobs.prefix_routing``), off unless given."""
     specs = [_keep_alive_rule(s, caller) for s in specs]
     # A key already over its limits is refused before its prompts are tokenised; a job with
     # an idempotency key may be a replay, which spends nothing, so only the others count here.
@@ -326,7 +336,10 @@ async def submit_jobs(
             await admit(db, redis, caller, queued_jobs=len(new), submissions=len(new))
             admitted = True
         try:
-            created = iter(await _insert_then_enqueue(db, redis, new, timeout_s=timeout_s) if new else [])
+            chains = await to_thread.run_sync(_chains, new, models, routing) if new else []
+            created = iter(
+                await _insert_then_enqueue(db, redis, new, chains, routing, timeout_s=timeout_s) if new else []
+            )
         except _RacedOnIdempotencyKey:
             continue  # a concurrent request committed one of these keys first: its job is the answer
         return [
@@ -386,7 +399,36 @@ async def _earlier_jobs(db: AsyncSession, specs: Sequence[JobSpec], owner: str) 
     return earlier
 
 
-async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.NewJob], *, timeout_s: int) -> list[Job]:
+def _chains(
+    new: Sequence[store.NewJob], models: dict[str, Model | None], routing: PrefixRouting
+) -> list[tuple[bytes, ...] | None]:
+    """Each new job's prompt start as block hashes (``gpuq.jobs.prefix_routing``), where routing
+    is on and the API built the prompt's tokens; None for the others."""
+    if not routing.on:
+        return [None] * len(new)
+    out: list[tuple[bytes, ...] | None] = []
+    for job in new:
+        model = models.get(job.model)
+        ids = None
+        if model is not None and job.prompt_ids is not None:
+            ids = unpack_prompt_ids(vocabulary_file_tag(model.path), job.prompt_ids)
+        out.append(
+            None
+            if ids is None or model is None
+            else prefix_chain(model.path, job.owner, ids, shared_tenants=routing.shared_tenants)
+        )
+    return out
+
+
+async def _insert_then_enqueue(
+    db: AsyncSession,
+    redis: Redis,
+    new: list[store.NewJob],
+    chains: list[tuple[bytes, ...] | None],
+    routing: PrefixRouting,
+    *,
+    timeout_s: int,
+) -> list[Job]:
     try:
         jobs = await db.run_sync(store.insert_jobs, new)
     except IntegrityError:
@@ -395,8 +437,13 @@ async def _insert_then_enqueue(db: AsyncSession, redis: Redis, new: list[store.N
         await db.rollback()
         raise _RacedOnIdempotencyKey from None
     entries = [QueueEntry.of(n) for n in new]
+
+    def enqueue() -> None:
+        placed = place(redis, entries, chains, routing).entries if routing.on else entries
+        enqueue_jobs(redis, placed, timeout_s=timeout_s)
+
     try:
-        await to_thread.run_sync(lambda: enqueue_jobs(redis, entries, timeout_s=timeout_s))
+        await to_thread.run_sync(enqueue)
     except RedisError as exc:
         await db.run_sync(store.delete_queued_jobs, [n.id for n in new])
         raise queue_unavailable(exc) from None

@@ -54,11 +54,14 @@ from gpuq.redis_keys import (
     METRICS_LOAD_TIME,
     METRICS_LOADS,
     METRICS_PARKING,
+    METRICS_PLACEMENT,
+    METRICS_PROMPT_TOKENS,
     METRICS_QUEUE_WAIT,
     METRICS_RESTARTS,
     METRICS_RUN,
     METRICS_TOKENS,
     fair_flows_key,
+    fair_lane_flows_key,
     rq_queue_key,
 )
 from gpuq.stats.backlog import Backlog
@@ -91,6 +94,10 @@ class FinishedJob:
     completion_tokens: int | None = None
     parks: int = 0  # times its sequences were parked for more urgent jobs
     resumes: int = 0  # ... and resumed
+    host: str = ""  # where it ran (a worker's host label and supervisor slot), for its prompt tokens
+    slot: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of its prompt tokens, those a KV slot or the prefix cache gave
 
 
 class _Increments:
@@ -129,6 +136,11 @@ class _Increments:
                 self.ints[(METRICS_PARKING, _SEP.join((job.model, "parked")))] += job.parks
             if job.resumes:
                 self.ints[(METRICS_PARKING, _SEP.join((job.model, "resumed")))] += job.resumes
+            if job.prompt_tokens and job.host:
+                where = _SEP.join((job.host, job.slot))
+                self.ints[(METRICS_PROMPT_TOKENS, f"{where}{_SEP}all")] += job.prompt_tokens
+                if job.cached_tokens:
+                    self.ints[(METRICS_PROMPT_TOKENS, f"{where}{_SEP}cached")] += job.cached_tokens
 
     def send(self, pipe: Pipeline) -> None:
         for (key, field), n in self.ints.items():
@@ -242,18 +254,29 @@ def read_snapshot(redis: Redis, *, queues: Sequence[tuple[str, str]], gpus: Sequ
         METRICS_LOAD_TIME,
         METRICS_RESTARTS,
         METRICS_PARKING,
+        METRICS_PLACEMENT,
+        METRICS_PROMPT_TOKENS,
     )
     with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hgetall(key)
         for *_, band in bands:
             pipe.smembers(fair_flows_key(band))
+            pipe.smembers(fair_lane_flows_key(band))  # jobs placed in workers' lanes count too
         raw = pipe.execute()
-    tenant_queues = [
-        ((m, k, p), f"{band}:{t.decode()}" if t else band)
-        for (m, k, p, band), tenants in zip(bands, raw[len(keys) :], strict=True)
-        for t in sorted(set(tenants) | {b""})  # the band's own queue (no tenant) always
-    ]
+    flows = raw[len(keys) :]
+    tenant_queues = (
+        [
+            ((m, k, p), f"{band}:{t.decode()}" if t else band)
+            for (m, k, p, band), tenants in zip(bands, flows[::2], strict=True)
+            for t in sorted(set(tenants) | {b""})  # the band's own queue (no tenant) always
+        ]
+        + [
+            ((m, k, p), f"{band}:{lane.decode()}")
+            for (m, k, p, band), lanes in zip(bands, flows[1::2], strict=True)
+            for lane in sorted(lanes)
+        ]
+    )
     with redis.pipeline(transaction=False) as pipe:
         for _band, name in tenant_queues:
             pipe.llen(rq_queue_key(name))
@@ -440,6 +463,14 @@ class _SnapshotCollector(Collector):
             c[METRICS_RESTARTS],
         )
         yield from _parking_families(c[METRICS_PARKING])
+        yield _counter(
+            "gpuq_jobs_placed",
+            "generation jobs the API placed in a worker's lane by their prompt's start (affinity: a worker holding it; "
+            "load: the least loaded worker, promised it), and those a worker took from another's lane (stolen)",
+            ["model", "how"],
+            c[METRICS_PLACEMENT],
+        )
+        yield from _prompt_token_families(c[METRICS_PROMPT_TOKENS])
         yield from _gpu_families(s.gpus)
         workers = GaugeMetricFamily("gpuq_workers", "live workers by host and state", labels=["host", "state"])
         for (host, state), n in sorted(s.workers.items()):
@@ -459,6 +490,22 @@ def _parking_families(counts: dict[str, str]) -> Iterator[Metric]:
         "gpuq_sequences_parked", "sequences that gave their slot up to a more urgent job", ["model"], by_event["parked"]
     )
     yield _counter("gpuq_sequences_resumed", "parked sequences that took a slot again", ["model"], by_event["resumed"])
+
+
+def _prompt_token_families(counts: dict[str, str]) -> Iterator[Metric]:
+    """Prompt tokens of the jobs each supervisor slot's workers ran, and those of them a KV slot
+    or the prefix cache gave (reused, not computed)."""
+    by_part: dict[str, dict[str, str]] = {"all": {}, "cached": {}}
+    for field, n in counts.items():
+        where, part = field.rsplit(_SEP, 1)
+        by_part[part][where] = n
+    yield _counter("gpuq_prompt_tokens", "prompt tokens of the jobs run", ["host", "slot"], by_part["all"])
+    yield _counter(
+        "gpuq_prompt_tokens_cached",
+        "prompt tokens taken from a KV slot or the prefix cache instead of computed",
+        ["host", "slot"],
+        by_part["cached"],
+    )
 
 
 def _slot_families(slots: dict[tuple[str, str, str], tuple[int, int]]) -> Iterator[Metric]:

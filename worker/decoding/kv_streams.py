@@ -123,6 +123,11 @@ class KvStreams:
         """The reusable tokens the stream holds now."""
         return list(self._streams[stream].reusable)
 
+    def snapshot(self) -> list[tuple[tuple[int, ...], bytes]]:
+        """Each stream's reusable tokens and their scope, copied: read by the heartbeat's
+        thread for the fleet's prefix index (a copy of a list is one step under the GIL)."""
+        return [(tuple(s.reusable), s.scope) for s in list(self._streams)]
+
     def scope_of(self, stream: int) -> bytes:
         return self._streams[stream].scope
 

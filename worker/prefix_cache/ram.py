@@ -84,6 +84,11 @@ class RamTier:
                     if self._pins[entry_id] <= 0:
                         del self._pins[entry_id]
 
+    def chains(self) -> list[tuple[bytes, ...]]:
+        """Every kept start's block hashes (the fleet's prefix index, ``worker/prefix_index.py``)."""
+        with self._lock:
+            return [entry.chain for entry in self._entries.values()]
+
     def clear(self) -> None:
         with self._lock:
             for entry_id in [i for i in self._entries if i not in self._pins]:
