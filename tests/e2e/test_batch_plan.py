@@ -13,14 +13,9 @@ from openai import OpenAI
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job
 from tests.e2e.conftest import wait_until
+from tests.e2e.prompt_families import MODEL, family_prompt, tenant_key
 
-MODEL = "smollm2-135m"
 FAMILIES, PER_FAMILY = 4, 3
-
-
-def _start(family: int) -> str:
-    """A distinct few-shot start of about 120 tokens."""
-    return "".join(f"Q: what is {a} times {family + 3}? A: {a * (family + 3)}.\n" for a in range(2, 11))
 
 
 def _lines() -> list[str]:
@@ -30,24 +25,13 @@ def _lines() -> list[str]:
         for family in range(FAMILIES):
             body = {
                 "model": MODEL,
-                "prompt": _start(family) + f"Q: what is {12 + q} times {family + 3}? A:",
+                "prompt": family_prompt(family, 12 + q),
                 "max_tokens": 4,
                 "temperature": 0,
             }
             custom_id = f"f{family}-q{q}"
             lines.append(json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}))
     return lines
-
-
-def _key(url: str, admin: str, owner: str) -> str:
-    made = httpx.post(
-        f"{url}/v1/keys",
-        json={"name": f"plan-{owner}", "owner": owner},
-        headers={"Authorization": f"Bearer {admin}"},
-        timeout=30,
-    )
-    assert made.status_code == 201, made.text
-    return str(made.json()["key"])
 
 
 def _run_batch(url: str, key: str, tmp_path, name: str) -> tuple[dict, list[dict]]:
@@ -88,8 +72,8 @@ def test_a_planned_batch_takes_its_starts_from_the_streams_and_its_results_keep_
     processes.start_worker()
     processes.start_scheduler()
     # One tenant each: the same prompts, and no start of one batch serves the other.
-    planned_key = _key(url, processes.admin_key, "planned")
-    file_order_key = _key(url, processes.admin_key, "file-order")
+    planned_key = tenant_key(url, processes.admin_key, "planned")[1]
+    file_order_key = tenant_key(url, processes.admin_key, "file-order")[1]
     with processes.client(url) as client:  # loads the model; the worker publishes its slots
         warm = client.wait(client.submit({"kind": "generate", "model": MODEL, "prompt": "Hi", "max_tokens": 1})["id"])
         assert warm["status"] == "succeeded"

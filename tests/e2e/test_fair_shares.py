@@ -11,17 +11,10 @@ from sqlalchemy import select
 from gpuq.cli.client import GpuqClient
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import JobRun
+from tests.e2e.prompt_families import tenant_key
 
 MODEL = "smollm2-135m"
 NOOP = {"kind": "noop", "model": MODEL}
-
-
-def _key(url: str, admin: str, owner: str, **fields: object) -> tuple[str, str]:
-    made = httpx.post(
-        f"{url}/v1/keys", json={"name": f"fair-{owner}", "owner": owner, **fields}, headers=_bearer(admin), timeout=30
-    )
-    assert made.status_code == 201, made.text
-    return str(made.json()["id"]), str(made.json()["key"])
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -47,8 +40,8 @@ def _run_all(processes, url: str, ids: list[str]) -> list[str]:
 
 def test_a_tenant_queued_behind_another_tenants_batch_runs_in_turns_with_it(processes):
     _api, url = processes.start_api()
-    _id_a, key_a = _key(url, processes.admin_key, "tenant-a")
-    _id_b, key_b = _key(url, processes.admin_key, "tenant-b")
+    _id_a, key_a = tenant_key(url, processes.admin_key, "tenant-a")
+    _id_b, key_b = tenant_key(url, processes.admin_key, "tenant-b")
     with GpuqClient(url, api_key=key_a) as a, GpuqClient(url, api_key=key_b) as b:
         a_ids = [j["id"] for j in a.submit_many([NOOP] * 96)]
         b_ids = [j["id"] for j in b.submit_many([NOOP] * 4)]
@@ -64,8 +57,8 @@ def test_a_tenant_queued_behind_another_tenants_batch_runs_in_turns_with_it(proc
 
 def test_weights_set_through_the_keys_api_share_turns_and_priority_still_comes_first(processes):
     _api, url = processes.start_api()
-    id_a, key_a = _key(url, processes.admin_key, "tenant-a")
-    _id_b, key_b = _key(url, processes.admin_key, "tenant-b")
+    id_a, key_a = tenant_key(url, processes.admin_key, "tenant-a")
+    _id_b, key_b = tenant_key(url, processes.admin_key, "tenant-b")
     changed = httpx.patch(f"{url}/v1/keys/{id_a}", json={"weight": 2}, headers=_bearer(processes.admin_key))
     assert changed.status_code == 200 and changed.json()["weight"] == 2
     with GpuqClient(url, api_key=key_a) as a, GpuqClient(url, api_key=key_b) as b:

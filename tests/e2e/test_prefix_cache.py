@@ -9,36 +9,8 @@ import httpx
 
 from gpuq.cli.client import GpuqClient
 from tests.e2e.conftest import wait_until
+from tests.e2e.prompt_families import family_job, run_to_success, tenant_key
 from tests.metrics_parsing import samples, total
-
-MODEL = "smollm2-135m"
-
-
-def _start(family: int) -> str:
-    """A distinct few-shot start of about 120 tokens."""
-    return "".join(f"Q: what is {a} times {family + 3}? A: {a * (family + 3)}.\n" for a in range(2, 11))
-
-
-def _job(family: int, question: int = 12) -> dict:
-    prompt = _start(family) + f"Q: what is {question} times {family + 3}? A:"
-    return {"kind": "generate", "model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "seed": 1}
-
-
-def _key(url: str, admin: str, owner: str) -> str:
-    made = httpx.post(
-        f"{url}/v1/keys",
-        json={"name": f"cache-{owner}", "owner": owner},
-        headers={"Authorization": f"Bearer {admin}"},
-        timeout=30,
-    )
-    assert made.status_code == 201, made.text
-    return str(made.json()["key"])
-
-
-def _run(client: GpuqClient, job: dict) -> dict:
-    done = client.wait(client.submit(job)["id"])
-    assert done["status"] == "succeeded", done
-    return done
 
 
 def test_starts_come_back_from_ram_and_disk_and_never_across_tenants(processes, tmp_path):
@@ -48,16 +20,16 @@ def test_starts_come_back_from_ram_and_disk_and_never_across_tenants(processes, 
     }
     _api, url = processes.start_api()
     worker, _name = processes.start_worker()
-    key_a = _key(url, processes.admin_key, "tenant-a")
-    key_b = _key(url, processes.admin_key, "tenant-b")
+    key_a = tenant_key(url, processes.admin_key, "tenant-a")[1]
+    key_b = tenant_key(url, processes.admin_key, "tenant-b")[1]
     with GpuqClient(url, api_key=key_a) as a, GpuqClient(url, api_key=key_b) as b:
-        first = _run(a, _job(0))
+        first = run_to_success(a, family_job(0, seed=1))
         assert first["cached_tokens"] == 0
         # Tenant B sends tenant A's very prompt: nothing of A's is reused, not even in the slot.
-        other = _run(b, _job(0))
+        other = run_to_success(b, family_job(0, seed=1))
         assert other["cached_tokens"] == 0 and other["result"] == first["result"]
         # A's start left the slot (B's took it) and comes back from host RAM.
-        again = _run(a, _job(0, question=13))
+        again = run_to_success(a, family_job(0, question=13, seed=1))
         assert again["cached_tokens"] >= 100
         assert again["cached_ram_tokens"] == again["cached_tokens"] and again["cached_disk_tokens"] == 0
 
@@ -80,8 +52,8 @@ def test_starts_come_back_from_ram_and_disk_and_never_across_tenants(processes, 
         worker.stop()
         assert worker.popen.returncode == 0, worker.tail()
         processes.start_worker()
-        restored = _run(a, _job(0, question=14))
+        restored = run_to_success(a, family_job(0, question=14, seed=1))
         assert restored["cached_disk_tokens"] >= 100 and restored["cached_tokens"] == restored["cached_disk_tokens"]
         # ... and a tenant that never sent it gets nothing of it from there.
-        with GpuqClient(url, api_key=_key(url, processes.admin_key, "tenant-c")) as c:
-            assert _run(c, _job(0, question=14))["cached_tokens"] == 0
+        with GpuqClient(url, api_key=tenant_key(url, processes.admin_key, "tenant-c")[1]) as c:
+            assert run_to_success(c, family_job(0, question=14, seed=1))["cached_tokens"] == 0

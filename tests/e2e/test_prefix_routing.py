@@ -9,14 +9,13 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-import httpx
 from redis import Redis
 
 from gpuq.cli.client import GpuqClient
 from gpuq.redis_keys import prefix_index_key, rq_job_key
 from tests.e2e.conftest import wait_until
+from tests.e2e.prompt_families import family_job, run_to_success, tenant_key
 
-MODEL = "smollm2-135m"
 ROUTED = {
     "GPUQ_PREFIX_ROUTING": "on",
     "GPUQ_WORKER_SLOTS": "2",
@@ -25,56 +24,29 @@ ROUTED = {
 }
 
 
-def _start(family: int) -> str:
-    """A distinct few-shot start of about 120 tokens (7 blocks of 16)."""
-    return "".join(f"Q: what is {a} times {family + 3}? A: {a * (family + 3)}.\n" for a in range(2, 11))
-
-
-def _job(family: int, question: int = 12, max_tokens: int = 4) -> dict:
-    prompt = _start(family) + f"Q: what is {question} times {family + 3}? A:"
-    return {"kind": "generate", "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-
-
-def _key(url: str, admin: str, owner: str) -> str:
-    made = httpx.post(
-        f"{url}/v1/keys",
-        json={"name": f"routing-{owner}", "owner": owner},
-        headers={"Authorization": f"Bearer {admin}"},
-        timeout=30,
-    )
-    assert made.status_code == 201, made.text
-    return str(made.json()["key"])
-
-
-def _run(client: GpuqClient, job: dict) -> dict:
-    done = client.wait(client.submit(job)["id"])
-    assert done["status"] == "succeeded", done
-    return done
-
-
 def test_a_job_goes_where_its_start_is_held_until_that_worker_is_loaded(processes):
     processes.settings |= ROUTED | {"GPUQ_PREFIX_ROUTING_STEAL_S": "60"}
     _api, url = processes.start_api()
     _a, name_a = processes.start_worker("a")
     _b, name_b = processes.start_worker("b")
     redis = Redis.from_url(processes.redis_url)
-    with GpuqClient(url, api_key=_key(url, processes.admin_key, "tenant-a")) as a:
-        first = _run(a, _job(0))
+    with GpuqClient(url, api_key=tenant_key(url, processes.admin_key, "tenant-a")[1]) as a:
+        first = run_to_success(a, family_job(0))
         holder = first["worker"]
         wait_until(lambda: redis.scard(prefix_index_key(holder)) >= 7, "the holder never published its start", 30)
 
         # The family's next jobs, one at a time: each on the holder, its start reused.
         for question in (13, 14, 15):
-            done = _run(a, _job(0, question))
+            done = run_to_success(a, family_job(0, question))
             assert done["worker"] == holder and done["cached_tokens"] >= 100, done
 
         # Another tenant's very prompt: its chain is salted by its own scope, nothing is reused.
-        with GpuqClient(url, api_key=_key(url, processes.admin_key, "tenant-b")) as b:
-            assert _run(b, _job(0, 13))["cached_tokens"] == 0
+        with GpuqClient(url, api_key=tenant_key(url, processes.admin_key, "tenant-b")[1]) as b:
+            assert run_to_success(b, family_job(0, 13))["cached_tokens"] == 0
 
         # Many of the family at once: the holder takes them while its load stays within its slots
         # of the other's; past that the load guard sends them to the other worker.
-        ids = [j["id"] for j in a.submit_many([_job(0, 20 + q, max_tokens=24) for q in range(10)])]
+        ids = [j["id"] for j in a.submit_many([family_job(0, 20 + q, max_tokens=24) for q in range(10)])]
         done = [a.wait(i, timeout_s=300) for i in ids]
     redis.close()
     assert all(j["status"] == "succeeded" for j in done), done
@@ -96,7 +68,7 @@ def test_killed_drained_and_cancelled_lanes_end_every_job_once(processes):
     processes.start_scheduler()
     redis = Redis.from_url(processes.redis_url)
     with processes.client(url) as client:
-        jobs = [_job(family, 20 + q, max_tokens=16) for q in range(4) for family in range(6)]
+        jobs = [family_job(family, 20 + q, max_tokens=16) for q in range(4) for family in range(6)]
         ids = [j["id"] for j in client.submit_many(jobs)]
         origins = {i: (redis.hget(rq_job_key(i), "origin") or b"").decode() for i in ids}
         in_lanes = [i for i in ids if "@" in origins[i]]
