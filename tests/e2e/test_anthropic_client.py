@@ -70,7 +70,8 @@ def test_stop_sequences_say_which_one_stopped_it_and_max_tokens_is_a_stop_reason
 def test_an_output_format_gives_json_valid_against_its_schema(client):
     schema = {
         "type": "object",
-        "properties": {"colour": {"type": "string"}, "hex": {"type": "string"}},
+        # Strings bounded, and greedy: a sampled answer once ran its string past max_tokens.
+        "properties": {"colour": {"type": "string", "maxLength": 20}, "hex": {"type": "string", "maxLength": 10}},
         "required": ["colour", "hex"],
         "additionalProperties": False,
     }
@@ -79,6 +80,7 @@ def test_an_output_format_gives_json_valid_against_its_schema(client):
         max_tokens=60,
         messages=[{"role": "user", "content": "Give a colour and its hex code as JSON."}],
         output_config={"format": {"type": "json_schema", "schema": schema}},
+        **GREEDY,
     )
     assert answer.stop_reason == "end_turn"
     assert set(json.loads(answer.content[0].text)) == {"colour", "hex"}
