@@ -17,10 +17,12 @@ import time
 from collections.abc import Callable
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq.worker import Worker
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpuq.jobs import fair
+from gpuq.jobs.prefix_routing import hand_back
 from gpuq.jobs.queues import worker_queue_names
 from gpuq.redis_keys import LOADED_FIELD
 from worker.outages import Dependency
@@ -54,6 +56,7 @@ class QueueOrder:
         self._key: tuple[list[tuple[str, str]], frozenset[str], frozenset[str]] | None = None
         self.names = worker_queue_names(self.servable)
         self._picker: fair.Picker | None = None
+        self._lane_handed_back = False  # while drained or serving nothing: its lane went back
 
     def refresh(self) -> bool:
         """Re-read what this worker serves and what others hold, at most once per interval,
@@ -78,6 +81,24 @@ class QueueOrder:
         self._key = key
         self.names = worker_queue_names(key[0], loaded=key[1], loaded_elsewhere=key[2], worker=self._worker_name)
         return True
+
+    def hand_back_lane(self, redis_health: Dependency) -> None:
+        """Jobs placed in this worker's lane go back to the shared queues, once while it is
+        drained or serves nothing (the reconciler does it too, and for a worker that died)."""
+        if self._lane_handed_back:
+            return
+        try:
+            moved = hand_back(self._redis, self._worker_name)
+        except RedisError as exc:
+            redis_health.failed("handing its lane back", exc)
+            return
+        self._lane_handed_back = True
+        if moved:
+            log.info("%d jobs of its lane back to the shared queues", moved)
+
+    def lane_in_use(self) -> None:
+        """Taking jobs again: its lane is its own until the next drain."""
+        self._lane_handed_back = False
 
     def picker(self) -> fair.Picker:
         """The fair pick over the ordered bands and this worker's lane (its name:

@@ -143,10 +143,7 @@ class GpuqWorker(SimpleWorker):
             redis_health=self.redis_health,
         )
         # The starts its caches hold, for the API's prefix-aware placement (None: routing off).
-        self.index = (
-            None if prefix_index is None else IndexPublisher(runner.worker_name, prefix_index, ttl_s=worker_ttl_s)
-        )
-        self._lanes_handed_back = False  # while drained or serving nothing: its lane went back to the shared queues
+        self.index = None if prefix_index is None else IndexPublisher(self.name, prefix_index, ttl_s=worker_ttl_s)
         self.job_error: Exception | None = None  # what a job's run raised (RQ's loop then quits: see ended_unasked)
         self._asked_to_stop = False  # a signal asked the loop to stop (see request_stop)
         self.monitor = JobMonitor(
@@ -250,30 +247,16 @@ class GpuqWorker(SimpleWorker):
     def _pause_s(self, timeout: int | None) -> float | None:
         """How long to wait before looking at the queues, when no job should be taken now."""
         if self.controls.drained:  # take nothing; stay alive, heartbeat, wait for undrain
-            self._hand_back_lanes()
+            self.order.hand_back_lane(self.redis_health)
             return DRAINED_WAKE_S
         if not self.order.names:  # nothing to serve (unhealthy GPU, no allowed model)
-            self._hand_back_lanes()
+            self.order.hand_back_lane(self.redis_health)
             return float(timeout or 0)
-        self._lanes_handed_back = False
+        self.order.lane_in_use()
         waits = [d.wait_s for d in (self.runner.sql, self.redis_health) if d.wait_s > 0]
         if waits:  # a job taken now could not be claimed, or Redis does not answer
             return min(max(waits), self.dequeue_timeout)
         return None
-
-    def _hand_back_lanes(self) -> None:
-        """Jobs placed in its lane go back to the shared queues, once per drain (the reconciler
-        does it too, and for a worker that died)."""
-        if self._lanes_handed_back:
-            return
-        try:
-            moved = hand_back(self.connection, self.name)
-        except RedisError as exc:
-            self.redis_health.failed("handing its lane back", exc)
-            return
-        self._lanes_handed_back = True
-        if moved:
-            log.info("%d jobs of its lane back to the shared queues", moved)
 
     def _housekeeping(self) -> None:
         """Between jobs and on every idle wake-up: model expiry and unloads, the queue list,

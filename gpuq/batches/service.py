@@ -304,19 +304,15 @@ def start_batch(
         )
         if admit is not None:
             admit(session)
-        now = utcnow()
-        batch = Batch(
-            id=batch_id,
+        batch = _new_batch_row(
+            batch_id,
             endpoint=endpoint,
             input_file_id=input_file_id,
             completion_window=completion_window,
-            status=BatchStatus.IN_PROGRESS.value,
+            window_s=window_s,
             priority=priority,
-            batch_metadata=metadata,
+            metadata=metadata,
             total=file.line_count,
-            created_at=now,
-            in_progress_at=now,
-            expires_at=now + timedelta(seconds=window_s),
             webhook_url=webhook_url,
             owner=owner,
         )
@@ -341,12 +337,52 @@ def start_batch(
             entries.extend(_queue_order(batch, queued, order, workers))
 
         store.insert_batch(session, batch, noted(plan.jobs(order)), before_commit=before_commit)
-        try:
-            enqueue_jobs(redis, entries, timeout_s=timeout_s)
-        except RedisError as exc:
-            store.delete_batch(session, batch_id)
-            raise queue_unavailable(exc) from None
+        _enqueue_or_delete(session, redis, batch_id, entries, timeout_s=timeout_s)
         return batch
+
+
+def _enqueue_or_delete(
+    session: Session, redis: Redis, batch_id: str, entries: list[QueueEntry], *, timeout_s: int
+) -> None:
+    """The batch's jobs into their queues; when Redis does not take them, the batch and its
+    jobs are deleted again (nothing half made) and the caller gets a 503."""
+    try:
+        enqueue_jobs(redis, entries, timeout_s=timeout_s)
+    except RedisError as exc:
+        store.delete_batch(session, batch_id)
+        raise queue_unavailable(exc) from None
+
+
+def _new_batch_row(
+    batch_id: str,
+    *,
+    endpoint: str,
+    input_file_id: str,
+    completion_window: str,
+    window_s: int,
+    priority: int,
+    metadata: dict[str, str] | None,
+    total: int,
+    webhook_url: str | None,
+    owner: str | None,
+) -> Batch:
+    """The batch's row, in progress from now and expiring after its window."""
+    now = utcnow()
+    return Batch(
+        id=batch_id,
+        endpoint=endpoint,
+        input_file_id=input_file_id,
+        completion_window=completion_window,
+        status=BatchStatus.IN_PROGRESS.value,
+        priority=priority,
+        batch_metadata=metadata,
+        total=total,
+        created_at=now,
+        in_progress_at=now,
+        expires_at=now + timedelta(seconds=window_s),
+        webhook_url=webhook_url,
+        owner=owner,
+    )
 
 
 def _checked_request(session: Session, input_file_id: str, endpoint: str, completion_window: str) -> tuple[File, int]:
