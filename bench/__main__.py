@@ -669,6 +669,7 @@ def bench_fleet_prefix(args: argparse.Namespace) -> None:
                         max_tokens=args.max_tokens,
                         slots=args.plan_slots,
                         threads=args.threads,
+                        ram_bytes=args.plan_ram_bytes,
                     )
                 sides[(workload, routing)].append(side)
                 print(
@@ -681,7 +682,8 @@ def bench_fleet_prefix(args: argparse.Namespace) -> None:
     print(
         f"\nfleet-prefix: {lines} jobs ({args.plan_families} families of {args.plan_per_family}, interleaved), greedy, "
         f"max_tokens {args.max_tokens}, 2 CPU workers (GPUQ_SIMULATED_GPUS=24,24), K={args.plan_slots}, "
-        f"{args.threads} threads each, median of {args.rounds} rounds"
+        f"RAM tier {'off' if args.plan_ram_bytes == 0 else 'on'}, {args.threads} threads each, "
+        f"median of {args.rounds} rounds"
     )
     print("  workload   routing   from cache   jobs/s    seconds   jobs per worker")
     for workload in workloads:
@@ -863,7 +865,10 @@ def main() -> None:
         "--plan-grouped", action="store_true", help="batch-plan: each family's lines together in the file"
     )
     parser.add_argument(
-        "--plan-ram-bytes", type=int, default=-1, help="batch-plan: the worker's RAM tier (-1: its default; 0: off)"
+        "--plan-ram-bytes",
+        type=int,
+        default=-1,
+        help="batch-plan and fleet-prefix: each worker's RAM tier (-1: its default; 0: off)",
     )
     parser.add_argument(
         "--fleet-workloads",

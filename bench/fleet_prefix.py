@@ -2,7 +2,8 @@
 placement (issue 42 item 2, ``gpuq/jobs/placement.py``).
 
 The fleet: a supervisor with two CPU workers on simulated GPUs (``GPUQ_SIMULATED_GPUS=24,24``),
-K slots each, the prefix cache's RAM tier at its default. The work, W3's shape
+K slots each, the prefix cache's RAM tier at its default (or as ``--plan-ram-bytes`` sets it:
+0 leaves each worker only its K slots, a fleet whose caches cannot each hold every family). The work, W3's shape
 (``bench.peer.W3``): ``families`` prompt families, each its own ~450-token few-shot start,
 ``per_family`` questions each, interleaved, greedy, ``max_tokens`` each. Three workloads:
 
@@ -84,6 +85,7 @@ def run(
     max_tokens: int,
     slots: int,
     threads: int,
+    ram_bytes: int = -1,
 ) -> Side:
     prompts = lines(workload, families, per_family)
     settings = {
@@ -91,6 +93,7 @@ def run(
         "GPUQ_WORKER_THREADS": str(threads),
         "GPUQ_WORKER_SLOTS": str(slots),
         "GPUQ_PREFIX_ROUTING": "on" if routing else "off",
+        "GPUQ_WORKER_PREFIX_CACHE_RAM_BYTES": str(ram_bytes),
     }
     processes = GpuqProcesses(database_url, redis_url, workdir, settings=settings)
     engine = sync_engine(database_url)

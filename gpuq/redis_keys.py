@@ -18,6 +18,7 @@ from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job as RQJob
 from rq.queue import Queue
+from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 
 PREFIX = "gpuq"
@@ -115,6 +116,12 @@ def rq_queue_key(name: str) -> str:
 
 def rq_job_key(job_id: str) -> str:
     return RQ_JOB_PREFIX + job_id
+
+
+def rq_started_key(queue_name: str) -> str:
+    """RQ's registry of the executions started from a queue (``<job id>:<execution id>``, each
+    scored by when its worker's heartbeat lapses)."""
+    return StartedJobRegistry.key_template.format(queue_name)
 
 
 def rq_worker_key(name: str) -> str:

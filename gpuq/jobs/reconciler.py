@@ -42,6 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 from redis import Redis
 from redis.typing import EncodableT, FieldT
@@ -63,6 +64,7 @@ from gpuq.redis_keys import (
     outcome_spool_key,
     rq_job_key,
     rq_queue_key,
+    rq_started_key,
     rq_worker_executions_key,
     rq_worker_key,
 )
@@ -174,6 +176,7 @@ def _requeue_lost_entries(
             lost.append(entry)  # no hash (Redis lost it), or ended, failed, or started by a dead worker
     lost.extend(_persisting(redis, LOST_SUSPECTS_KEY, in_flight, limit_s=in_flight_limit_s))
     if lost:
+        _forget_dead_executions(redis, [e.job_id for e in lost])
         enqueue_jobs(redis, lost, timeout_s=timeout_s)
         report.requeued.extend(e.job_id for e in lost)
 
@@ -231,6 +234,7 @@ def _recover_from_dead_workers(
         return
     alive = _live_workers(redis, {r.worker for r in running if r.worker})
     died_with = Counter(job.worker for job in running if job.worker not in alive)
+    _forget_dead_executions(redis, [job.entry.job_id for job in running if job.worker not in alive])
     back: list[QueueEntry] = []
     alone: list[str] = []
     for job in running:
@@ -255,6 +259,32 @@ def _recover_from_dead_workers(
     if back:
         enqueue_jobs(redis, back, timeout_s=timeout_s)
         report.recovered.extend(e.job_id for e in back)
+
+
+def _forget_dead_executions(redis: Redis, job_ids: list[str]) -> None:
+    """The started-registry entries of runs that ended without their worker (it died, or
+    forgot a start it did not know was written), before their jobs are queued again or
+    failed. RQ's own cleanup of that registry runs only over a worker's listed queues (gpuq's
+    bands, never the tenants' queues and lanes a job's entry is under), and would judge a job
+    by its hash, which its next run shares: SQL knows these runs ended."""
+    if not job_ids:
+        return
+    with redis.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hget(rq_job_key(job_id), "origin")
+        origins = cast(list[bytes | None], pipe.execute())
+    registries = {rq_started_key(origin.decode()) for origin in origins if origin}
+    with redis.pipeline(transaction=False) as pipe:
+        for key in sorted(registries):
+            pipe.zrange(key, 0, -1)
+        members = dict(zip(sorted(registries), cast(list[list[bytes]], pipe.execute()), strict=True))
+    dead = {job_id.encode() for job_id in job_ids}
+    with redis.pipeline(transaction=False) as pipe:
+        for key, entries in members.items():
+            gone = [e for e in entries if e.split(b":", 1)[0] in dead]
+            if gone:
+                pipe.zrem(key, *gone)
+        pipe.execute()
 
 
 def _requeue_orphans(

@@ -2,19 +2,26 @@
 a job whose start a worker holds runs on that worker and reuses it; the load guard sends the
 family elsewhere when its holder is loaded; a tenant never reuses another's start; a worker
 holding lane jobs killed outright, another drained mid-run, and a lane job cancelled: every
-job ends once, the cancelled one never runs, the drained worker starts nothing after its drain."""
+job ends once, the cancelled one never runs, the drained worker starts nothing after its drain;
+a worker frozen with jobs in its lane (alive to Redis, taking nothing): the other worker steals
+them once they have waited past the steal bound, with no reconciler to hand the lane back."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from datetime import datetime
 
+import httpx
 from redis import Redis
+from rq.worker import Worker
 
 from gpuq.cli.client import GpuqClient
 from gpuq.redis_keys import prefix_index_key, rq_job_key
 from tests.e2e.conftest import wait_until
 from tests.e2e.prompt_families import family_job, run_to_success, tenant_key
+from tests.metrics_parsing import samples, total
 
 ROUTED = {
     "GPUQ_PREFIX_ROUTING": "on",
@@ -98,6 +105,35 @@ def test_killed_drained_and_cancelled_lanes_end_every_job_once(processes):
     # The killed worker's lane went to the others (stolen, or handed back by the reconciler).
     lost_lane = [i for i in in_lanes if origins[i].endswith("@" + doomed_name) and i != cancelled]
     assert any(done[i]["worker"] != doomed_name for i in lost_lane)
+
+
+def test_a_frozen_workers_lane_is_stolen_by_an_idle_worker(processes):
+    processes.settings |= ROUTED | {"GPUQ_PREFIX_ROUTING_STEAL_S": "2", "GPUQ_WORKER_TTL_S": "300"}
+    _api, url = processes.start_api()
+    frozen, frozen_name = processes.start_worker("frozen")
+    redis = Redis.from_url(processes.redis_url)
+    try:
+        with processes.client(url) as client:
+            assert run_to_success(client, family_job(0))["worker"] == frozen_name
+            wait_until(lambda: redis.scard(prefix_index_key(frozen_name)) >= 7, "the start was never published", 30)
+            _idle, idle_name = processes.start_worker("idle")
+            os.kill(frozen.popen.pid, signal.SIGSTOP)  # alive to Redis for its 300 s TTL, taking nothing
+            ids = [j["id"] for j in client.submit_many([family_job(0, 20 + q) for q in range(2)])]
+            # Both go to the frozen worker's lane: it holds their start and its load (its lane)
+            # stays within its 2 slots of the idle worker's.
+            assert all(redis.hget(rq_job_key(i), "origin").decode().endswith("@" + frozen_name) for i in ids)
+            done = [client.wait(i, timeout_s=120) for i in ids]
+            still_registered = frozen_name in {w.name for w in Worker.all(connection=redis)}
+        metrics = samples(
+            httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {processes.admin_key}"}, timeout=30).text
+        )
+    finally:
+        os.kill(frozen.popen.pid, signal.SIGCONT)
+        redis.close()
+    assert [j["status"] for j in done] == ["succeeded", "succeeded"], done
+    assert {j["worker"] for j in done} == {idle_name}
+    assert still_registered  # taken by stealing, not handed back as a dead worker's
+    assert total(metrics, "gpuq_jobs_placed_total", how="stolen") == 2
 
 
 def _epoch(stamp: str) -> float:

@@ -13,6 +13,7 @@ from gpuq.db.tables import utcnow
 from gpuq.jobs.enqueue import enqueue_jobs
 from gpuq.jobs.reconciler import reconcile_once
 from gpuq.queue_names import QueueEntry
+from gpuq.redis_keys import rq_job_key, rq_started_key
 from tests.conftest import both_databases
 from tests.gpuq.store.test_store import make_job
 
@@ -70,6 +71,21 @@ def test_jobs_of_a_dead_worker_go_back_to_the_queue_then_fail_when_out_of_attemp
     session.expire_all()
     row = store.get_job(session, dead_job.id)
     assert row.status == "failed" and "gave up after 2 attempts" in row.error
+
+
+def test_a_dead_runs_started_entry_goes_and_a_live_ones_stays(session, redis):
+    """RQ's started registry (what ``rq info`` lists as running) keeps a dead worker's entry
+    until someone removes it; RQ's own cleanup never walks the tenants' queues."""
+    alive_job, dead_job = store.insert_jobs(session, [make_job(), make_job()])
+    enqueue_jobs(redis, [QueueEntry.of(alive_job), QueueEntry.of(dead_job)], timeout_s=60)
+    origin = redis.hget(rq_job_key(dead_job.id), "origin").decode()
+    _register_worker(redis, "alive")
+    redis.zadd(rq_started_key(origin), {f"{alive_job.id}:e1": time.time() + 60, f"{dead_job.id}:e2": time.time() - 5})
+    store.claim_job(session, alive_job.id, worker="alive", device="cpu")
+    store.claim_job(session, dead_job.id, worker="gone", device="cpu")
+
+    assert reconcile_once(session, redis, **RECONCILE).recovered == [dead_job.id]
+    assert redis.zrange(rq_started_key(origin), 0, -1) == [f"{alive_job.id}:e1".encode()]
 
 
 def test_a_worker_that_registered_its_death_counts_as_dead(session, redis):
