@@ -8,15 +8,17 @@ tokenise a batch's lines, so the groups come from the planner's byte chains
 chain (a depth-first walk of their trie) and cut where neighbours share fewer than
 ``MIN_SHARED_BLOCKS`` blocks; a group heavier than a worker's even share of the prompt bytes is
 cut again at its shallowest split (where its subtrees part), so a start that all lines share (a
-system prompt) does not pile the whole batch on one worker. The groups go to the workers
-heaviest first, each to the worker with the fewest prompt bytes so far. Lines in no group (a
-start of their own) stay in the shared queues. Pure: tested without Redis.
+system prompt) does not pile the whole batch on one worker. A group whose start a worker's
+cache already holds (a cron run's families, the day after; the caller looks it up in the
+workers' prefix index) goes to that worker while its share allows; the other groups go to the
+workers heaviest first, each to the worker with the fewest prompt bytes so far. Lines in no
+group (a start of their own) stay in the shared queues. Pure: tested without Redis.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpuq.batches.planning import KEY_BYTES, PlannedLine
 
@@ -68,17 +70,36 @@ def groups(lines: Sequence[PlannedLine], *, share: int) -> list[list[PlannedLine
     return out
 
 
-def spread(lines: Sequence[PlannedLine], workers: Sequence[str]) -> dict[int, str]:
-    """Each grouped line's worker (by line key): the groups over ``workers``, heaviest first,
-    each to the worker with the fewest prompt bytes so far. Empty with fewer than two workers."""
+Holders = Callable[[list[list[PlannedLine]]], list[str | None]]
+
+
+def spread(lines: Sequence[PlannedLine], workers: Sequence[str], holders: Holders | None = None) -> dict[int, str]:
+    """Each grouped line's worker (by line key). With ``holders`` (each group's worker whose
+    cache holds its start, or None), a group first goes to its holder while that worker's
+    prompt bytes stay within its even share of the batch, or it has the fewest (the load
+    guard); every other group,
+    heaviest first, to the worker with the fewest prompt bytes so far. Empty with fewer than
+    two workers."""
     if len(workers) < 2:
         return {}
     share = max(1, sum(line.weight for line in lines) // len(workers))
     load = dict.fromkeys(sorted(workers), 0)
+    found = sorted(groups(lines, share=share), key=lambda g: -_weight(g))
+    held = holders(found) if holders is not None and found else [None] * len(found)
     placed: dict[int, str] = {}
-    for group in sorted(groups(lines, share=share), key=lambda g: -sum(line.weight for line in g)):
+    rest = []
+    for group, holder in zip(found, held, strict=True):
+        if holder in load and (load[holder] + _weight(group) <= share or load[holder] == min(load.values())):
+            load[holder] += _weight(group)
+            placed.update(dict.fromkeys((line.key for line in group), holder))
+        else:
+            rest.append(group)
+    for group in rest:
         worker = min(load, key=lambda w: (load[w], w))
-        load[worker] += sum(line.weight for line in group)
-        for line in group:
-            placed[line.key] = worker
+        load[worker] += _weight(group)
+        placed.update(dict.fromkeys((line.key for line in group), worker))
     return placed
+
+
+def _weight(group: list[PlannedLine]) -> int:
+    return sum(line.weight for line in group)

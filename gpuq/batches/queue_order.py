@@ -13,7 +13,10 @@ queue order once every job is made.
   yet: a cron run at night, say).
 - **Lanes**: with prefix-aware placement on, the groups of lines that share a start go to the
   lanes of the live workers serving the model, spread by prompt bytes
-  (``gpuq.batches.lane_split``), each lane in the planned order.
+  (``gpuq.batches.lane_split``), each lane in the planned order; a group whose start a worker
+  already holds goes to that worker while its share allows. Finding the holder takes the
+  group's first line tokenised (as the API tokenises a single request): one line a group, at
+  most ``MAX_STARTS`` starts a batch.
 - **What changes**: only the order jobs are queued in (and, with lanes, the queues). Job ids, line numbers, and so the
   results file, follow the file. Embedding lines are queued in file order, after the planned
   lines (they have queues of their own).
@@ -24,13 +27,14 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuq.batches.lane_split import spread
-from gpuq.batches.planning import Plan, PlannedLine, plan, plan_chain
+from gpuq.batches.lane_split import MIN_SHARED_BLOCKS, Holders, spread
+from gpuq.batches.planning import KEY_BYTES, Plan, PlannedLine, plan, plan_chain
 from gpuq.fleet.workers import LiveWorker
 from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.prefix_routing import OFF, PrefixRouting, routing_of
 from gpuq.queue_names import QueueEntry, is_valid_lane
 from gpuq.settings import DEFAULT_CPU_SLOTS, DEFAULT_GPU_SLOTS, Settings
 
@@ -42,7 +46,7 @@ class Planning:
     """What planning needs from the settings."""
 
     enabled: bool = True  # GPUQ_BATCH_PLAN; false: file order
-    lanes: bool = False  # GPUQ_PREFIX_ROUTING: groups of lines sharing a start go to workers' lanes
+    routing: PrefixRouting = OFF  # GPUQ_PREFIX_ROUTING: groups of lines sharing a start go to workers' lanes
     gpu_slots: int = DEFAULT_GPU_SLOTS  # slots when no live worker says its own, on a fleet of GPUs
     cpu_slots: int = DEFAULT_CPU_SLOTS  # ... and on one without
 
@@ -50,7 +54,7 @@ class Planning:
     def of(cls, settings: Settings) -> Planning:
         return cls(
             enabled=settings.batch_plan,
-            lanes=settings.prefix_routing == "on",
+            routing=routing_of(settings),
             gpu_slots=settings.slots_for(on_gpu=True),
             cpu_slots=settings.slots_for(on_gpu=False),
         )
@@ -82,24 +86,42 @@ def prompt_bytes(params: GenerationParams) -> bytes:
     return b"\0".join(parts)
 
 
+# The workers of ``workers`` (by name) holding the start of each request of ``model`` (None for
+# none, or where the request is None): ``service.start_batch`` looks them up in the workers'
+# prefix index (``gpuq.jobs.prefix_routing.holders``).
+HeldStarts = Callable[[str, list[GenerationParams | None], list[str]], list[str | None]]
+
+# A group's start is looked up by the request of its first line, or of the first line that began
+# as it does for START_KEY_BLOCKS blocks (1 KB: deeper than a system prompt all lines share, so
+# two families under one system prompt are told apart): one request kept per such start, at most
+# MAX_STARTS of them (a batch of distinct prompts keeps no more).
+START_KEY_BLOCKS = 8
+MAX_STARTS = 256
+
+
 class QueueOrder:
     """One batch's planning: its generation lines' chains, gathered as its jobs are made."""
 
     def __init__(self, planning: Planning, *, on_gpu: bool) -> None:
         self._default_slots = planning.gpu_slots if on_gpu else planning.cpu_slots
-        self._lanes = planning.lanes
+        self._lanes = planning.routing.on
         self._models: dict[str, list[PlannedLine]] = {}
+        self._starts: dict[tuple[str, bytes], GenerationParams] = {}
 
     def note(self, model: str, line_number: int, params: GenerationParams) -> None:
         """A generation line of ``model``, its job just made."""
         prompt = prompt_bytes(params)
-        self._models.setdefault(model, []).append(PlannedLine(line_number, plan_chain(prompt), len(prompt)))
+        chain = plan_chain(prompt)
+        self._models.setdefault(model, []).append(PlannedLine(line_number, chain, len(prompt)))
+        if self._lanes and len(chain) >= MIN_SHARED_BLOCKS * KEY_BYTES and len(self._starts) < MAX_STARTS:
+            self._starts.setdefault((model, chain[: START_KEY_BLOCKS * KEY_BYTES]), params)
 
     def order(
-        self, queued: Iterable[tuple[int, QueueEntry]], workers: list[LiveWorker]
+        self, queued: Iterable[tuple[int, QueueEntry]], workers: list[LiveWorker], held: HeldStarts | None = None
     ) -> tuple[list[QueueEntry], PlanFigures | None]:
         """The queue order of the batch's entries (``queued``: each with its first input
-        line), for the live ``workers``, and what the plan did (None when nothing was planned)."""
+        line), for the live ``workers``, and what the plan did (None when nothing was planned).
+        With lanes, ``held`` says which workers hold the starts of the groups of lines."""
         by_line = sorted(queued, key=lambda q: q[0])
         if not self._models:
             return [entry for _line, entry in by_line], None
@@ -114,7 +136,7 @@ class QueueOrder:
                     for w in workers
                     if not w.drain_requested and model in (w.generates or ()) and is_valid_lane(w.name)
                 ]
-                for line, lane in spread(lines, serving).items():
+                for line, lane in spread(lines, serving, self._holders(model, serving, held)).items():
                     entry_of[line] = entry_of[line]._replace(lane=lane)
         first = [entry_of.pop(line) for p in plans for line in p.order]
         rest = [entry for line, entry in by_line if line in entry_of]  # embeddings
@@ -126,6 +148,16 @@ class QueueOrder:
             shared_bytes=sum(p.shared_bytes for p in plans),
         )
         return first + rest, figures
+
+    def _holders(self, model: str, serving: list[str], held: HeldStarts | None) -> Holders | None:
+        if held is None:
+            return None
+
+        def holders(groups: list[list[PlannedLine]]) -> list[str | None]:
+            starts = [self._starts.get((model, g[0].chain[: START_KEY_BLOCKS * KEY_BYTES])) for g in groups]
+            return held(model, starts, serving)
+
+        return holders
 
 
 def _slots(model: str, workers: list[LiveWorker], default: int) -> int:

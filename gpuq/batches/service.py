@@ -39,7 +39,7 @@ from gpuq.batches import anthropic_format, message_batches
 from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_line, read_lines
 from gpuq.batches.gc_pause import gc_paused
 from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
-from gpuq.batches.queue_order import Planning, QueueOrder
+from gpuq.batches.queue_order import HeldStarts, Planning, QueueOrder
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
 from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.sample_limit import SampleLimit
@@ -49,6 +49,7 @@ from gpuq.jobs import admission
 from gpuq.jobs.cancel import signal_worker
 from gpuq.jobs.enqueue import enqueue_jobs, remove_queued
 from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.prefix_routing import PrefixRouting, holders, request_chain
 from gpuq.jobs.request import EmbeddingParams, JobParams
 from gpuq.jobs.submit import JobSpec, check_against_model, check_placeable, check_samples
 from gpuq.private_files import open_private
@@ -334,7 +335,8 @@ def start_batch(
             work.refuse_if_late(session, redis)
             # Every job is made, so the plan is whole: its figures go into the batch's row in
             # the commit that inserts the jobs.
-            entries.extend(_queue_order(batch, queued, order, workers))
+            held = _held_starts(session, redis, owner, planning.routing) if planning.routing.on else None
+            entries.extend(_queue_order(batch, queued, order, workers, held))
 
         store.insert_batch(session, batch, noted(plan.jobs(order)), before_commit=before_commit)
         _enqueue_or_delete(session, redis, batch_id, entries, timeout_s=timeout_s)
@@ -400,14 +402,36 @@ def _checked_request(session: Session, input_file_id: str, endpoint: str, comple
     return file, window_s
 
 
+def _held_starts(session: Session, redis: Redis, owner: str | None, routing: PrefixRouting) -> HeldStarts:
+    """Which workers hold the starts of a batch's groups of lines: each group's first line
+    tokenised as the API tokenises a single request, its chain looked up in the workers' prefix
+    index. A Redis that does not answer places the groups by load (the enqueue then says so)."""
+
+    def held(model_name: str, requests: list[GenerationParams | None], workers: list[str]) -> list[str | None]:
+        model = store.find_model(session, model_name)
+        chains = [
+            None if r is None or model is None else request_chain(model.path, owner, r, routing) for r in requests
+        ]
+        try:
+            return holders(redis, chains, workers, routing.min_blocks)
+        except RedisError:
+            return [None] * len(requests)
+
+    return held
+
+
 def _queue_order(
-    batch: Batch, queued: list[tuple[int, QueueEntry]], order: QueueOrder | None, workers: list[LiveWorker]
+    batch: Batch,
+    queued: list[tuple[int, QueueEntry]],
+    order: QueueOrder | None,
+    workers: list[LiveWorker],
+    held: HeldStarts | None = None,
 ) -> list[QueueEntry]:
     """The batch's queue entries in the order planned (file order without a plan), the plan's
     figures written on its row."""
     if order is None:
         return [entry for _line, entry in sorted(queued, key=lambda q: q[0])]
-    entries, figures = order.order(queued, workers)
+    entries, figures = order.order(queued, workers, held)
     if figures is not None:
         batch.planned_lines, batch.planned_groups, batch.planned_slots = figures.lines, figures.groups, figures.slots
         log.info(

@@ -32,15 +32,19 @@ its model (:func:`hand_back`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from jinja2 import TemplateError
 from redis import Redis
 from redis.client import Pipeline
 
 from gpuq.fleet.workers import LiveWorker, live_workers
 from gpuq.jobs.fair import INSERT_AT
+from gpuq.jobs.generation_params import GenerationParams
+from gpuq.jobs.prompt import request_tokens, vocab_tokenizer
 from gpuq.prefix_blocks import BLOCK_TOKENS, block_hashes, cache_scope, model_fingerprint, namespace_salt
 from gpuq.queue_names import QueueEntry, is_valid_lane, parse_queue
 from gpuq.redis_keys import (
@@ -60,6 +64,8 @@ from gpuq.redis_keys import (
     rq_queue_key,
 )
 from gpuq.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MAX_BLOCKS = 64  # a chain's first blocks kept on a job (1,024 tokens): starts are told apart long before
 PROMISE_TTL_S = 120.0  # a promised start no job of the family followed is forgotten
@@ -92,6 +98,21 @@ def prefix_chain(model_path: str, owner: str | None, ids: Sequence[int], *, shar
     keys them (``worker/prefix_cache/key.py``: the model file's fingerprint, the tenant's scope)."""
     salt = namespace_salt(model_fingerprint(model_path), cache_scope(owner, shared=shared_tenants))
     return tuple(block_hashes(ids[: MAX_BLOCKS * BLOCK_TOKENS], salt))
+
+
+def request_chain(
+    model_path: str, owner: str | None, params: GenerationParams, routing: PrefixRouting
+) -> tuple[bytes, ...] | None:
+    """A request's chain where the API has not tokenised it (a batch line): its prompt rendered
+    and tokenised as the worker will (``gpuq.jobs.prompt``, the model's vocabulary only); None
+    when the model file cannot be read here."""
+    try:
+        tokenizer = vocab_tokenizer(model_path)
+        ids = request_tokens(params, tokenizer.tokenize, tokenizer.formatter)
+    except (OSError, ValueError, TemplateError) as exc:  # the worker reports such a line's fault
+        log.warning("no prefix chain for a line of %s: %s", model_path, exc)
+        return None
+    return prefix_chain(model_path, owner, ids, shared_tenants=routing.shared_tenants)
 
 
 @dataclass(slots=True)
@@ -129,7 +150,7 @@ def place(
         for i, (e, c) in enumerate(zip(entries, chains, strict=True))
         if c is not None and len(c) >= routing.min_blocks and by_model.get(e.model)
     ]
-    held = _held(redis, [(cast(tuple[bytes, ...], chains[i]), workers) for i, workers in wanted])
+    held = _held(redis, [(cast(tuple[bytes, ...], chains[i]), [w.name for w in workers]) for i, workers in wanted])
     out = list(entries)
     counts: dict[str, list[int]] = {}
     promises: dict[str, set[bytes]] = {}
@@ -176,13 +197,13 @@ def _loads(redis: Redis, workers: Sequence[LiveWorker]) -> dict[str, int]:
     return {w.name: w.slots_busy + sum(next(depths) for _ in queues) for w, queues in zip(workers, lanes, strict=True)}
 
 
-def _held(redis: Redis, wanted: Sequence[tuple[tuple[bytes, ...], list[_Worker]]]) -> list[dict[str, int]]:
+def _held(redis: Redis, wanted: Sequence[tuple[tuple[bytes, ...], Sequence[str]]]) -> list[dict[str, int]]:
     """For each chain, how many of its first blocks each worker holds or was promised."""
     with redis.pipeline(transaction=False) as pipe:
         for chain, workers in wanted:
             for w in workers:
-                pipe.smismember(prefix_index_key(w.name), list(chain))
-                pipe.smismember(prefix_promised_key(w.name), list(chain))
+                pipe.smismember(prefix_index_key(w), list(chain))
+                pipe.smismember(prefix_promised_key(w), list(chain))
         replies = iter(cast(list[list[int]], pipe.execute()))
     out = []
     for _chain, workers in wanted:
@@ -194,8 +215,27 @@ def _held(redis: Redis, wanted: Sequence[tuple[tuple[bytes, ...], list[_Worker]]
                 if not (a or b):
                     break
                 n += 1
-            found[w.name] = n
+            found[w] = n
         out.append(found)
+    return out
+
+
+def holders(
+    redis: Redis, chains: Sequence[tuple[bytes, ...] | None], workers: Sequence[str], min_blocks: int
+) -> list[str | None]:
+    """For each chain, the worker of ``workers`` that holds (or was promised) the longest start
+    of it, at least ``min_blocks`` blocks; None where none does (a planned batch's groups,
+    ``gpuq.batches.lane_split``, weigh it against their own load guard)."""
+    wanted = [(c, workers) for c in chains if c is not None and len(c) >= min_blocks]
+    found = iter(_held(redis, wanted) if wanted and workers else [])
+    out: list[str | None] = []
+    for c in chains:
+        if c is None or len(c) < min_blocks or not workers:
+            out.append(None)
+            continue
+        matches = next(found)
+        best = max(workers, key=lambda w: (matches[w], w))
+        out.append(best if matches[best] >= min_blocks else None)
     return out
 
 

@@ -132,13 +132,15 @@ def test_a_lane_handed_back_goes_to_the_shared_queues_in_order_deadlines_at_thei
 # ---------------------------------------------------------------- placement
 
 
-def register(redis: Redis, name: str, *, slots: int = 4, busy: int = 0, drained: bool = False) -> None:
+def register(
+    redis: Redis, name: str, *, slots: int = 4, busy: int = 0, drained: bool = False, model: str = MODEL
+) -> None:
     redis.sadd("rq:workers", rq_worker_key(name))
     fields: dict[FieldT, EncodableT] = {
         "state": "idle",
         SLOTS_FIELD: str(slots),
         SLOTS_BUSY_FIELD: str(busy),
-        GENERATES_FIELD: json.dumps([MODEL]),
+        GENERATES_FIELD: json.dumps([model]),
         DRAIN_FIELD: "1" if drained else "0",
     }
     redis.hset(rq_worker_key(name), mapping=fields)
