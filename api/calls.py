@@ -1,6 +1,6 @@
-"""What the drop-in routers (OpenAI's and Ollama's APIs) share: answering a call from its
-job's events, as a stream or once the job ended, while watching for a client that goes
-away, which cancels the job.
+"""What the drop-in routers (OpenAI's, Anthropic's and Ollama's APIs) share: the headers every
+call takes, and answering a call from its job's events, as a stream or once the job ended,
+while watching for a client that goes away, which cancels the job.
 
 Starlette notices a vanished client only when a write fails, and a call may write nothing
 for minutes (its job is queued). So both answers also listen on the ASGI channel, which
@@ -10,6 +10,7 @@ says ``http.disconnect`` the moment the client closes its connection.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from typing import Annotated, NamedTuple
 
 import anyio
@@ -23,7 +24,15 @@ from api.large_bodies import end_turn
 from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job
-from gpuq.dropin.call import DEADLINE_HEADER, JOB_ID_HEADER, PRIORITY_HEADER, abandon, submit_call, wait_for_end
+from gpuq.dropin.call import (
+    DEADLINE_HEADER,
+    JOB_ID_HEADER,
+    PRIORITY_HEADER,
+    abandon,
+    call_deadline,
+    submit_call,
+    wait_for_end,
+)
 from gpuq.jobs.submit import JobSpec
 from gpuq.streams.events import End, Event
 from gpuq.streams.follow import follow_job
@@ -33,14 +42,14 @@ PriorityHeader = Annotated[
     Header(alias=PRIORITY_HEADER, description="high, normal or low; default: the key's default priority, else high"),
 ]
 
-# On OpenAI's routes only: their bodies are OpenAI's, with no field for it.
+# On every drop-in route: none of their bodies (OpenAI's, Anthropic's, Ollama's) has a field for it.
 DeadlineHeader = Annotated[
     str | None,
     Header(
         alias=DEADLINE_HEADER,
         description="when the answer is needed by (ISO 8601 with a time zone), as `deadline` on POST /v1/jobs: "
         "earliest first among the tenant's jobs of its priority; a call the fleet cannot answer by then is "
-        "refused (429 deadline_unreachable, with Retry-After)",
+        "refused (429 with Retry-After; code deadline_unreachable in OpenAI's error shape)",
     ),
 ]
 
@@ -53,12 +62,19 @@ class DropinCall(NamedTuple):
     state: AppState
     caller: Caller
     priority: str | None  # the X-Gpuq-Priority header
+    deadline: datetime | None  # the X-Gpuq-Deadline header's moment
 
 
 def _dropin_call(
-    request: Request, db: SessionDep, state: StateDep, caller: CallerDep, priority: PriorityHeader = None
+    request: Request,
+    db: SessionDep,
+    state: StateDep,
+    caller: CallerDep,
+    priority: PriorityHeader = None,
+    deadline: DeadlineHeader = None,
 ) -> DropinCall:
-    return DropinCall(request, db, state, caller, priority)
+    # Read here for every route alike: a bad deadline is a 400 before the route runs.
+    return DropinCall(request, db, state, caller, priority, call_deadline(deadline))
 
 
 DropinCallDep = Annotated[DropinCall, Depends(_dropin_call)]

@@ -73,7 +73,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     described = {
         404: "the model, or the message batch, does not exist",
         409: "the batch's state does not allow it, or the job was cancelled before it answered",
-        429: "the key is over one of its limits (Retry-After)",
+        429: "the key is over one of its limits, or the fleet cannot answer by X-Gpuq-Deadline (Retry-After)",
         500: "the job failed (its error is the message)",
         503: "the job queue (Redis) is unavailable",
         507: "the server's disk is full; nothing was stored",
@@ -101,8 +101,8 @@ def not_found(model: str) -> str:
 )
 async def create_message(body: MessageCreate, call: DropinCallDep) -> Response:
     """Anthropic's Messages API, rendered with the model's own chat template; the
-    ``X-Gpuq-Priority`` header as on the OpenAI routes."""
-    request, db, state, caller, priority = call
+    ``X-Gpuq-Priority`` and ``X-Gpuq-Deadline`` headers as on the OpenAI routes."""
+    request, db, state, caller, priority, deadline = call
     model = await find_model(db, body.model, not_found=not_found(body.model))
     refuse_more_messages_than_the_context(model, len(body.messages))
     job_request = await to_thread.run_sync(body.to_request)  # a long conversation takes a while to convert
@@ -112,6 +112,7 @@ async def create_message(body: MessageCreate, call: DropinCallDep) -> Response:
         await with_max_tokens(db, state.redis, caller, model, job_request),
         priority=call_priority(priority, caller),
         stream=body.stream,
+        deadline=deadline,
     )
     job = await calls.submit(db, state, caller, spec)
     if body.stream:

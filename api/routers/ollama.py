@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import calls
-from api.calls import DropinCallDep
+from api.calls import DropinCall, DropinCallDep
 from api.deps import CallerDep, SessionDep, StateDep, get_caller
 from api.schemas.ollama import (
     ChatRequest,
@@ -58,7 +58,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "no valid API key", **_ERROR},
     404: {"description": "the model is not registered", **_ERROR},
     422: {"description": "the body does not have the request's shape", **_ERROR},
-    429: {"description": "the key is over one of its limits (Retry-After)", **_ERROR},
+    429: {
+        "description": "the key is over one of its limits, or the fleet cannot answer by X-Gpuq-Deadline (Retry-After)",
+        **_ERROR,
+    },
     500: {"description": "the job failed or was cancelled (its error is the message)", **_ERROR},
     503: {"description": "the job queue (Redis) is unavailable", **_ERROR},
 }
@@ -78,8 +81,7 @@ async def generate(
     call: DropinCallDep,
 ) -> Response:
     """A completion of `prompt` (with `system`), rendered with the model's chat template unless `raw`."""
-    request, db, state, caller, priority = call
-    return await _generate(body, not body.prompt, request, db, state, caller, priority, chat=False)
+    return await _generate(body, not body.prompt, call, chat=False)
 
 
 @router.post("/chat", response_model=None, responses=_STREAMED, dependencies=keyed)
@@ -88,8 +90,7 @@ async def chat(
     call: DropinCallDep,
 ) -> Response:
     """The next assistant message of `messages`, rendered with the model's chat template."""
-    request, db, state, caller, priority = call
-    return await _generate(body, not body.messages, request, db, state, caller, priority, chat=True)
+    return await _generate(body, not body.messages, call, chat=True)
 
 
 @router.post("/embed", response_model=None, responses=_ANSWERED, dependencies=keyed)
@@ -99,12 +100,11 @@ async def embed(
 ) -> Response:
     """L2-normalised vectors of one text or a list; `dimensions` shortens them (normalised again).
     Texts longer than the model's context are refused, not truncated."""
-    request, db, state, caller, priority = call
     started = time.perf_counter()
     params = body.params()
-    model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
+    model = await find_model(call.db, body.name, not_found=ollama.not_found(body.model))
     await check_dimensions(model, body.dimensions)
-    job, end, final = await _embed(body, params, request, db, state, caller, priority)
+    job, end, final = await _embed(body, params, call)
     if final is None:
         return Response(status_code=calls.CLIENT_GONE)
     vectors = shortened((final.result or {}).get("embeddings", []), body.dimensions)
@@ -121,11 +121,10 @@ async def embeddings(
     call: DropinCallDep,
 ) -> Response:
     """Ollama's older route: one `prompt`, one vector (normalised, as /api/embed's)."""
-    request, db, state, caller, priority = call
-    await find_model(db, body.name, not_found=ollama.not_found(body.model))
+    await find_model(call.db, body.name, not_found=ollama.not_found(body.model))
     if not body.prompt:
         return JSONResponse({"embedding": []})
-    job, _end, final = await _embed(body, body.params(), request, db, state, caller, priority)
+    job, _end, final = await _embed(body, body.params(), call)
     if final is None:
         return Response(status_code=calls.CLIENT_GONE)
     [vector] = (final.result or {}).get("embeddings", [[]])
@@ -186,18 +185,9 @@ async def pull(body: PullRequest, db: SessionDep) -> ProgressResponse:
 # ---------------------------------------------------------------- shared
 
 
-async def _generate(
-    body: GenerateRequest | ChatRequest,
-    empty: bool,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: Caller,
-    priority: str | None,
-    *,
-    chat: bool,
-) -> Response:
+async def _generate(body: GenerateRequest | ChatRequest, empty: bool, call: DropinCall, *, chat: bool) -> Response:
     """A generation call; an empty prompt (or no messages) loads or unloads the model, as Ollama's."""
+    request, db, state, caller, priority, deadline = call
     started = time.perf_counter()
     model = await find_model(db, body.name, not_found=ollama.not_found(body.model))
     if empty:
@@ -214,6 +204,7 @@ async def _generate(
         await with_max_tokens(db, state.redis, caller, model, params, context=context),
         priority=call_priority(priority, caller),
         stream=body.stream,
+        deadline=deadline,
     )
     job = await calls.submit(db, state, caller, spec)
     if body.stream:
@@ -230,15 +221,12 @@ async def _generate(
 
 
 async def _embed(
-    body: EmbedRequest | EmbeddingsRequest,
-    params: EmbeddingParams,
-    request: Request,
-    db: SessionDep,
-    state: StateDep,
-    caller: Caller,
-    priority: str | None,
+    body: EmbedRequest | EmbeddingsRequest, params: EmbeddingParams, call: DropinCall
 ) -> tuple[Job, Any, Job | None]:
-    spec = call_spec(JobKind.EMBED, body.name, params, priority=call_priority(priority, caller), stream=False)
+    request, db, state, caller, priority, deadline = call
+    spec = call_spec(
+        JobKind.EMBED, body.name, params, priority=call_priority(priority, caller), stream=False, deadline=deadline
+    )
     job = await calls.submit(db, state, caller, spec)
     ended = await _ended_well(request, state, job)
     if ended is None:

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import calls
-from api.calls import DeadlineHeader, DropinCallDep
+from api.calls import DropinCallDep
 from api.deps import SessionDep, StateDep
 from api.schemas import ErrorBody
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, EmbeddingCreate
@@ -25,7 +25,6 @@ from gpuq.db.tables import Job, JobKind, JobStatus
 from gpuq.dropin import openai
 from gpuq.dropin.call import (
     JOB_ID_HEADER,
-    call_deadline,
     call_priority,
     call_spec,
     echoed_tier,
@@ -68,39 +67,34 @@ _STREAMED = "with stream: true, OpenAI's chunks as server-sent events, ending wi
 async def chat_completions(
     body: ChatCompletionCreate,
     call: DropinCallDep,
-    deadline: DeadlineHeader = None,
 ) -> Response:
     """OpenAI's chat completion, rendered with the model's own chat template."""
-    request, db, state, caller, priority = call
-    return await _generate(CHAT, body, request, db, state, caller, priority, call_deadline(deadline))
+    request, db, state, caller, priority, deadline = call
+    return await _generate(CHAT, body, request, db, state, caller, priority, deadline)
 
 
 @router.post("/completions", response_model=None, responses=_answers(_STREAMED))
 async def completions(
     body: CompletionCreate,
     call: DropinCallDep,
-    deadline: DeadlineHeader = None,
 ) -> Response:
     """OpenAI's (legacy) text completion: the prompt as given, no chat template."""
-    request, db, state, caller, priority = call
-    return await _generate(COMPLETIONS, body, request, db, state, caller, priority, call_deadline(deadline))
+    request, db, state, caller, priority, deadline = call
+    return await _generate(COMPLETIONS, body, request, db, state, caller, priority, deadline)
 
 
 @router.post("/embeddings", response_model=None, responses=_answers(None))
 async def embeddings(
     body: EmbeddingCreate,
     call: DropinCallDep,
-    deadline: DeadlineHeader = None,
 ) -> Response:
     """Mean-pooled, L2-normalised vectors; `encoding_format` float or base64, `dimensions` to shorten them."""
-    request, db, state, caller, priority = call
-    due = call_deadline(deadline)
+    request, db, state, caller, priority, deadline = call
     job_request = body.to_request()
     model = await find_model(db, body.model, not_found=openai.not_found(body.model))
     await check_dimensions(model, body.dimensions)
-    spec = call_spec(
-        JobKind.EMBED, body.model, job_request, priority=call_priority(priority, caller), stream=False, deadline=due
-    )
+    chosen = call_priority(priority, caller)
+    spec = call_spec(JobKind.EMBED, body.model, job_request, priority=chosen, stream=False, deadline=deadline)
     job = await calls.submit(db, state, caller, spec)
     final = await _final(request, state, job)
     if final is None:

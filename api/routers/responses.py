@@ -59,14 +59,19 @@ def _answers(description: str, *, streamed: bool) -> dict[int | str, dict[str, A
     response_model=None,
     responses={
         **_answers("the response (header X-Gpuq-Job-Id: its job); with stream: true, its events", streamed=True),
-        **errors(404, 409, 429, 503),
+        **errors(404, 409, 503),
+        429: {
+            "model": ErrorBody,
+            "description": "the key is over one of its limits, or the fleet cannot answer by X-Gpuq-Deadline "
+            "(deadline_unreachable); Retry-After says when trying again can succeed",
+        },
         500: {"model": ErrorBody, "description": "the job failed (its error is the message)"},
     },
 )
 async def create_response(body: ResponseCreate, call: DropinCallDep) -> Response:
     """A response: the model's answer to `input` (after `instructions` and, with
     `previous_response_id`, that stored response's conversation), as a message or function calls."""
-    request, db, state, caller, priority = call
+    request, db, state, caller, priority, deadline = call
     body.refuse_unknown()
     body.check()
     model = await find_model(db, body.model, not_found=openai.not_found(body.model))
@@ -82,7 +87,9 @@ async def create_response(body: ResponseCreate, call: DropinCallDep) -> Response
     try:
         sized = await with_max_tokens(db, state.redis, caller, model, params)
         # A background response publishes its tokens, so that it can be streamed later.
-        spec = call_spec(JobKind.GENERATE, body.model, sized, priority=chosen, stream=stream or background)
+        spec = call_spec(
+            JobKind.GENERATE, body.model, sized, priority=chosen, stream=stream or background, deadline=deadline
+        )
         job = await calls.submit(db, state, caller, spec)
     except RequestError as exc:
         if exc.param not in _PARAMS:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from gpuq.batches.files import PURPOSE_BATCH, PURPOSE_OUTPUT, files_dir, jsonl_l
 from gpuq.batches.gc_pause import gc_paused
 from gpuq.batches.openai_format import EMBEDDINGS, ENDPOINTS, parse_body, response_body
 from gpuq.batches.queue_order import HeldStarts, Planning, QueueOrder
+from gpuq.batches.window import window_seconds
 from gpuq.db.tables import FINAL_STATUSES, Batch, BatchStatus, File, Job, JobKind, JobStatus, Model, utcnow
 from gpuq.errors import RequestError, queue_unavailable
 from gpuq.fleet.sample_limit import SampleLimit
@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 
 EMBED_GROUP_TEXTS = 64
 MAX_ERRORS_REPORTED = 20
-_WINDOW = re.compile(r"^(\d+)h$")
 ACTIVE = (BatchStatus.IN_PROGRESS.value, BatchStatus.CANCELLING.value)
 EXPIRED_ERROR = "the batch expired before this request ran"
 # What each line's endpoint runs: OpenAI's, and Anthropic's Messages (a Message Batch's lines).
@@ -73,15 +72,10 @@ def new_batch_id() -> str:
 
 
 def completion_window_s(window: str) -> int:
-    match = _WINDOW.match(window)
-    hours = int(match.group(1)) if match else 0
-    if not 1 <= hours <= 168:
-        raise RequestError(
-            422,
-            f"completion_window {window!r} is not supported; use hours from 1h to 168h, e.g. 24h",
-            param="completion_window",
-        )
-    return hours * 3600
+    try:
+        return window_seconds(window)
+    except ValueError as exc:
+        raise RequestError(422, f"completion_window {exc}", param="completion_window") from None
 
 
 # ---------------------------------------------------------------- planning jobs from lines

@@ -10,12 +10,23 @@ from pathlib import Path
 
 import click
 
+from gpuq.batches.window import ACCEPTED, window_seconds
 from gpuq.cli.client import GpuqClient
 from gpuq.cli.support import connect, url_option
 from gpuq.log_config import only_warnings
 from gpuq.settings import Settings, get_settings
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+def checked_window(window: str) -> str:
+    """``--completion-window`` as the API would take it: a mistake is a usage error before the
+    file is uploaded."""
+    try:
+        window_seconds(window)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return window
 
 
 def first_endpoint(path: str) -> str:
@@ -71,10 +82,12 @@ def summary(batch: dict) -> str:
     )
 
 
-def submit(url: str, path: str, *, wait: bool, priority: str) -> None:
+def submit(url: str, path: str, *, wait: bool, priority: str, completion_window: str = "24h") -> None:
     with connect(url) as client:
         file = client.upload(path)
-        batch = client.create_batch(file["id"], endpoint=first_endpoint(path), priority=priority)
+        batch = client.create_batch(
+            file["id"], endpoint=first_endpoint(path), priority=priority, completion_window=completion_window
+        )
         click.echo(batch["id"])
         if wait:
             click.echo(summary(follow(client, batch["id"])), err=True)
@@ -121,9 +134,17 @@ def batch() -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--wait", is_flag=True, help="follow it with a progress bar until it ends")
 @click.option("--priority", default="low", show_default=True)
-def batch_submit(url: str, path: str, wait: bool, priority: str) -> None:
+@click.option(
+    "--completion-window",
+    default="24h",
+    show_default=True,
+    callback=lambda _ctx, _param, value: checked_window(value),
+    help=f"when the batch expires, its lines' deadline; {ACCEPTED} (the API refuses at once a batch the fleet "
+    "cannot finish in it)",
+)
+def batch_submit(url: str, path: str, wait: bool, priority: str, completion_window: str) -> None:
     """Upload PATH and run it as a batch; prints the batch id."""
-    submit(url, path, wait=wait, priority=priority)
+    submit(url, path, wait=wait, priority=priority, completion_window=completion_window)
 
 
 @batch.command("status")

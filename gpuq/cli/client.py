@@ -186,8 +186,15 @@ class GpuqClient:
         with open(path, "rb") as f:
             return self._call("POST", "/v1/files", files={"file": (Path(path).name, f)}, data={"purpose": "batch"})
 
-    def create_batch(self, file_id: str, *, endpoint: str, priority: str = "low") -> dict[str, Any]:
-        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", "priority": priority}
+    def create_batch(
+        self, file_id: str, *, endpoint: str, priority: str = "low", completion_window: str = "24h"
+    ) -> dict[str, Any]:
+        body = {
+            "input_file_id": file_id,
+            "endpoint": endpoint,
+            "completion_window": completion_window,
+            "priority": priority,
+        }
         return self._call("POST", "/v1/batches", json=body)
 
     def batch(self, batch_id: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """``--deadline``: when a job is needed by, as a time or as a duration from now.
 
 The API takes an ISO 8601 time with a time zone (``deadline`` on ``POST /v1/jobs``,
-``X-Gpuq-Deadline`` on the OpenAI routes). People at a terminal think "in half an hour", so
+``X-Gpuq-Deadline`` on the drop-in routes). People at a terminal think "in half an hour", so
 the option also takes ``90s``, ``30m``, ``2h``, ``1d`` or a sum such as ``1h30m``, made a time
 here, when the command starts. Either must lie ahead: a mistake is a usage error (one line,
 exit 2) before anything is sent. A time without a zone is refused rather than read as local

@@ -1,11 +1,12 @@
-"""One interactive call of the drop-in APIs (OpenAI's, Ollama's): an ordinary gpuq job.
+"""One interactive call of the drop-in APIs (OpenAI's, Anthropic's, Ollama's): an ordinary gpuq job.
 
 The call's job goes through the same limits, placement, queues, slots and history as any
 other; only three things differ. Its priority comes from the ``X-Gpuq-Priority`` header,
-else its key's default, else ``high`` (someone is waiting). Its request asks its worker for
-events (``gpuq.streams``), which the call follows to answer: token by token when streaming,
-at the end otherwise. And a caller that goes away before the end cancels the job, through
-the same path as ``POST /v1/jobs/{id}/cancel``.
+else its key's default, else ``high`` (someone is waiting); its deadline, if any, from the
+``X-Gpuq-Deadline`` header. Its request asks its worker for events (``gpuq.streams``),
+which the call follows to answer: token by token when streaming, at the end otherwise. And
+a caller that goes away before the end cancels the job, through the same path as
+``POST /v1/jobs/{id}/cancel``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpuq import store
 from gpuq.auth.access import Caller
 from gpuq.db.tables import Job, JobKind, Model, utcnow
 from gpuq.errors import RequestError
+from gpuq.jobs.admission import DEADLINE_CODE
 from gpuq.jobs.cancel import cancel_job
 from gpuq.jobs.generation_params import GenerationParams
 from gpuq.jobs.limits import precheck, tokenising_turn
@@ -37,7 +39,7 @@ from gpuq.streams.events import END_ONLY, REQUEST_FIELD, TOKENS, End, Event
 log = logging.getLogger(__name__)
 
 PRIORITY_HEADER = "X-Gpuq-Priority"
-DEADLINE_HEADER = "X-Gpuq-Deadline"  # OpenAI's bodies have no field for it; `deadline` on POST /v1/jobs
+DEADLINE_HEADER = "X-Gpuq-Deadline"  # no drop-in body has a field for it; `deadline` on POST /v1/jobs
 JOB_ID_HEADER = "X-Gpuq-Job-Id"  # on every drop-in answer: the job behind it, for GET /v1/jobs/{id}
 
 
@@ -212,13 +214,18 @@ async def submit_call(
     routing: PrefixRouting = OFF,
 ) -> Job:
     """Queue the call's job as ``POST /v1/jobs`` would. Refusals are 400s, as OpenAI and Ollama
-    answer a request they cannot run (gpuq's own API says 422). ``submit_jobs`` applies the
+    answer a request they cannot run (gpuq's own API says 422); a deadline the fleet cannot
+    meet stays a 429, naming the header the call gave it in. ``submit_jobs`` applies the
     key's limits once every check has passed: one submission per call, none for a refused one."""
     try:
         [accepted] = await submit_jobs(
             db, redis, [spec], timeout_s=timeout_s, caller=caller, worker_slots=worker_slots, routing=routing
         )
     except RequestError as exc:
+        if exc.code == DEADLINE_CODE:
+            raise RequestError(
+                exc.status, exc.message, param=DEADLINE_HEADER, code=exc.code, headers=exc.headers
+            ) from None
         if exc.status != 422:
             raise
         raise RequestError(400, exc.message, param=exc.param, code=exc.code, headers=exc.headers) from None

@@ -1,11 +1,16 @@
 """Deadlines over HTTP: a job says when it is needed by, is shown with it and goes first among
 its tenant's jobs of its priority; a job or batch the fleet cannot finish in time is refused
-(429, Retry-After, OpenAI's error shape) and nothing is stored or queued for it."""
+(429, Retry-After, OpenAI's error shape) and nothing is stored or queued for it. The drop-in
+routes (OpenAI's, Anthropic's, Ollama's) take it as the X-Gpuq-Deadline header and refuse in
+their own error shapes."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import openai
 import pytest
@@ -184,28 +189,103 @@ def test_metrics_count_the_queued_work_and_the_jobs_past_their_deadline(client, 
     assert value(parsed, "gpuq_queued_prompt_tokens", model=MODEL) == counted + 75  # the embedding at the mean
 
 
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100}
+HI = [{"role": "user", "content": "Hi"}]
+CHAT = {"model": MODEL, "messages": HI, "max_tokens": 100}
+RESPONSE = {"model": MODEL, "input": "Hi", "max_output_tokens": 100, "background": True}
+MESSAGE = {"model": MODEL, "messages": HI, "max_tokens": 100}
+PREDICT = {"stream": False, "options": {"num_predict": 100}}
+OLLAMA_GENERATE = {"model": MODEL, "prompt": "Hi"} | PREDICT
+OLLAMA_CHAT = {"model": MODEL, "messages": HI} | PREDICT
+
+# Every drop-in route that queues a job; each answers in its family's error shape.
+DROPIN_CALLS = [
+    ("/v1/chat/completions", CHAT),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 100}),
+    ("/v1/embeddings", {"model": MODEL, "input": "Hi"}),
+    ("/v1/responses", RESPONSE),
+    ("/v1/messages", MESSAGE),
+    ("/api/generate", OLLAMA_GENERATE),
+    ("/api/chat", OLLAMA_CHAT),
+    ("/api/embed", {"model": MODEL, "input": "Hi"}),
+    ("/api/embeddings", {"model": MODEL, "prompt": "Hi"}),
+]
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/chat/completions", CHAT),
-        ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 100}),
-        ("/v1/embeddings", {"model": MODEL, "input": "Hi"}),
-    ],
-)
+def refusal(response, status: int) -> str:
+    """The refusal's message, once its status and its route family's error shape are checked:
+    Ollama's under /api/, Anthropic's on /v1/messages, OpenAI's (naming the header) elsewhere."""
+    assert response.status_code == status, response.text
+    body, path = response.json(), response.request.url.path
+    if path.startswith("/api/"):
+        assert set(body) == {"error"}, body
+        return str(body["error"])
+    kind = "rate_limit_error" if status == 429 else "invalid_request_error"
+    if path == "/v1/messages":
+        assert set(body) == {"type", "error"} and body["type"] == "error" and body["error"]["type"] == kind, body
+        return str(body["error"]["message"])
+    assert body["error"]["type"] == kind and body["detail"] == body["error"]["message"], body
+    assert body["error"]["param"] == "X-Gpuq-Deadline", body
+    return str(body["error"]["message"])
+
+
+@pytest.mark.parametrize(("path", "body"), DROPIN_CALLS, ids=[path for path, _ in DROPIN_CALLS])
 @pytest.mark.parametrize(
     ("header", "message"),
     [("soon", "not an ISO 8601 time"), ("2099-01-01T00:00:00", "time zone"), ("2020-01-01T00:00:00Z", "has passed")],
 )
-def test_openais_routes_refuse_a_deadline_header_that_is_not_a_future_time_with_a_zone(
+def test_every_drop_in_route_refuses_a_deadline_header_that_is_not_a_future_time_with_a_zone(
     client, redis, job_rows, path, body, header, message
 ):
     response = client.post(path, json=body, headers={"X-Gpuq-Deadline": header})
-    assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
-    assert response.json()["error"]["param"] == "X-Gpuq-Deadline"
+    said = refusal(response, 400)
+    assert said.startswith("X-Gpuq-Deadline: ") and message in said
     assert job_rows() == [] and redis_job_keys(redis) == []
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def test_a_background_responses_deadline_header_reaches_its_job(client):
+    due = in_(3600)
+    created = client.post("/v1/responses", json=RESPONSE, headers={"X-Gpuq-Deadline": due.isoformat()})
+    assert created.status_code == 200, created.text
+    shown = client.get(f"/v1/jobs/{created.headers['X-Gpuq-Job-Id']}").json()
+    assert abs((_aware(datetime.fromisoformat(shown["deadline"])) - due).total_seconds()) < 1
+
+
+def waiting_call(client: TestClient, job_rows, path: str, body: dict, headers: dict) -> tuple[Job, Any]:
+    """A call that waits for its job's end (no worker runs here): its job once queued, and the
+    call's answer after the job is cancelled, as `POST /v1/jobs/{id}/cancel` ends it."""
+    answers: list[Any] = []  # TestClient's responses
+    caller = threading.Thread(target=lambda: answers.append(client.post(path, json=body, headers=headers)))
+    caller.start()
+    rows: list[Job] = []
+    for _ in range(600):  # at most 30 s for the call to queue its job
+        rows = job_rows()
+        if rows or not caller.is_alive():
+            break
+        time.sleep(0.05)
+    assert len(rows) == 1, answers[0].text if answers else "the call queued no job"
+    assert client.post(f"/v1/jobs/{rows[0].id}/cancel").status_code == 200
+    caller.join(30)
+    assert not caller.is_alive(), "the call did not end with its job"
+    return rows[0], answers[0]
+
+
+WAITING = [(path, body) for path, body in DROPIN_CALLS if path == "/v1/messages" or path.startswith("/api/")]
+
+
+@pytest.mark.parametrize(("path", "body"), WAITING, ids=[path for path, _ in WAITING])
+def test_anthropics_and_ollamas_routes_give_the_deadline_header_to_the_calls_job(client, job_rows, path, body):
+    due = in_(3600)
+
+    job, answer = waiting_call(client, job_rows, path, body, {"X-Gpuq-Deadline": due.isoformat()})
+
+    assert job.deadline is not None and abs((_aware(job.deadline) - due).total_seconds()) < 1
+    shown = client.get(f"/v1/jobs/{job.id}").json()
+    assert abs((_aware(datetime.fromisoformat(shown["deadline"])) - due).total_seconds()) < 1
+    assert "cancelled" in refusal(answer, 409 if path == "/v1/messages" else 500)
 
 
 @both_databases
@@ -220,5 +300,32 @@ def test_a_call_the_fleet_cannot_answer_by_its_deadline_header_is_refused_in_ope
     assert refused.status_code == 429, refused.text
     error = refused.json()["error"]
     assert (error["type"], error["code"]) == ("rate_limit_error", "deadline_unreachable")
+    assert error["param"] == "X-Gpuq-Deadline"  # what the call gave it in
     assert int(refused.headers["Retry-After"]) > 0
     assert len(job_rows()) == before and redis_job_keys(redis) == []
+
+
+LATE = [("/v1/responses", RESPONSE), ("/v1/messages", MESSAGE), ("/api/generate", OLLAMA_GENERATE)]
+
+
+@pytest.mark.parametrize(("path", "body"), LATE, ids=[path for path, _ in LATE])
+def test_a_call_the_fleet_cannot_answer_by_its_deadline_header_is_a_429_in_its_familys_shape(
+    client, session, redis, job_rows, path, body
+):
+    slow_history(session)  # 0.6 tokens/s: about 50 tokens to generate take about 85 s
+    before = len(job_rows())
+
+    refused = client.post(path, json=body, headers={"X-Gpuq-Deadline": in_(30).isoformat()})
+
+    assert "cannot be done by its deadline" in refusal(refused, 429)
+    assert int(refused.headers["Retry-After"]) > 0
+    assert len(job_rows()) == before and redis_job_keys(redis) == []
+    if path == "/v1/responses":
+        assert refused.json()["error"]["code"] == "deadline_unreachable"
+
+
+def test_the_openapi_document_declares_the_deadline_header_on_every_drop_in_route(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, _ in DROPIN_CALLS:
+        headers = {p["name"] for p in paths[path]["post"].get("parameters", []) if p["in"] == "header"}
+        assert {"X-Gpuq-Deadline", "X-Gpuq-Priority"} <= headers, path

@@ -1,6 +1,7 @@
-"""`--deadline` on `gpuq submit` and `gpuq run`, and deadlines in `gpuq job` and `gpuq jobs`,
-against the real API (no worker: the jobs stay queued). A deadline given wrong is one line
-and nothing sent; one the fleet cannot make is the API's 429 in one line with its Retry-After."""
+"""`--deadline` on `gpuq submit` and `gpuq run`, deadlines in `gpuq job` and `gpuq jobs`, and
+`--completion-window` on `gpuq batch submit` (its lines' deadline), against the real API (no
+worker: the jobs stay queued). A deadline or window given wrong is one line and nothing sent;
+one the fleet cannot make is the API's 429 in one line with its Retry-After."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from gpuq.cli.deadline import parse_deadline, shown
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.db.tables import Job
+from gpuq.db.tables import Batch, File, Job
 from tests.api.test_deadlines_api import slow_history
 from tests.gpuq.cli.conftest import MODEL, Api, assert_one_line_error, run
 
@@ -114,6 +115,37 @@ def test_the_run_routes_deadline_header_reaches_the_job(api: Api) -> None:
         assert abs((deadline.replace(tzinfo=UTC) - due).total_seconds()) < 1
         refused = http.post("/v1/chat/completions", json=body, headers={"X-Gpuq-Deadline": "tomorrow"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Gpuq-Deadline"
+
+
+def _batches_and_files(api: Api) -> tuple[int, int]:
+    with sync_sessions(sync_engine(api.database_url))() as session:
+        return session.query(Batch).count(), session.query(File).count()
+
+
+def test_batch_submit_sends_its_completion_window_and_the_batch_expires_at_its_end(
+    api: Api, env: dict[str, str | None], tmp_path: Path, batch_file: Path
+) -> None:
+    given = run(["batch", "submit", str(batch_file), "--completion-window", "2h"], env, tmp_path)
+    plain = run(["batch", "submit", str(batch_file)], env, tmp_path)
+    assert given.exit_code == 0 and plain.exit_code == 0, given.output + plain.output
+
+    with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {api.key}"}) as http:
+        two_hours = http.get(f"/v1/batches/{given.stdout.strip()}").json()
+        a_day = http.get(f"/v1/batches/{plain.stdout.strip()}").json()
+    assert two_hours["completion_window"] == "2h" and a_day["completion_window"] == "24h"
+    assert abs(two_hours["expires_at"] - two_hours["created_at"] - 2 * 3600) <= 1  # whole seconds, each rounded
+    assert abs(a_day["expires_at"] - a_day["created_at"] - 24 * 3600) <= 1
+
+
+@pytest.mark.parametrize("given", ["2d", "0h", "169h", "24", "soon"])
+def test_a_completion_window_the_api_would_refuse_is_one_line_and_nothing_is_sent(
+    api: Api, env: dict[str, str | None], tmp_path: Path, batch_file: Path, given: str
+) -> None:
+    before = _batches_and_files(api)
+    result = run(["batch", "submit", str(batch_file), "--completion-window", given], env, tmp_path)
+    assert_one_line_error(result, f"{given!r} is not supported; use hours from 1h to 168h, e.g. 24h", exit_code=2)
+    assert "--completion-window" in result.stderr
+    assert _batches_and_files(api) == before  # not even the file was uploaded
 
 
 def test_a_deadline_the_fleet_cannot_make_is_the_apis_429_in_one_line_with_its_retry_after(
