@@ -136,5 +136,24 @@ def test_a_frozen_workers_lane_is_stolen_by_an_idle_worker(processes):
     assert total(metrics, "gpuq_jobs_placed_total", how="stolen") == 2
 
 
+def test_with_routing_off_no_job_enters_a_lane_and_no_worker_publishes_its_starts(processes):
+    processes.settings |= ROUTED | {"GPUQ_PREFIX_ROUTING": "off"}
+    _api, url = processes.start_api()
+    _a, name_a = processes.start_worker("a")
+    _b, name_b = processes.start_worker("b")
+    redis = Redis.from_url(processes.redis_url)
+    with processes.client(url) as client:
+        first = run_to_success(client, family_job(0))
+        ids = [j["id"] for j in client.submit_many([family_job(0, 20 + q) for q in range(4)])]
+        origins = [(redis.hget(rq_job_key(i), "origin") or b"").decode() for i in ids]
+        done = [client.wait(i, timeout_s=120) for i in ids]
+    published = [redis.exists(prefix_index_key(name)) for name in (name_a, name_b)]
+    redis.close()
+    assert first["status"] == "succeeded"
+    assert not any("@" in origin for origin in origins), origins  # every job in the shared queues
+    assert [j["status"] for j in done] == ["succeeded"] * 4
+    assert published == [0, 0]
+
+
 def _epoch(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
