@@ -43,10 +43,12 @@ async def list_schedules(db: SessionDep) -> SchedulesPublic:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic, responses=errors(409))
 async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep, caller: AdminDep) -> SchedulePublic:
-    """The cron, time zone and batch are checked now (a dry run of the batch's lines), so a
-    schedule that could never run is a 422 today, not a failed run tonight."""
+    """The cron, time zone, completion window and batch are checked now (a dry run of the
+    batch's lines), so a schedule that could never run is a 422 today, not a failed run
+    tonight. Whether the fleet can finish a run in its window is judged when it fires."""
     schedules.zone(body.timezone)
     next_fire_at = schedules.first_fire_time(body.cron, body.timezone)
+    batches.completion_window_s(body.completion_window)
     if any(s.name == body.name for s in await db.run_sync(store.list_schedules)):
         raise RequestError(409, f"a schedule named {body.name!r} exists already")
 
@@ -78,6 +80,7 @@ async def create_schedule(body: ScheduleCreate, db: SessionDep, state: StateDep,
         priority=body.priority,
         enabled=body.enabled,
         misfire=body.misfire,
+        completion_window=body.completion_window,
         next_fire_at=next_fire_at,
         owner=body.owner or caller.owner,
         created_at=utcnow(),
@@ -92,11 +95,15 @@ async def read_schedule(schedule_id: RowId, db: SessionDep) -> SchedulePublic:
 
 @router.patch("/{schedule_id}", response_model=SchedulePublic, responses=errors(404))
 async def update_schedule(schedule_id: RowId, body: SchedulePatch, db: SessionDep) -> SchedulePublic:
-    """Change the cron, time zone, misfire policy or priority; pause or resume with `enabled`."""
+    """Change the cron, time zone, misfire policy, priority or completion window (for the runs
+    to come); pause or resume with `enabled`."""
     schedule = await _get(db, schedule_id)
     cron, tz = body.cron or schedule.cron, body.timezone or schedule.timezone
     schedules.zone(tz)
     next_fire_at = schedules.first_fire_time(cron, tz)
+    if body.completion_window is not None:
+        batches.completion_window_s(body.completion_window)
+        schedule.completion_window = body.completion_window
     resumed = body.enabled is True and not schedule.enabled
     schedule.cron, schedule.timezone = cron, tz
     if body.misfire is not None:

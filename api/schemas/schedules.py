@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from api.schemas.batches import BatchEndpoint
 from api.schemas.common import PriorityName, Strict
+from gpuq.batches.window import ACCEPTED
 from gpuq.db.tables import Schedule, ScheduleRun
 from gpuq.queue_names import Priority
 
@@ -25,6 +26,9 @@ class ScheduleCreate(Strict):
     priority: PriorityName = Field("low", validate_default=True)
     enabled: bool = True
     misfire: Literal["skip", "run_once"] = "skip"
+    completion_window: str = Field(
+        "24h", description=f"each run's batch's window, its lines' deadline from the run's start; {ACCEPTED}"
+    )
     owner: str | None = Field(
         None, min_length=1, max_length=128, description="tenant whose batches its runs are; default: yours"
     )
@@ -42,6 +46,7 @@ class SchedulePatch(Strict):
     timezone: str | None = None
     misfire: Literal["skip", "run_once"] | None = None
     priority: PriorityName | None = None
+    completion_window: str | None = Field(None, description=f"for the runs to come; {ACCEPTED}")
 
 
 class SchedulePublic(BaseModel):
@@ -54,6 +59,7 @@ class SchedulePublic(BaseModel):
     priority: str
     enabled: bool
     misfire: str
+    completion_window: str = Field(description="each run's batch's completion window")
     next_fire_at: datetime
     last_fired_at: datetime | None
     owner: str | None
@@ -71,6 +77,7 @@ class SchedulePublic(BaseModel):
             priority=Priority(schedule.priority).label,
             enabled=schedule.enabled,
             misfire=schedule.misfire,
+            completion_window=schedule.completion_window,
             next_fire_at=schedule.next_fire_at,
             last_fired_at=schedule.last_fired_at,
             owner=schedule.owner,

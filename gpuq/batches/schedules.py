@@ -128,7 +128,10 @@ def fire(
     planning: Planning | None = None,
 ) -> ScheduleRun | None:
     """Run the schedule's batch for one tick, unless another scheduler already has
-    (``worker_slots``: ``GPUQ_WORKER_SLOTS``, gpuq/fleet/sample_limit.py)."""
+    (``worker_slots``: ``GPUQ_WORKER_SLOTS``, gpuq/fleet/sample_limit.py). The batch has the
+    schedule's completion window, from now: a catch-up run's lines are not due before it
+    starts. A batch admission refuses (the fleet cannot finish it in its window) is, like any
+    batch that cannot start, the run's recorded error."""
     run = ScheduleRun(schedule_id=schedule.id, fire_time=fire_time, trigger=trigger, created_at=utcnow())
     if not store.claim_schedule_run(session, run):
         return None
@@ -140,7 +143,7 @@ def fire(
             redis,
             input_file_id=schedule.input_file_id or "",
             endpoint=schedule.endpoint,
-            completion_window="24h",
+            completion_window=schedule.completion_window,
             priority=schedule.priority,
             metadata={"schedule": schedule.name, "fire_time": fire_time.isoformat(), "trigger": trigger},
             timeout_s=timeout_s,

@@ -365,6 +365,9 @@ class Schedule(Base):
     priority: Mapped[int] = mapped_column(Integer)
     enabled: Mapped[bool] = mapped_column(default=True)
     misfire: Mapped[str] = mapped_column(String(16))
+    # Each run's batch's window (gpuq/batches/window.py): its lines are needed by the run's
+    # start plus this; the server default keeps an older scheduler's inserts valid.
+    completion_window: Mapped[str] = mapped_column(String(16), default="24h", server_default="24h")
     next_fire_at: Mapped[datetime]
     last_fired_at: Mapped[datetime | None]
     owner: Mapped[str | None] = mapped_column(String(128))  # its runs' batches belong to this tenant

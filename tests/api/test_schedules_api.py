@@ -1,4 +1,5 @@
-"""Cron schedules over HTTP: checked at creation, paused, resumed, run by hand, previewed."""
+"""Cron schedules over HTTP: checked at creation, paused, resumed, run by hand, previewed; each
+run's batch has the schedule's completion window."""
 
 import json
 from datetime import UTC, datetime
@@ -66,6 +67,8 @@ def test_a_schedule_is_created_previewed_paused_resumed_run_and_deleted(client, 
         ({"cron": "* * * * * *"}, 422, "give five fields"),
         ({"endpoint": "/v1/images/generations"}, 422, "endpoint: Input should be '/v1/chat/completions'"),
         ({"priority": "urgent"}, 422, "unknown priority 'urgent'"),
+        ({"completion_window": "2d"}, 422, "completion_window '2d' is not supported; use hours from 1h to 168h"),
+        ({"completion_window": "169h"}, 422, "completion_window '169h' is not supported"),
     ],
 )
 def test_a_schedule_that_could_never_run_is_refused_and_nothing_is_kept(
@@ -126,3 +129,60 @@ def test_a_batch_a_schedule_started_names_the_schedule_and_the_run_in_its_progre
     ).json()
     progress = client.get(f"/v1/batches/{direct['id']}/progress").json()
     assert (progress["schedule_id"], progress["schedule_name"], progress["scheduled_for"]) == (None, None, None)
+
+
+@both_databases
+def test_a_schedule_s_completion_window_is_its_runs_batches_and_can_be_changed(client):
+    six_hours = client.post("/v1/schedules", json=NIGHTLY | {"completion_window": "6h"})
+    assert six_hours.status_code == 201, six_hours.text
+    schedule = six_hours.json()
+    assert schedule["completion_window"] == "6h"
+    assert client.get(f"/v1/schedules/{schedule['id']}").json()["completion_window"] == "6h"
+    assert [s["completion_window"] for s in client.get("/v1/schedules").json()["data"]] == ["6h"]
+
+    run = client.post(f"/v1/schedules/{schedule['id']}/run").json()
+    batch = client.get(f"/v1/batches/{run['batch_id']}").json()
+    assert batch["completion_window"] == "6h"
+    assert abs(batch["expires_at"] - batch["created_at"] - 6 * 3600) <= 1  # whole seconds, each rounded
+    assert abs(batch["expires_at"] - datetime.fromisoformat(run["fire_time"]).timestamp() - 6 * 3600) <= 1
+
+    changed = client.patch(f"/v1/schedules/{schedule['id']}", json={"completion_window": "48h"})
+    assert changed.status_code == 200 and changed.json()["completion_window"] == "48h", changed.text
+    assert changed.json()["cron"] == "0 2 * * *"  # nothing else changed
+    again = client.post(f"/v1/schedules/{schedule['id']}/run").json()
+    assert client.get(f"/v1/batches/{again['batch_id']}").json()["completion_window"] == "48h"
+
+
+def test_a_schedule_given_no_window_runs_its_batches_in_24_hours(client):
+    schedule = client.post("/v1/schedules", json=NIGHTLY).json()
+    assert schedule["completion_window"] == "24h"
+    run = client.post(f"/v1/schedules/{schedule['id']}/run").json()
+    assert client.get(f"/v1/batches/{run['batch_id']}").json()["completion_window"] == "24h"
+
+
+@pytest.mark.parametrize("window", ["2d", "0h", "169h", "24", "6H", ""])
+def test_a_window_a_batch_would_not_take_is_refused_naming_the_field_and_nothing_changes(
+    client, session, settings, window
+):
+    refused = client.post("/v1/schedules", json=NIGHTLY | {"completion_window": window})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["param"] == "completion_window"
+    says = f"completion_window {window!r} is not supported; use hours from 1h to 168h, e.g. 24h"
+    assert refused.json()["detail"] == says
+    assert rows(session, Schedule) == [] and rows(session, File) == []
+    files_dir = settings.data_dir / "files"
+    assert not files_dir.exists() or list(files_dir.glob("*")) == []
+
+    schedule = client.post("/v1/schedules", json=NIGHTLY | {"completion_window": "6h"}).json()
+    patched = client.patch(f"/v1/schedules/{schedule['id']}", json={"completion_window": window, "priority": "high"})
+    assert patched.status_code == 422 and patched.json()["error"]["param"] == "completion_window", patched.text
+    kept = client.get(f"/v1/schedules/{schedule['id']}").json()
+    assert (kept["completion_window"], kept["priority"]) == ("6h", "low")
+
+
+def test_the_openapi_document_declares_the_schedules_completion_window(client):
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("ScheduleCreate", "SchedulePatch", "SchedulePublic"):
+        assert "completion_window" in schemas[name]["properties"], name
+    assert schemas["ScheduleCreate"]["properties"]["completion_window"]["default"] == "24h"
+    assert "completion_window" in schemas["SchedulePublic"]["required"]

@@ -379,27 +379,38 @@ def test_a_schedule_made_and_edited_in_the_page_runs_and_its_batch_page_shows_ho
     form.locator("input[name=cron]").fill("0 2 * * *")
     form.locator("input[name=timezone]").fill("Europe/Paris")
     form.locator("textarea[name=requests]").fill("\n".join(json.dumps(line) for line in lines))
+    expect(form.locator("input[name=completion_window]")).to_have_value("24h")  # the API's default
+    form.locator("input[name=completion_window]").fill("6h")
     form.locator("button[type=submit]").click()
     row = page.locator("#schedules tbody tr", has_text="nightly-greetings")
     expect(row).to_have_count(1)
     [made] = [s for s in system.client.schedules()["data"] if s["name"] == "nightly-greetings"]
-    assert (made["cron"], made["timezone"], made["priority"], made["enabled"]) == (
+    assert (made["cron"], made["timezone"], made["priority"], made["enabled"], made["completion_window"]) == (
         "0 2 * * *",
         "Europe/Paris",
         "low",
         True,
+        "6h",
     )
+    expect(row.locator("td.name")).to_contain_text("enabled · low · 6h window")
     expect(row.locator('[data-time="last"]')).to_have_text("never run")
 
     row.get_by_role("button", name="Edit").click()
     expect(form.locator("input[name=name]")).to_be_disabled()  # the name and input stay
+    expect(form.locator("input[name=completion_window]")).to_have_value("6h")
     form.locator("input[name=cron]").fill("30 3 * * 1")
     form.locator("select[name=priority]").select_option("normal")
+    form.locator("input[name=completion_window]").fill("12h")
     form.locator("button[type=submit]").click()
     expect(row.locator("td.cron .cron-expr")).to_have_text("30 3 * * 1")
-    expect(row.locator("td.name")).to_contain_text("enabled · normal")
+    expect(row.locator("td.name")).to_contain_text("enabled · normal · 12h window")
     edited = system.client.schedules("GET", f"/{made['id']}")
-    assert (edited["name"], edited["cron"], edited["priority"]) == ("nightly-greetings", "30 3 * * 1", "normal")
+    assert (edited["name"], edited["cron"], edited["priority"], edited["completion_window"]) == (
+        "nightly-greetings",
+        "30 3 * * 1",
+        "normal",
+        "12h",
+    )
     expect(page.locator("#schedule-form-title")).to_have_text("Create a schedule")
 
     row.get_by_role("button", name="Run now").click()
@@ -408,6 +419,7 @@ def test_a_schedule_made_and_edited_in_the_page_runs_and_its_batch_page_shows_ho
         assert time.monotonic() < deadline and not (runs and runs[0]["error"]), runs
         time.sleep(0.2)
     [run] = runs
+    assert system.client.batch(run["batch_id"])["completion_window"] == "12h"  # the window as edited
     while system.client.batch(run["batch_id"])["status"] != "completed":
         assert time.monotonic() < deadline, system.client.batch(run["batch_id"])
         time.sleep(0.5)

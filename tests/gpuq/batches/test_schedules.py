@@ -9,8 +9,9 @@ from redis import Redis
 from gpuq import store
 from gpuq.batches.schedules import check_cron, fire_due_schedules, fire_times, store_inline_requests, zone
 from gpuq.db.engine import sync_engine, sync_sessions
-from gpuq.db.tables import Schedule, ScheduleRun
+from gpuq.db.tables import Batch, Job, Schedule, ScheduleRun
 from gpuq.errors import RequestError
+from tests.api.test_deadlines_api import slow_history
 from tests.conftest import both_databases
 
 T0 = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
@@ -64,9 +65,12 @@ def test_unknown_time_zones_are_refused():
         zone("Mars/Olympus")
 
 
-def make_schedule(session, tmp_path, *, misfire="skip", next_fire_at=T0 - timedelta(seconds=30), cron="* * * * *"):
+def make_schedule(
+    session, tmp_path, *, misfire="skip", next_fire_at=T0 - timedelta(seconds=30), cron="* * * * *", **fields
+):
     file = store.save_file(session, store_inline_requests([LINE], tmp_path))
     schedule = Schedule(
+        **fields,
         name=f"s-{misfire}",
         cron=cron,
         timezone="UTC",
@@ -166,3 +170,49 @@ def test_a_cron_run_s_batch_is_planned_like_any_other(session, redis, tmp_path):
     assert (batch.planned_lines, batch.planned_groups, batch.planned_slots) == (3, 1, 2)
     [off] = fire_due_schedules(session, redis, now=T0 + timedelta(seconds=35), planning=Planning(enabled=False))
     assert store.get_batch(session, off.batch_id).planned_lines is None
+
+
+@both_databases
+def test_a_run_s_batch_has_its_schedule_s_completion_window_and_its_lines_that_deadline(session, redis, tmp_path):
+    six_hours = make_schedule(session, tmp_path, completion_window="6h")
+    before = datetime.now(UTC)
+    [run] = fire_due_schedules(session, redis, now=T0)
+    batch = store.get_batch(session, run.batch_id)
+    assert run.schedule_id == six_hours.id and batch.completion_window == "6h"
+    assert batch.expires_at - batch.created_at == timedelta(hours=6) and batch.created_at >= before
+    lines = session.query(Job).filter(Job.batch_id == batch.id).all()
+    assert len(lines) == 1 and all(j.deadline == batch.expires_at for j in lines)
+
+
+def test_a_schedule_given_no_window_runs_its_batches_in_24_hours(session, redis, tmp_path):
+    plain = make_schedule(session, tmp_path)
+    assert plain.completion_window == "24h"
+    [run] = fire_due_schedules(session, redis, now=T0)
+    batch = store.get_batch(session, run.batch_id)
+    assert batch.completion_window == "24h" and batch.expires_at - batch.created_at == timedelta(hours=24)
+
+
+@both_databases
+def test_a_run_the_fleet_cannot_finish_in_its_window_records_the_refusal_and_the_schedule_goes_on(
+    session, redis, tmp_path
+):
+    slow_history(session)  # 0.6 tokens/s lately: three lines of 2000 max_tokens need about 5000 s
+    long_lines = [LINE | {"custom_id": f"l{i}", "body": LINE["body"] | {"max_tokens": 2000}} for i in range(3)]
+    file = store.save_file(session, store_inline_requests(long_lines, tmp_path))
+    schedule = make_schedule(session, tmp_path, completion_window="1h")
+    schedule.input_file_id = file.id
+    store.save_schedule(session, schedule)
+    jobs_before = session.query(Job).count()
+
+    [run] = fire_due_schedules(session, redis, now=T0)
+
+    assert run.batch_id is None and "the batch cannot be done by its deadline" in (run.error or "")
+    session.expire_all()
+    assert session.query(Batch).count() == 0 and session.query(Job).count() == jobs_before
+    [recorded] = session.query(ScheduleRun).all()
+    assert recorded.error == run.error and recorded.batch_id is None
+    assert schedule.next_fire_at == datetime(2026, 11, 30, 12, 1, tzinfo=UTC)  # its next tick is planned
+    schedule.completion_window = "24h"  # time enough: the next tick's run starts its batch
+    store.save_schedule(session, schedule)
+    [later] = fire_due_schedules(session, redis, now=T0 + timedelta(seconds=35))
+    assert later.batch_id and later.error is None

@@ -1,7 +1,8 @@
 """`--deadline` on `gpuq submit` and `gpuq run`, deadlines in `gpuq job` and `gpuq jobs`, and
-`--completion-window` on `gpuq batch submit` (its lines' deadline), against the real API (no
-worker: the jobs stay queued). A deadline or window given wrong is one line and nothing sent;
-one the fleet cannot make is the API's 429 in one line with its Retry-After."""
+`--completion-window` on `gpuq batch submit` and `gpuq schedules add` (its lines' deadline, or
+its runs' batches'), against the real API (no worker: the jobs stay queued). A deadline or
+window given wrong is one line and nothing sent; one the fleet cannot make is the API's 429 in
+one line with its Retry-After."""
 
 from __future__ import annotations
 
@@ -146,6 +147,47 @@ def test_a_completion_window_the_api_would_refuse_is_one_line_and_nothing_is_sen
     assert_one_line_error(result, f"{given!r} is not supported; use hours from 1h to 168h, e.g. 24h", exit_code=2)
     assert "--completion-window" in result.stderr
     assert _batches_and_files(api) == before  # not even the file was uploaded
+
+
+def _schedules(api: Api) -> list[dict]:
+    with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {api.key}"}) as http:
+        data: list[dict] = http.get("/v1/schedules").json()["data"]
+        return data
+
+
+def test_schedules_add_gives_the_schedule_its_completion_window_and_list_shows_it(
+    api: Api, env: dict[str, str | None], tmp_path: Path, batch_file: Path
+) -> None:
+    add = ["schedules", "add"]
+    six = run([*add, "six-hours", "0 2 * * *", str(batch_file), "--completion-window", "6h"], env, tmp_path)
+    plain = run([*add, "a-day", "0 3 * * *", str(batch_file)], env, tmp_path)
+    assert six.exit_code == 0 and plain.exit_code == 0, six.output + plain.output
+    windows = {s["name"]: s["completion_window"] for s in _schedules(api)}
+    assert (windows["six-hours"], windows["a-day"]) == ("6h", "24h")
+
+    with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {api.key}"}) as http:
+        [made] = [s for s in _schedules(api) if s["name"] == "six-hours"]
+        run_ = http.post(f"/v1/schedules/{made['id']}/run").json()
+        batch = http.get(f"/v1/batches/{run_['batch_id']}").json()
+    assert batch["completion_window"] == "6h" and abs(batch["expires_at"] - batch["created_at"] - 6 * 3600) <= 1
+
+    listed = run(["schedules", "list"], env, tmp_path).stdout.splitlines()
+    assert listed[0].split()[6] == "WINDOW"  # after MISFIRE
+    column = listed[0].index("WINDOW")  # the cron's spaces make splitting rows ambiguous
+    shown = {row.split()[1]: row[column:].split()[0] for row in listed[1:]}
+    assert (shown["six-hours"], shown["a-day"]) == ("6h", "24h")
+
+
+@pytest.mark.parametrize("given", ["2d", "0h", "169h", "soon"])
+def test_a_schedules_completion_window_the_api_would_refuse_is_one_line_and_nothing_is_sent(
+    api: Api, env: dict[str, str | None], tmp_path: Path, batch_file: Path, given: str
+) -> None:
+    before = _batches_and_files(api), len(_schedules(api))
+    add = ["schedules", "add", "never", "0 2 * * *", str(batch_file)]
+    result = run([*add, "--completion-window", given], env, tmp_path)
+    assert_one_line_error(result, f"{given!r} is not supported; use hours from 1h to 168h, e.g. 24h", exit_code=2)
+    assert "--completion-window" in result.stderr
+    assert (_batches_and_files(api), len(_schedules(api))) == before  # not even the file was uploaded
 
 
 def test_a_deadline_the_fleet_cannot_make_is_the_apis_429_in_one_line_with_its_retry_after(

@@ -58,3 +58,35 @@ def test_0011_carries_existing_estimates_to_the_457_mib_cuda_overhead(empty_data
     with engine.connect() as conn:
         assert conn.execute(text("SELECT vram_estimate_mib FROM models")).scalar_one() == 837
     engine.dispose()
+
+
+@both_databases
+def test_0024_gives_existing_schedules_the_24h_window_their_runs_always_had(empty_database_url):
+    from sqlalchemy import text
+
+    migrate.upgrade(empty_database_url, "0023_batch_plan")
+    engine = sync_engine(empty_database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO schedules (name, cron, timezone, endpoint, priority, enabled, misfire, next_fire_at,"
+                " created_at) VALUES ('nightly', '0 2 * * *', 'UTC', '/v1/chat/completions', 2, true, 'skip',"
+                " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            )
+        )
+    migrate.upgrade(empty_database_url, "0024_schedule_window")
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT name, completion_window FROM schedules")).all() == [("nightly", "24h")]
+        # The previous release's scheduler and API insert schedules without the column.
+        conn.execute(
+            text(
+                "INSERT INTO schedules (name, cron, timezone, endpoint, priority, enabled, misfire, next_fire_at,"
+                " created_at) VALUES ('older', '0 3 * * *', 'UTC', '/v1/chat/completions', 2, true, 'skip',"
+                " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            )
+        )
+        assert conn.execute(text("SELECT completion_window FROM schedules WHERE name = 'older'")).scalar_one() == "24h"
+    migrate.downgrade(empty_database_url, "0023_batch_plan")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT name FROM schedules ORDER BY name")).scalars().all() == ["nightly", "older"]
+    engine.dispose()

@@ -51,6 +51,7 @@ function createBody(form) {
     endpoint: value("endpoint"),
     priority: value("priority"),
     misfire: value("misfire"),
+    completion_window: value("completion_window"),
     enabled: form.elements.enabled.checked,
   };
   if (value("input_file_id")) body.input_file_id = value("input_file_id");
@@ -71,7 +72,8 @@ function parseLines(text) {
   });
 }
 
-// What an edit may change: when it runs, at which priority, what a missed run does, enabled.
+// What an edit may change: when it runs, at which priority, what a missed run does, the window
+// its runs' batches have, enabled.
 function patchBody(form) {
   const value = (name) => form.elements[name].value.trim();
   return {
@@ -79,6 +81,7 @@ function patchBody(form) {
     timezone: value("timezone"),
     priority: value("priority"),
     misfire: value("misfire"),
+    completion_window: value("completion_window"),
     enabled: form.elements.enabled.checked,
   };
 }
@@ -86,7 +89,9 @@ function patchBody(form) {
 function startEditing(s) {
   editing = s;
   const form = $("#schedule-form");
-  for (const name of ["name", "cron", "timezone", "priority", "misfire", "endpoint"]) form.elements[name].value = s[name];
+  for (const name of ["name", "cron", "timezone", "priority", "misfire", "completion_window", "endpoint"]) {
+    form.elements[name].value = s[name];
+  }
   form.elements.enabled.checked = s.enabled;
   form.elements.input_file_id.value = s.input_file_id || "";
   form.elements.requests.value = "";
@@ -153,7 +158,7 @@ export async function load() {
       "tr",
       { "data-schedule": s.id },
       el("td", {}, String(s.id)),
-      el("td", { class: "name" }, s.name, el("span", { class: "sub-line small muted" }, `${s.enabled ? "enabled" : "paused"} · ${s.priority}`)),
+      el("td", { class: "name" }, s.name, el("span", { class: "sub-line small muted" }, `${s.enabled ? "enabled" : "paused"} · ${s.priority} · ${s.completion_window} window`)),
       el("td", { class: "cron" }, el("span", { class: "cron-expr" }, s.cron), el("span", { class: "sub-line small muted" }, s.timezone)),
       zoned(s.next_fire_at, s.timezone, "next"),
       lastRunCell(s, last[i], batches),
