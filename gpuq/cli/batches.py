@@ -6,7 +6,9 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -15,6 +17,8 @@ from gpuq.cli.client import GpuqClient
 from gpuq.cli.support import connect, url_option
 from gpuq.log_config import only_warnings
 from gpuq.settings import Settings, get_settings
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -27,6 +31,18 @@ def checked_window(window: str) -> str:
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return window
+
+
+def completion_window_option(what: str) -> Callable[[F], F]:
+    """``--completion-window`` (default 24h), checked before anything is uploaded; ``what``: what
+    the window is of, in the help."""
+    return click.option(
+        "--completion-window",
+        default="24h",
+        show_default=True,
+        callback=lambda _ctx, _param, value: checked_window(value),
+        help=f"{what}; {ACCEPTED}",
+    )
 
 
 def first_endpoint(path: str) -> str:
@@ -134,13 +150,8 @@ def batch() -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--wait", is_flag=True, help="follow it with a progress bar until it ends")
 @click.option("--priority", default="low", show_default=True)
-@click.option(
-    "--completion-window",
-    default="24h",
-    show_default=True,
-    callback=lambda _ctx, _param, value: checked_window(value),
-    help=f"when the batch expires, its lines' deadline; {ACCEPTED} (the API refuses at once a batch the fleet "
-    "cannot finish in it)",
+@completion_window_option(
+    "when the batch expires, its lines' deadline (the API refuses at once a batch the fleet cannot finish in it)"
 )
 def batch_submit(url: str, path: str, wait: bool, priority: str, completion_window: str) -> None:
     """Upload PATH and run it as a batch; prints the batch id."""

@@ -9,8 +9,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from gpuq.batches.window import ACCEPTED
-from gpuq.cli.batches import checked_window, first_endpoint
+from gpuq.cli.batches import completion_window_option, first_endpoint
 from gpuq.cli.client import GpuqClient
 from gpuq.cli.errors import stop
 from gpuq.cli.support import connect, table, url_option
@@ -78,13 +77,9 @@ def schedules_list(url: str) -> None:
 @click.option("--timezone", default="UTC", show_default=True)
 @click.option("--misfire", type=click.Choice(["skip", "run_once"]), default="skip", show_default=True)
 @click.option("--priority", default="low", show_default=True)
-@click.option(
-    "--completion-window",
-    default="24h",
-    show_default=True,
-    callback=lambda _ctx, _param, value: checked_window(value),
-    help=f"each run's batch's window, its lines' deadline from the run's start; {ACCEPTED} (a run the fleet "
-    "cannot finish in it starts no batch, and `gpuq schedules runs` says why)",
+@completion_window_option(
+    "each run's batch's window, its lines' deadline from the run's start (a run the fleet cannot finish in it "
+    "starts no batch, and `gpuq schedules runs` says why)"
 )
 def schedules_add(
     url: str, name: str, cron: str, path: str, timezone: str, misfire: str, priority: str, completion_window: str

@@ -6,12 +6,14 @@ from __future__ import annotations
 import posixpath
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.routers.dashboard import DASHBOARD_DIR, PAGES, STATIC_FILES
+from api.schemas.batches import BatchEndpoint
 from gpuq.settings import Settings
 
 PATHS = [
@@ -144,3 +146,12 @@ def test_the_sign_in_hint_names_a_command_that_makes_an_admin_key(database_url: 
     result = CliRunner(env={"GPUQ_DATABASE_URL": database_url}).invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "(admin for admin)" in result.stderr and result.stdout.startswith("gpuq_")
+
+
+def test_the_schedule_form_offers_every_endpoint_a_schedule_takes(client: TestClient) -> None:
+    """A schedule runs a batch file's endpoint; an endpoint the API takes but the form lacks
+    cannot be chosen from the dashboard."""
+    page = client.get("/dashboard/schedules").text
+    form = page[page.index('<select name="endpoint">') :]
+    offered = re.findall(r"<option>([^<]+)</option>", form[: form.index("</select>")])
+    assert sorted(offered) == sorted(get_args(BatchEndpoint))
