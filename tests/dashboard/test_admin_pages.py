@@ -436,6 +436,8 @@ def test_a_schedule_made_and_edited_in_the_page_runs_and_its_batch_page_shows_ho
     loaded(page)
     expect(page.locator("#batch-fields")).to_contain_text(f"nightly-greetings (schedule {made['id']})")
     expect(page.locator("#batch-fields")).to_contain_text("mixed: /v1/chat/completions, /v1/embeddings")
+    due = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(system.client.batch(run["batch_id"])["expires_at"]))
+    expect(page.locator("#batch-fields")).to_contain_text(f"12h, due {due}")  # its lines' deadline
     expect(page.locator('#batch-counts tr[data-status="succeeded"] td.num')).to_have_text("3")
     expect(page.locator("#batch-pace")).to_contain_text("finished")
     expect(page.locator("#batch-jobs tbody tr[data-job]")).to_have_count(3)

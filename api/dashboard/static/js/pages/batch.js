@@ -74,6 +74,7 @@ export async function load() {
     ["endpoint", endpoints],
     ["owner", b.owner || ""],
     ["created", when(b.created_at)],
+    ["window", b.expires_at ? `${b.completion_window}, due ${when(b.expires_at)}` : b.completion_window],
     ["schedule", schedule(p)],
     ["input file", el("span", { class: "id" }, b.input_file_id)],
   ]);
