@@ -804,88 +804,104 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
 
 
 def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    args.which = args.which or list(BENCHMARKS)
+    if unknown := set(args.which) - set(BENCHMARKS):
+        parser.error(f"unknown benchmark {', '.join(sorted(unknown))}; choose from {', '.join(BENCHMARKS)}")
+    for name in args.which:
+        BENCHMARKS[name](args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    choices = list(BENCHMARKS)
-    parser.add_argument("which", nargs="*", help=f"any of {', '.join(choices)} (default: all)")
+    parser.add_argument("which", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("--jobs", type=int, default=2000, help="no-op jobs for the dispatch benchmark")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads on both sides")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument(
+    _engine_options(parser.add_argument_group("the engine: peer, batching, intake-burst, structured"))
+    _size_options(parser.add_argument_group("sizes and stores"))
+    _scheduling_options(parser.add_argument_group("scheduling: fairness, batch-plan, fleet-prefix, admission, preempt"))
+    return parser
+
+
+def _engine_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--flash-attn-off",
         action="store_true",
         help="peer: gpuq's workers also with GPUQ_WORKER_FLASH_ATTN=false, side by side; intake-burst: its engine",
     )
-    parser.add_argument(
+    group.add_argument(
         "--peer", action="store_true", help="intake-burst: the same burst on llama-server too, after gpuq's rounds"
     )
-    parser.add_argument(
+    group.add_argument(
         "--slots",
         type=lambda text: [int(k) for k in text.split(",")],
         default=[1, 4, 8, 16],
         help="batching and worker-memory: the K values to run, comma-separated",
     )
-    parser.add_argument(
+    group.add_argument(
         "--workloads",
         type=lambda text: text.split(","),
         default=["W1", "W2", "W3"],
         help="peer: the workloads to run, comma-separated",
     )
-    parser.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
-    parser.add_argument(
+    group.add_argument("--structured-jobs", type=int, default=200, help="structured: chat jobs, each with a schema")
+    group.add_argument("--structured-slots", type=int, default=8, help="structured: K, the slots of the decoder")
+    group.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
+
+
+def _size_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--batch-lines", type=int, default=50_000, help="lines for the batch-accept benchmark")
+    group.add_argument(
         "--start-lines",
         type=lambda text: [int(n) for n in text.split(",")],
         default=[10_000, 50_000],
         help="batch-start: file sizes in lines, comma-separated",
     )
-    parser.add_argument("--embed-texts", type=int, default=512, help="texts for the embeddings benchmark")
-    parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="a Redis db the benchmark may flush")
-    parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
-    parser.add_argument(
+    group.add_argument("--embed-texts", type=int, default=512, help="texts for the embeddings benchmark")
+    group.add_argument("--redis-url", default=DEFAULT_REDIS, help="a Redis db the benchmark may flush")
+    group.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
+    group.add_argument(
         "--postgres-url", default=DEFAULT_POSTGRES, help="stats: a PostgreSQL server to create a scratch database on"
     )
-    parser.add_argument("--stats-rows", type=int, default=1_000_000, help="job rows the stats benchmark seeds")
-    parser.add_argument(
+    group.add_argument("--stats-rows", type=int, default=1_000_000, help="job rows the stats benchmark seeds")
+    group.add_argument(
         "--line-mb",
         type=lambda text: [int(mb) for mb in text.split(",")],
         default=[16, 96],
         help="upload-line: line lengths in MB, comma-separated",
     )
-    parser.add_argument("--growth-jobs", type=int, default=20_000, help="db-growth: N, jobs per measurement step")
-    parser.add_argument("--soak-jobs", type=int, default=100_000, help="soak: no-op jobs submitted in bulk")
-    parser.add_argument("--structured-jobs", type=int, default=200, help="structured: chat jobs, each with a schema")
-    parser.add_argument("--structured-slots", type=int, default=8, help="structured: K, the slots of the decoder")
-    parser.add_argument("--structured-max-tokens", type=int, default=128, help="structured: each job's max_tokens")
-    parser.add_argument("--fairness-max-tokens", type=int, default=8, help="fairness: each job's max_tokens")
-    parser.add_argument("--fairness-slots", type=int, default=4, help="fairness: K, the worker's slots")
-    parser.add_argument("--plan-families", type=int, default=8, help="batch-plan: prompt families (at most 8)")
-    parser.add_argument("--plan-per-family", type=int, default=8, help="batch-plan: lines a family")
-    parser.add_argument("--plan-slots", type=int, default=4, help="batch-plan: K, the worker's slots")
-    parser.add_argument(
+    group.add_argument("--growth-jobs", type=int, default=20_000, help="db-growth: N, jobs per measurement step")
+    group.add_argument("--soak-jobs", type=int, default=100_000, help="soak: no-op jobs submitted in bulk")
+
+
+def _scheduling_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--fairness-max-tokens", type=int, default=8, help="fairness: each job's max_tokens")
+    group.add_argument("--fairness-slots", type=int, default=4, help="fairness: K, the worker's slots")
+    group.add_argument("--plan-families", type=int, default=8, help="batch-plan: prompt families (at most 8)")
+    group.add_argument("--plan-per-family", type=int, default=8, help="batch-plan: lines a family")
+    group.add_argument("--plan-slots", type=int, default=4, help="batch-plan: K, the worker's slots")
+    group.add_argument(
         "--plan-grouped", action="store_true", help="batch-plan: each family's lines together in the file"
     )
-    parser.add_argument(
+    group.add_argument(
         "--plan-ram-bytes",
         type=int,
         default=-1,
         help="batch-plan and fleet-prefix: each worker's RAM tier (-1: its default; 0: off)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--fleet-workloads",
         type=lambda text: text.split(","),
         default=list(fleet_prefix.WORKLOADS),
         help="fleet-prefix: the workloads to run, comma-separated (stream, batch, distinct); it uses --plan-families, "
         "--plan-per-family and --plan-slots",
     )
-    parser.add_argument("--admission-jobs", type=int, default=50_000, help="admission: jobs in the queue")
-    parser.add_argument("--preempt-slots", type=int, default=4, help="preempt: K, the worker's slots")
-    parser.add_argument("--preempt-max-tokens", type=int, default=256, help="preempt: each low job's max_tokens")
-    args = parser.parse_args()
-    args.which = args.which or choices
-    if unknown := set(args.which) - set(choices):
-        parser.error(f"unknown benchmark {', '.join(sorted(unknown))}; choose from {', '.join(choices)}")
-    for name in args.which:
-        BENCHMARKS[name](args)
+    group.add_argument("--admission-jobs", type=int, default=50_000, help="admission: jobs in the queue")
+    group.add_argument("--preempt-slots", type=int, default=4, help="preempt: K, the worker's slots")
+    group.add_argument("--preempt-max-tokens", type=int, default=256, help="preempt: each low job's max_tokens")
 
 
 if __name__ == "__main__":

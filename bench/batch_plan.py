@@ -72,18 +72,23 @@ def prompts(families: int, per_family: int, *, grouped: bool = False) -> list[st
     return lines
 
 
+def body(prompt: str, max_tokens: int) -> dict[str, object]:
+    """A greedy ``/v1/completions`` request of the bundled model."""
+    return {
+        "model": BUNDLED_MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "top_p": 1.0,
+        "seed": SEED,
+    }
+
+
 def write_file(path: Path, lines: list[str], max_tokens: int) -> None:
     with path.open("w") as f:
         for i, prompt in enumerate(lines):
-            body = {
-                "model": BUNDLED_MODEL_NAME,
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "top_p": 1.0,
-                "seed": SEED,
-            }
-            f.write(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
+            line = {"custom_id": f"q{i}", "method": "POST", "url": "/v1/completions"}
+            f.write(json.dumps(line | {"body": body(prompt, max_tokens)}) + "\n")
 
 
 def run(

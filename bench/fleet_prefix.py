@@ -23,7 +23,6 @@ to the last job's finish, and how the jobs split over the two workers.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -33,13 +32,12 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.batch_plan import body, write_file
 from bench.batch_plan import prompts as family_lines
 from gpuq.db.engine import sync_engine, sync_sessions
 from gpuq.db.tables import Job, utcnow
-from gpuq.registry.bundled import BUNDLED_MODEL_NAME
 from gpuq.testing import GpuqProcesses
 
-SEED = 7
 WORKLOADS = ("stream", "batch", "distinct")
 
 
@@ -67,10 +65,6 @@ def lines(workload: str, families: int, per_family: int) -> list[str]:
     if workload == "distinct":
         return [f"Ticket {i * 7919 % 10007}: answer briefly.\n{line}" for i, line in enumerate(base)]
     return base
-
-
-def _body(prompt: str, max_tokens: int) -> dict[str, object]:
-    return {"model": BUNDLED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": SEED}
 
 
 def run(
@@ -104,21 +98,18 @@ def run(
         with processes.client(url) as client:
             # Loads the model on both workers (prompts that share nothing with the work), so the
             # clock measures the work.
-            warm = [{"kind": "generate", **_body(f"Hello number {i}", 1)} for i in range(2 * slots)]
+            warm = [{"kind": "generate", **body(f"Hello number {i}", 1)} for i in range(2 * slots)]
             for job in client.submit_many(warm):
                 client.wait(job["id"])
             started = utcnow()
             if workload == "batch":
                 path = workdir / "batch.jsonl"
-                with path.open("w") as f:
-                    for i, prompt in enumerate(prompts):
-                        line = {"custom_id": f"q{i}", "method": "POST", "url": "/v1/completions"}
-                        f.write(json.dumps(line | {"body": _body(prompt, max_tokens)}) + "\n")
+                write_file(path, prompts, max_tokens)
                 file_id = client.upload(str(path))["id"]
                 batch_id = client.create_batch(file_id, endpoint="/v1/completions")["id"]
                 where = Job.batch_id == batch_id
             else:
-                ids = [client.submit({"kind": "generate", **_body(p, max_tokens)})["id"] for p in prompts]
+                ids = [client.submit({"kind": "generate", **body(p, max_tokens)})["id"] for p in prompts]
                 where = Job.id.in_(ids)
             finished = _wait_finished(sessions, where, len(prompts))
         with sessions() as session:
